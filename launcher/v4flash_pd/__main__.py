@@ -1,0 +1,3 @@
+from v4flash_pd.cli.main import main
+
+main()

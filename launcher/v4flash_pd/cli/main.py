@@ -1,0 +1,82 @@
+"""The `v4flash-pd` click group.
+
+Subcommands live one per module (`cmd_<name>.py`, vLLM/click-complex style) and are imported
+lazily, so `v4flash-pd plan` does not pay for importing the supervisor or the bundle code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from v4flash_pd import __version__
+from v4flash_pd.errors import UserError
+
+# command name -> module under v4flash_pd.cli (each module exposes `command`)
+COMMANDS: dict[str, str] = {
+    "plan": "cmd_plan",
+    "up": "cmd_up",
+    "down": "cmd_down",
+    "status": "cmd_status",
+    "logs": "cmd_logs",
+    "topology": "cmd_topology",
+    "doctor": "cmd_doctor",
+    "bench": "cmd_bench",
+    "eval": "cmd_eval",
+    "bundle": "cmd_bundle",
+}
+
+
+def _available() -> list[str]:
+    names = []
+    for name, mod in COMMANDS.items():
+        if importlib.util.find_spec(f"v4flash_pd.cli.{mod}") is not None:
+            names.append(name)
+    return names
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_available())
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        mod = COMMANDS.get(cmd_name)
+        if mod is None or importlib.util.find_spec(f"v4flash_pd.cli.{mod}") is None:
+            return None
+        return importlib.import_module(f"v4flash_pd.cli.{mod}").command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="v4flash-pd")
+@click.option("--debug", is_flag=True, envvar="V4FLASH_DEBUG", help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Serve DeepSeek-V4-Flash with SGLang prefill/decode disaggregation on one 8-GPU box."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors become one paragraph and exit 2 (usage) or 1 (runtime)."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="v4flash-pd", standalone_mode=False)
+    except UserError as exc:
+        if debug:
+            raise
+        click.echo(exc.render(), err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()
