@@ -1,0 +1,88 @@
+"""stacklock: parsing, lookup by normalised name, and where the lock is found."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from v4flash_pd import stacklock
+from v4flash_pd.errors import UserError
+
+LOCK = """\
+# python: 3.12
+# platform: x86_64-manylinux_2_34
+aiohttp==3.12.15 \\
+    --hash=sha256:{a} \\
+    --hash=sha256:{b}
+    # via sglang-router
+Flashinfer_Python[cu13]==0.6.12 \\
+    --hash=sha256:{c}
+sglang-router==0.3.2 --hash=sha256:{d}
+""".format(a="a" * 64, b="b" * 64, c="c" * 64, d="d" * 64)
+
+
+def test_parse_lock_entries_and_header(tmp_path: Path) -> None:
+    path = tmp_path / "stack.lock"
+    path.write_text(LOCK)
+    lock = stacklock.load_lock(path)
+    assert lock.header == {"python": "3.12", "platform": "x86_64-manylinux_2_34"}
+    assert [p.name for p in lock.packages] == ["aiohttp", "flashinfer-python", "sglang-router"]
+    aio = lock.get("AIOHTTP")
+    assert aio is not None and aio.version == "3.12.15"
+    assert aio.hashes == ("sha256:" + "a" * 64, "sha256:" + "b" * 64)
+    fi = lock.get("flashinfer_python")
+    assert fi is not None and fi.extras == ("cu13",) and fi.requirement == "flashinfer-python[cu13]==0.6.12"
+    assert lock.get("nope") is None
+    assert lock.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["torch>=2.11 --hash=sha256:" + "e" * 64, "torch==2.11.0", "torch==2.11.0 --hash=sha256:e\ntorch==2.11.0"],
+)
+def test_malformed_lock_is_user_error(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "stack.lock"
+    path.write_text(bad + "\n")
+    with pytest.raises(UserError) as exc:
+        stacklock.load_lock(path)
+    assert "make lock" in exc.value.hint
+
+
+def test_find_lock_path_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "other.lock"
+    path.write_text(LOCK)
+    monkeypatch.setenv(stacklock.LOCK_ENV, str(path))
+    assert stacklock.find_lock_path() == path
+    monkeypatch.setenv(stacklock.LOCK_ENV, str(tmp_path / "missing"))
+    with pytest.raises(UserError):
+        stacklock.find_lock_path()
+
+
+def test_find_lock_path_falls_back_to_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(stacklock.LOCK_ENV, raising=False)
+    root = Path(stacklock.__file__).resolve().parents[2]
+    if (root / "stack.lock").is_file():
+        assert stacklock.find_lock_path() == root / "stack.lock"
+    monkeypatch.setattr(stacklock, "_repo_root", lambda: None)
+    monkeypatch.setattr(stacklock, "_packaged", lambda name: None)
+    with pytest.raises(UserError) as exc:
+        stacklock.find_lock_path()
+    assert stacklock.LOCK_ENV in exc.value.hint
+
+
+def test_load_pins_from_repo_stack_toml() -> None:
+    pins = stacklock.load_pins()
+    assert pins["sglang"] == "0.5.13.post1"
+    assert pins["nixl-cu13"] == "1.5.1"
+    assert "nixl" not in pins
+    assert "flashinfer-python[cu13]==0.6.12" in stacklock.pin_requirements()
+
+
+def test_toml_subset_parser_matches_tomllib() -> None:
+    """The 3.10 fallback must read stack.toml exactly as tomllib does."""
+    import tomllib
+
+    text = (Path(stacklock.__file__).resolve().parents[2] / "stack.toml").read_text()
+    assert stacklock._parse_toml_subset(text) | {"": {}} == tomllib.loads(text) | {"": {}}
