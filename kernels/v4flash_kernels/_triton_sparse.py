@@ -1,0 +1,215 @@
+"""Triton kernels for DeepSeek-V4 sparse-MLA decode over fp8_ds_mla paged caches.
+
+Two launches per call, no torch glue in between:
+
+* ``split_kernel`` — grid ``(num_splits, head_blocks, B)``. Splits ``[0, S_A)`` walk chunks of the
+  main (SWA) cache's top-k axis, splits ``[S_A, NS)`` chunks of the extra (c4/c128) cache, so one
+  launch covers both caches and the GPU is filled even at B=1. Each program gathers and dequantizes
+  a tile of ``BLOCK_T`` tokens once and shares it across ``BLOCK_H`` heads through two ``tl.dot``
+  (heads are the MMA M dimension). It writes the normalised partial output and its base-2 LSE.
+* ``combine_kernel`` — grid ``(H, B)``: merges every split of both caches by LSE, applies the
+  attention sink and writes ``out`` (bf16) and ``lse`` (natural log, fp32).
+
+Why the token is decoded as ``[BLOCK_T, 8, 64]``: the 512-wide latent is 7 fp8 groups of 64 (one
+ue8m0 scale byte each) plus 64 bf16 RoPE values, i.e. exactly 8 groups of 64. A 3-D tile lets the
+scale broadcast over its group for free and the RoPE group be selected with one ``where``; the
+reshape to ``[BLOCK_T, 512]`` only feeds the dot operands, which go through shared memory anyway.
+Dequantization is exact in bf16 (3 mantissa bits times a power of two), so the QK products are
+exact; ``softmax_scale`` is applied in fp32 after the dot (rounding ``q*scale`` to bf16 costs ~1 %).
+
+``DOT_DTYPE`` is ``tl.bfloat16`` on the GPU; CPU tests under ``TRITON_INTERPRET=1`` pass
+``tl.float32`` because the interpreter computes bf16 arithmetic on raw bit patterns.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# fp8_ds_mla byte layout of one token (see docs/kernels.md).
+TOKEN_DATA_BYTES = 576  # 448 fp8 NoPE + 64 bf16 RoPE
+TOKEN_SCALE_BYTES = 8  # 7 ue8m0 scales + 1 pad, in the page's scale section
+TOKEN_BYTES = 584
+HEAD_DIM = 512
+NOPE_DIM = 448
+ROPE_DIM = 64
+
+_CACHE_ARGS = ("W_A", "PS_A", "PB_A", "SI_A", "W_B", "PS_B", "PB_B", "SI_B")
+
+
+@triton.jit(do_not_specialize=_CACHE_ARGS)
+def split_kernel(
+    Q,
+    stride_qb,
+    stride_qh,
+    K8_A,  # float8_e4m3fn flat view of the main cache
+    KU8_A,  # uint8 flat view (scale bytes)
+    KBF_A,  # bfloat16 flat view (RoPE)
+    IDX_A,  # int32 [B, W_A] (row stride SI_A)
+    LEN_A,  # int32 [B] or dummy
+    W_A,
+    PS_A,  # page size (tokens)
+    PB_A,  # page stride (bytes)
+    SI_A,
+    K8_B,
+    KU8_B,
+    KBF_B,
+    IDX_B,
+    LEN_B,
+    W_B,
+    PS_B,
+    PB_B,
+    SI_B,
+    WS_O,  # fp32 [B, H, NS, 512]
+    WS_L,  # fp32 [B, H, NS] base-2 LSE
+    H,
+    S_A,
+    NS,
+    CHUNK,  # tokens per split, multiple of BLOCK_T
+    qk_scale,  # softmax_scale * log2(e)
+    HAS_LEN_A: tl.constexpr,
+    HAS_LEN_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    sid = tl.program_id(0)
+    hb = tl.program_id(1)
+    b = tl.program_id(2)
+
+    # Pick the cache this split walks; both branches yield the same types.
+    if sid < S_A:
+        k8 = K8_A
+        ku8 = KU8_A
+        kbf = KBF_A
+        idx_row = IDX_A + b.to(tl.int64) * SI_A
+        page_size = PS_A
+        page_bytes = PB_A.to(tl.int64)
+        n_valid = W_A
+        if HAS_LEN_A:
+            n_valid = tl.minimum(tl.load(LEN_A + b), W_A)
+        split = sid
+    else:
+        k8 = K8_B
+        ku8 = KU8_B
+        kbf = KBF_B
+        idx_row = IDX_B + b.to(tl.int64) * SI_B
+        page_size = PS_B
+        page_bytes = PB_B.to(tl.int64)
+        n_valid = W_B
+        if HAS_LEN_B:
+            n_valid = tl.minimum(tl.load(LEN_B + b), W_B)
+        split = sid - S_A
+
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, n_valid)
+    scale_section = (page_size * 576).to(tl.int64)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < H
+    offs_d = tl.arange(0, 512)
+    q_ptrs = Q + b.to(tl.int64) * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=hmask[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
+
+    offs_t = tl.arange(0, BLOCK_T)
+    grp = tl.arange(0, 8)[None, :, None]  # [1, 8, 1]
+    col = tl.arange(0, 64)[None, None, :]  # [1, 1, 64]
+
+    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+
+    for t0 in range(start, end, BLOCK_T):
+        t = t0 + offs_t
+        idx = tl.load(idx_row + t, mask=t < end, other=-1)
+        valid = idx >= 0
+        sidx = tl.where(valid, idx, 0)
+        page = (sidx // page_size).to(tl.int64)
+        slot = (sidx % page_size).to(tl.int64)
+        base = page * page_bytes + slot * 576  # byte offset of the token's data
+        sbase = page * page_bytes + scale_section + slot * 8
+        v3 = valid[:, None, None]
+
+        nope = tl.load(k8 + base[:, None, None] + grp * 64 + col, mask=v3, other=0.0)
+        sc = tl.load(ku8 + sbase[:, None, None] + grp, mask=v3, other=127)
+        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte-127)
+        rope = tl.load(kbf + (base // 2 + 224)[:, None, None] + col, mask=v3, other=0.0)
+        kv3 = tl.where(
+            grp == 7,
+            rope.to(tl.float32).to(DOT_DTYPE),
+            nope.to(DOT_DTYPE) * scale.to(DOT_DTYPE),
+        )
+        kv = tl.reshape(kv3, [BLOCK_T, 512])
+
+        s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_T], log2 domain
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), kv)
+        m_i = m_new
+
+    has = l_i > 0.0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = (b * H + offs_h).to(tl.int64) * NS + sid
+    tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
+    tl.store(WS_L + row, lse2, mask=hmask)
+
+
+@triton.jit
+def combine_kernel(
+    WS_O,
+    WS_L,
+    OUT,  # bf16 [B, 1, H, 512]
+    stride_ob,
+    stride_oh,
+    LSE,  # fp32 [B, H] (contiguous)
+    SINK,  # fp32 [H] or dummy
+    H,
+    NS,
+    HAS_SINK: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    row = b.to(tl.int64) * H + h
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    offs_d = tl.arange(0, 512)
+
+    m = tl.full([SPLIT_BLOCK], float("-inf"), tl.float32)
+    for s0 in range(0, NS, SPLIT_BLOCK):
+        lv = tl.load(WS_L + row * NS + s0 + offs_s, mask=s0 + offs_s < NS, other=float("-inf"))
+        m = tl.maximum(m, lv)
+    mx = tl.max(m, axis=0)
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+
+    acc = tl.zeros([512], tl.float32)
+    tot = tl.zeros([SPLIT_BLOCK], tl.float32)
+    for s0 in range(0, NS, SPLIT_BLOCK):
+        smask = s0 + offs_s < NS
+        lv = tl.load(WS_L + row * NS + s0 + offs_s, mask=smask, other=float("-inf"))
+        w = tl.math.exp2(lv - mx_safe)
+        w = tl.where(lv == float("-inf"), 0.0, w)
+        part = tl.load(
+            WS_O + (row * NS + s0 + offs_s)[:, None] * 512 + offs_d[None, :],
+            mask=(smask & (w > 0.0))[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * part, axis=0)
+        tot += w
+    total = tl.sum(tot, axis=0)
+    has = total > 0.0
+    safe_total = tl.where(has, total, 1.0)
+    out = acc / safe_total
+    lse = tl.where(has, (mx_safe + tl.math.log2(safe_total)) * 0.6931471805599453, float("-inf"))
+    if HAS_SINK:
+        sink = tl.load(SINK + h)
+        top = tl.maximum(lse, sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        lse_f = top + tl.log(tl.exp(lse - top) + tl.exp(sink - top))
+        out = out * tl.where(has, tl.exp(lse - lse_f), 0.0)
+        lse = lse_f
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(tl.bfloat16))
+    tl.store(LSE + row, lse)

@@ -1,0 +1,251 @@
+"""Host side of the sparse-MLA decode: the config table, the split planner and the public entry.
+
+`sparse_mla_decode` is a drop-in for sglang 0.5.13.post1's
+`flash_mla_sm120_triton.flash_mla_sparse_decode_triton`: same positional signature and defaults,
+same return convention (`out [B,1,H,512]` bf16, `lse [B,H,1]` fp32 natural-log, `logaddexp(lse,
+sink)` when a sink is given, `-inf` lse and zero output for a row with no valid token).
+
+Why a planner and not autotuning: the split count must depend only on shapes (B, H, top-k widths)
+so that a CUDA graph captured once replays correctly for any `topk_length` / index contents, and
+every launchable config must be known ahead of time so `check_sm120` can prove it fits sm_120.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from v4flash_kernels import _triton_sparse as _k
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compiled variant of `split_kernel` (everything that changes the binary)."""
+
+    block_h: int
+    block_t: int
+    num_warps: int
+    num_stages: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}_s{self.num_stages}"
+
+
+# Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
+# for sm_120 and sm_90 and fails if one exceeds sm_120's shared memory or spills.
+SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
+    KernelConfig(block_h=16, block_t=32, num_warps=4),
+    KernelConfig(block_h=32, block_t=32, num_warps=8),
+)
+COMBINE_SPLIT_BLOCK = 16
+COMBINE_NUM_WARPS = 4
+
+# Fewest top-k tiles one split walks, and how many CTAs per SM the planner aims for.
+MIN_TILES_PER_SPLIT = 1
+CTAS_PER_SM = 2
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is laid out on the GPU; a pure function of shapes and the SM count."""
+
+    config: KernelConfig
+    chunk: int  # tokens per split (multiple of block_t)
+    splits_main: int
+    splits_extra: int
+
+    @property
+    def num_splits(self) -> int:
+        return self.splits_main + self.splits_extra
+
+
+def choose_config(batch: int, heads: int) -> KernelConfig:
+    """Small head counts or small batches favour 16-head tiles (more CTAs); big batches 32."""
+    if heads <= 16 or batch < 16:
+        return SPLIT_CONFIGS[0]
+    return SPLIT_CONFIGS[1]
+
+
+def make_plan(
+    batch: int,
+    heads: int,
+    width_main: int,
+    width_extra: int,
+    num_sms: int,
+    config: Optional[KernelConfig] = None,
+    min_tiles: int = MIN_TILES_PER_SPLIT,
+    ctas_per_sm: int = CTAS_PER_SM,
+) -> Plan:
+    """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves."""
+    cfg = config or choose_config(batch, heads)
+    bt = cfg.block_t
+    tiles_main = max(1, math.ceil(width_main / bt))
+    tiles_extra = math.ceil(width_extra / bt) if width_extra > 0 else 0
+    base_ctas = batch * math.ceil(heads / cfg.block_h)
+    target = max(1, num_sms * ctas_per_sm)
+    per_split = max(min_tiles, math.ceil((tiles_main + tiles_extra) * base_ctas / target))
+    while True:
+        s_main = math.ceil(tiles_main / per_split)
+        s_extra = math.ceil(tiles_extra / per_split) if tiles_extra else 0
+        if s_main + s_extra <= MAX_SPLITS:
+            break
+        per_split *= 2
+    return Plan(cfg, per_split * bt, s_main, s_extra)
+
+
+_SM_COUNT: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def _dot_dtype():
+    # The interpreter computes bf16 on raw bits; it needs fp32 operands. GPUs always use bf16.
+    return tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+
+
+def _cache_views(cache: torch.Tensor):
+    """Flat uint8 / float8 / bf16 views of a paged cache whose page stride is `stride(0)` bytes."""
+    if cache.element_size() != 1:
+        raise TypeError(f"fp8_ds_mla cache must be uint8 or float8 (got {cache.dtype})")
+    pages, page_size = cache.shape[0], cache.shape[1]
+    page_bytes = cache.stride(0)
+    if page_bytes % 8 or page_bytes < page_size * _k.TOKEN_BYTES:
+        raise ValueError(f"bad fp8_ds_mla page stride {page_bytes} for page size {page_size}")
+    flat = cache.as_strided((pages * page_bytes,), (1,))
+    u8 = flat.view(torch.uint8)
+    return u8.view(torch.float8_e4m3fn), u8, u8.view(torch.bfloat16), page_size, page_bytes
+
+
+def _flat_indices(indices: torch.Tensor, batch: int) -> torch.Tensor:
+    flat = indices.reshape(batch, -1)
+    if flat.dtype != torch.int32:
+        flat = flat.to(torch.int32)
+    if flat.shape[1] and flat.stride(1) != 1:
+        flat = flat.contiguous()
+    return flat
+
+
+def _lengths(length: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if length is None:
+        return None
+    length = length.reshape(-1)
+    return length if length.dtype == torch.int32 else length.to(torch.int32)
+
+
+def run(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor],
+    attn_sink: Optional[torch.Tensor],
+    softmax_scale: float,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    plan: Optional[Plan] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The decode with an optional explicit plan (the benchmark sweeps plans through this)."""
+    B, s_q, H, D = q.shape
+    if s_q != 1 or D != _k.HEAD_DIM:
+        raise ValueError(f"q must be [B, 1, H, 512], got {tuple(q.shape)}")
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    dev = q.device
+    use_extra = extra_k_cache is not None and extra_indices is not None
+
+    k8_a, ku8_a, kbf_a, ps_a, pb_a = _cache_views(k_cache)
+    idx_a = _flat_indices(indices, B)
+    len_a = _lengths(topk_length)
+    if use_extra:
+        k8_b, ku8_b, kbf_b, ps_b, pb_b = _cache_views(extra_k_cache)
+        idx_b = _flat_indices(extra_indices, B)
+        len_b = _lengths(extra_topk_length)
+    else:
+        k8_b, ku8_b, kbf_b, ps_b, pb_b = k8_a, ku8_a, kbf_a, ps_a, pb_a
+        idx_b, len_b = idx_a, None
+    w_a = idx_a.shape[1]
+    w_b = idx_b.shape[1] if use_extra else 0
+
+    if plan is None:
+        plan = make_plan(B, H, w_a, w_b, _num_sms(dev))
+    cfg = plan.config
+    ns = plan.num_splits
+
+    out = torch.empty((B, 1, H, _k.HEAD_DIM), dtype=torch.bfloat16, device=dev)
+    lse = torch.empty((B, 1, H), dtype=torch.float32, device=dev)
+    if B == 0 or H == 0:
+        return out, lse.permute(0, 2, 1)
+    ws_o = torch.empty((B, H, ns, _k.HEAD_DIM), dtype=torch.float32, device=dev)
+    ws_l = torch.empty((B, H, ns), dtype=torch.float32, device=dev)
+
+    grid = (ns, triton.cdiv(H, cfg.block_h), B)
+    _k.split_kernel[grid](
+        q, q.stride(0), q.stride(2),
+        k8_a, ku8_a, kbf_a, idx_a, len_a if len_a is not None else idx_a,
+        w_a, ps_a, pb_a, idx_a.stride(0),
+        k8_b, ku8_b, kbf_b, idx_b, len_b if len_b is not None else idx_b,
+        w_b, ps_b, pb_b, idx_b.stride(0),
+        ws_o, ws_l,
+        H, plan.splits_main, ns, plan.chunk, float(softmax_scale) * LOG2E,
+        HAS_LEN_A=len_a is not None,
+        HAS_LEN_B=len_b is not None,
+        BLOCK_H=cfg.block_h,
+        BLOCK_T=cfg.block_t,
+        DOT_DTYPE=_dot_dtype(),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    sink = attn_sink
+    if sink is not None and sink.dtype != torch.float32:
+        sink = sink.float()
+    _k.combine_kernel[(H, B)](
+        ws_o, ws_l, out, out.stride(0), out.stride(2), lse,
+        sink if sink is not None else ws_l,
+        H, ns,
+        HAS_SINK=sink is not None,
+        SPLIT_BLOCK=COMBINE_SPLIT_BLOCK,
+        num_warps=COMBINE_NUM_WARPS,
+    )
+    return out, lse.permute(0, 2, 1)
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor],
+    attn_sink: Optional[torch.Tensor],
+    head_dim_v: int,
+    softmax_scale: float,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode over the SWA cache plus an optional extra (c4/c128) cache, one softmax.
+
+    Same contract as sglang 0.5.13.post1 `flash_mla_sparse_decode_triton`; `head_dim_v` is
+    accepted for compatibility (the latent is always 512 wide: K = V).
+    """
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    return run(
+        q, k_cache, indices, topk_length, attn_sink, softmax_scale,
+        extra_k_cache, extra_indices, extra_topk_length,
+    )
