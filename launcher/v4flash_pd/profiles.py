@@ -1,0 +1,100 @@
+"""Built-in profiles: raw config layers that sit between the defaults and the user's file.
+
+A profile is plain data in the same shape as a config file, so `v4flash-pd plan --json` of a
+profile is reproducible from a file alone, and a new box is a new dict here, not new code.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from v4flash_pd.errors import UserError
+
+# Offline switches are read at import time by huggingface_hub/transformers, so they must be in
+# each worker's environment from exec, not set later (field-notes: offline tokenizer lookups).
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+
+# RTX PRO 6000 boxes have no NVLink and no InfiniBand: UCX must be told to use CUDA copy/IPC plus
+# shared memory and TCP, and must find NIXL's bundled CUDA transport modules (nixl#1628), else VRAM
+# registration fails or UCX misdetects VRAM as host memory (field-notes 7, 8).
+NO_IB_UCX_ENV = {
+    "UCX_TLS": "cuda_copy,cuda_ipc,sm,tcp,self",
+    "UCX_MODULE_DIR": "auto",  # resolved to <site-packages>/nixl_cu13.libs/ucx at config time
+    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "UCX",
+}
+
+_RTX6000_ENGINE = {
+    "transfer_backend": "nixl",
+    "kv_cache_dtype": "fp8_e4m3",
+    "moe_runner_backend": "marlin",
+    "mem_fraction_static": 0.70,
+    "trust_remote_code": True,
+    "enable_metrics": True,
+}
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "rtx6000-8x-pd": {
+        "mode": "pd",
+        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "engine": dict(_RTX6000_ENGINE),
+        "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
+        "prefill": [
+            {
+                "gpus": [0, 1, 2, 3],
+                "tp": 4,
+                "numa_node": 0,
+                "port": 30000,
+                "bootstrap_port": 8998,
+                "nccl_port": 30010,
+            }
+        ],
+        "decode": [
+            {
+                "gpus": [4, 5, 6, 7],
+                "tp": 4,
+                "numa_node": 1,
+                "port": 30001,
+                "nccl_port": 30011,
+                "cuda_graph_max_bs": 32,
+            }
+        ],
+        "router": {"host": "0.0.0.0", "port": 8000, "metrics_port": 29000},
+    },
+    # One aggregated TP4 server on the first socket: the A/B baseline for PD (same GPUs count per
+    # engine, no KV transfer, no router).
+    "rtx6000-tp4": {
+        "mode": "aggregated",
+        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "engine": dict(_RTX6000_ENGINE, transfer_backend=None),
+        "env": dict(OFFLINE_ENV),
+        "server": [
+            {
+                "gpus": [0, 1, 2, 3],
+                "tp": 4,
+                "numa_node": 0,
+                "host": "0.0.0.0",
+                "port": 8000,
+                "nccl_port": 30010,
+                "cuda_graph_max_bs": 32,
+            }
+        ],
+    },
+}
+
+DEFAULT_PROFILE = "rtx6000-8x-pd"
+
+
+def get_profile(name: str) -> dict[str, Any]:
+    """A deep copy, so callers can merge into it freely."""
+    if name not in PROFILES:
+        raise UserError(
+            f"unknown profile {name!r}",
+            f"use one of: {', '.join(sorted(PROFILES))} (or leave --profile unset for {DEFAULT_PROFILE})",
+        )
+    return copy.deepcopy(PROFILES[name])

@@ -1,0 +1,185 @@
+"""Topology: which GPUs exist, their PCI bus ids, which NUMA node each sits on, each node's CPUs.
+
+Probed once through one seam (a sysfs root + an nvidia-smi executable, both overridable from the
+environment: V4FLASH_SYSFS_ROOT, V4FLASH_NVIDIA_SMI) so tests and `--topology FILE` can describe any
+machine, including one that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from v4flash_pd.errors import UserError
+
+UNKNOWN_NODE = -1
+_QUERY = "index,name,pci.bus_id,compute_cap,memory.total,driver_version,uuid"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    bus_id: str  # normalised sysfs form: 0000:17:00.0
+    numa_node: int  # -1 = unknown
+    compute_cap: str = ""
+    memory_mib: int = 0
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: str  # kernel cpulist syntax, e.g. "0-15,32-47"
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[Gpu, ...]
+    nodes: tuple[NumaNode, ...]
+    driver_version: str = ""
+    source: str = ""
+    notes: tuple[str, ...] = ()
+
+    def gpu(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = "v4flash-pd/topology/1"
+        return d
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """nvidia-smi prints 00000000:17:00.0, sysfs uses 0000:17:00.0; both lowercase hex."""
+    bus_id = bus_id.strip().lower()
+    m = re.fullmatch(r"(?:([0-9a-f]+):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])", bus_id)
+    if not m:
+        return bus_id
+    domain = int(m.group(1) or "0", 16)
+    return f"{domain:04x}:{int(m.group(2), 16):02x}:{int(m.group(3), 16):02x}.{m.group(4)}"
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.extend(range(int(lo), int(hi) + 1))
+        else:
+            cpus.append(int(part))
+    return tuple(cpus)
+
+
+def read_numa_nodes(sysfs_root: Path) -> tuple[NumaNode, ...]:
+    base = sysfs_root / "devices" / "system" / "node"
+    nodes = []
+    if base.is_dir():
+        for entry in sorted(base.iterdir()):
+            m = re.fullmatch(r"node(\d+)", entry.name)
+            if m and (entry / "cpulist").is_file():
+                nodes.append(NumaNode(int(m.group(1)), (entry / "cpulist").read_text().strip()))
+    return tuple(sorted(nodes, key=lambda n: n.id))
+
+
+def read_gpu_numa_node(sysfs_root: Path, bus_id: str) -> int:
+    path = sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node"
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return UNKNOWN_NODE
+
+
+def parse_nvidia_smi(text: str) -> list[dict[str, str]]:
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 3:
+            continue
+        cols += [""] * (7 - len(cols))
+        rows.append(dict(zip(("index", "name", "bus_id", "compute_cap", "memory", "driver", "uuid"), cols)))
+    return rows
+
+
+def _int(text: str, default: int = 0) -> int:
+    try:
+        return int(float(text))
+    except ValueError:
+        return default
+
+
+def probe(env: Mapping[str, str] | None = None) -> Topology:
+    """Probe this host. No GPUs (or no nvidia-smi) is not an error here: the plan decides."""
+    env = os.environ if env is None else env
+    sysfs_root = Path(env.get("V4FLASH_SYSFS_ROOT", "/sys"))
+    smi = env.get("V4FLASH_NVIDIA_SMI") or shutil.which("nvidia-smi") or ""
+    notes: list[str] = []
+    gpus: list[Gpu] = []
+    driver = ""
+    if not smi:
+        notes.append("nvidia-smi not found: no GPUs detected")
+    else:
+        try:
+            res = subprocess.run([smi, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            res = None
+            notes.append(f"nvidia-smi ({smi}) could not run: {exc}")
+        if res is not None and res.returncode != 0:
+            notes.append(f"nvidia-smi failed (exit {res.returncode}): {res.stderr.strip()[:200]}")
+        elif res is not None:
+            for row in parse_nvidia_smi(res.stdout):
+                bus = normalize_bus_id(row["bus_id"])
+                gpus.append(Gpu(index=_int(row["index"]), name=row["name"], bus_id=bus,
+                                numa_node=read_gpu_numa_node(sysfs_root, bus), compute_cap=row["compute_cap"],
+                                memory_mib=_int(row["memory"]), uuid=row["uuid"]))
+                driver = driver or row["driver"]
+    return Topology(gpus=tuple(sorted(gpus, key=lambda g: g.index)), nodes=read_numa_nodes(sysfs_root),
+                    driver_version=driver, source=f"probe(sysfs={sysfs_root}, nvidia-smi={smi or 'none'})",
+                    notes=tuple(notes))
+
+
+def from_dict(data: Mapping[str, Any], source: str = "") -> Topology:
+    try:
+        gpus = tuple(Gpu(index=int(g["index"]), name=str(g.get("name", "")),
+                         bus_id=normalize_bus_id(str(g.get("bus_id", ""))),
+                         numa_node=int(g.get("numa_node", UNKNOWN_NODE)),
+                         compute_cap=str(g.get("compute_cap", "")), memory_mib=int(g.get("memory_mib", 0)),
+                         uuid=str(g.get("uuid", "")))
+                     for g in data.get("gpus", []))
+        nodes = tuple(NumaNode(int(n["id"]), str(n.get("cpus", ""))) for n in data.get("nodes", []))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"topology {source or 'data'} is malformed ({exc!r})",
+                        "regenerate it with `v4flash-pd topology --save FILE` or follow its format") from None
+    return Topology(gpus=gpus, nodes=nodes, driver_version=str(data.get("driver_version", "")),
+                    source=source or str(data.get("source", "")), notes=tuple(data.get("notes", ())))
+
+
+def load(path: Path | str) -> Topology:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"topology file {path} does not exist",
+                        "create one with `v4flash-pd topology --save FILE` on the target box") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"topology file {path} is not readable JSON: {exc}",
+                        "regenerate it with `v4flash-pd topology --save FILE`") from None
+    return from_dict(data, source=f"file:{path}")
+
+
+def save(topology: Topology, path: Path | str) -> None:
+    Path(path).write_text(json.dumps(topology.to_dict(), indent=2) + "\n")
