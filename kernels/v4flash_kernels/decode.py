@@ -44,7 +44,10 @@ class KernelConfig:
 # for sm_120 and sm_90 and fails if one exceeds sm_120's shared memory or spills.
 SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
     KernelConfig(block_h=16, block_t=32, num_warps=4),
-    KernelConfig(block_h=32, block_t=32, num_warps=8),
+    KernelConfig(block_h=16, block_t=32, num_warps=8),
+    KernelConfig(block_h=16, block_t=16, num_warps=4),
+    KernelConfig(block_h=32, block_t=16, num_warps=8),
+    KernelConfig(block_h=64, block_t=16, num_warps=8),
 )
 COMBINE_SPLIT_BLOCK = 16
 COMBINE_NUM_WARPS = 4
@@ -73,7 +76,7 @@ def choose_config(batch: int, heads: int) -> KernelConfig:
     """Small head counts or small batches favour 16-head tiles (more CTAs); big batches 32."""
     if heads <= 16 or batch < 16:
         return SPLIT_CONFIGS[0]
-    return SPLIT_CONFIGS[1]
+    return SPLIT_CONFIGS[3]
 
 
 def make_plan(
@@ -160,8 +163,14 @@ def run(
     extra_indices: Optional[torch.Tensor] = None,
     extra_topk_length: Optional[torch.Tensor] = None,
     plan: Optional[Plan] = None,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The decode with an optional explicit plan (the benchmark sweeps plans through this)."""
+    """The decode with an optional explicit plan (the benchmark sweeps plans through this).
+
+    `out` ([B,1,H,512] bf16) and `lse` ([B,1,H] fp32, contiguous) may be given so tests can poison
+    them and prove every element is written.
+    """
     B, s_q, H, D = q.shape
     if s_q != 1 or D != _k.HEAD_DIM:
         raise ValueError(f"q must be [B, 1, H, 512], got {tuple(q.shape)}")
@@ -188,8 +197,10 @@ def run(
     cfg = plan.config
     ns = plan.num_splits
 
-    out = torch.empty((B, 1, H, _k.HEAD_DIM), dtype=torch.bfloat16, device=dev)
-    lse = torch.empty((B, 1, H), dtype=torch.float32, device=dev)
+    if out is None:
+        out = torch.empty((B, 1, H, _k.HEAD_DIM), dtype=torch.bfloat16, device=dev)
+    if lse is None:
+        lse = torch.empty((B, 1, H), dtype=torch.float32, device=dev)
     if B == 0 or H == 0:
         return out, lse.permute(0, 2, 1)
     ws_o = torch.empty((B, H, ns, _k.HEAD_DIM), dtype=torch.float32, device=dev)

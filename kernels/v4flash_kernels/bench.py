@@ -1,0 +1,257 @@
+"""Benchmark: check every variant against the fp64 reference, then time it under CUDA-graph replay.
+
+    python -m v4flash_kernels.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
+                                    [--heads 64,16] [--sweep] [--no-upstream]
+
+Per shape (DeepSeek-V4-Flash decode: SWA-only, c4 = 128 SWA + 512 c4, c128 at 128K / 256K) it
+draws fresh random real-layout caches, runs ours (the dispatcher's plan, plus every config/plan in
+the sweep with `--sweep`) and the pinned upstream wrapper (loaded from the sglang wheel), checks
+each against the fp64 reference with NaN-poisoned outputs, then times each with
+`triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median) and
+prints µs per call next to the bytes floor on the H200 and the RTX PRO 6000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
+BW_RTX6000 = 1.792e12  # GDDR7 datasheet
+REL_TOL = 1e-2
+
+KINDS = {
+    "swa": dict(extra_width=0),
+    "c4": dict(extra_width=512, extra_page_size=64, extra_dense=False),
+    "c128@128K": dict(extra_width=1024, extra_page_size=2, extra_dense=True),
+    "c128@256K": dict(extra_width=2048, extra_page_size=2, extra_dense=True),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str
+    batch: int
+    heads: int
+
+
+def floor_bytes(kw: dict, tokens: int) -> int:
+    from v4flash_kernels.reference import TOKEN_BYTES
+
+    B, _, H, D = kw["q"].shape
+    idx = sum(kw[k].numel() * 4 for k in ("indices", "extra_indices") if kw.get(k) is not None)
+    return tokens * TOKEN_BYTES + 2 * B * H * D * 2 + idx + B * H * 4
+
+
+def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool) -> dict:
+    """Run `fn(**kw)` once on NaN-poisoned outputs (when it accepts them) and compare to the ref."""
+    import torch
+
+    from v4flash_kernels.reference import rel_err
+
+    extra = {}
+    if poison:
+        B, _, H, D = kw["q"].shape
+        extra["out"] = torch.full((B, 1, H, D), float("nan"), dtype=torch.bfloat16, device=kw["q"].device)
+        extra["lse"] = torch.full((B, 1, H), float("nan"), dtype=torch.float32, device=kw["q"].device)
+    out, lse = fn(**kw, **extra)
+    torch.cuda.synchronize() if out.is_cuda else None
+    o = out.double()
+    lse_d = lse.reshape(ref_lse.shape).double()
+    nan = bool(torch.isnan(o).any() or torch.isnan(lse_d).any())
+    err = rel_err(o, ref_out)
+    fin = torch.isfinite(ref_lse)
+    lse_err = float((lse_d[fin] - ref_lse[fin]).abs().max()) if fin.any() else 0.0
+    lse_inf_ok = bool((lse_d[~fin] == ref_lse[~fin]).all())
+    empty = ref_out.abs().amax(dim=(-1, -2, -3)) == 0  # rows with no valid token
+    empty_zero = bool((o[empty] == 0).all()) if empty.any() else True
+    ok = (not nan) and err <= REL_TOL and lse_err <= 1e-2 and lse_inf_ok and empty_zero
+    return dict(ok=ok, rel_err=err, lse_abs_err=lse_err, nan=nan, lse_inf_ok=lse_inf_ok,
+                empty_rows_zero=empty_zero)
+
+
+def time_graph(fn: Callable, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median µs per replay of a CUDA graph holding one call of `fn` (L2 flushed by do_bench)."""
+    import torch
+    import triton
+
+    fn()  # compile / autotune outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    del g
+    return ms * 1e3
+
+
+def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
+    from v4flash_kernels import decode
+
+    B, H = shape.batch, shape.heads
+    w_a = kw["indices"].shape[-1]
+    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    sms = decode._num_sms(kw["q"].device)
+
+    def bind(plan):
+        def call(out=None, lse=None, **kwargs):
+            return decode.run(
+                kwargs["q"], kwargs["k_cache"], kwargs["indices"], kwargs["topk_length"],
+                kwargs["attn_sink"], kwargs["softmax_scale"], kwargs.get("extra_k_cache"),
+                kwargs.get("extra_indices"), kwargs.get("extra_topk_length"), plan=plan, out=out, lse=lse,
+            )
+        return call
+
+    default = decode.make_plan(B, H, w_a, w_b, sms)
+    out = {"ours": bind(default)}
+    seen = {default}
+    if sweep:
+        for cfg in decode.SPLIT_CONFIGS:
+            for min_tiles in (1, 2, 4):
+                for cps in (1, 2, 4):
+                    p = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=min_tiles, ctas_per_sm=cps)
+                    if p in seen:
+                        continue
+                    seen.add(p)
+                    out[f"{cfg.name}/c{p.chunk}/s{p.num_splits}"] = bind(p)
+    return out
+
+
+def plan_desc(shape: Shape, kw: dict) -> str:
+    from v4flash_kernels import decode
+
+    w_a = kw["indices"].shape[-1]
+    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    p = decode.make_plan(shape.batch, shape.heads, w_a, w_b, decode._num_sms(kw["q"].device))
+    return f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}"
+
+
+def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
+    import torch
+
+    from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
+
+    case = Case(batch=shape.batch, heads=shape.heads, hole_frac=0.01, **KINDS[shape.kind])
+    kw = make_inputs(case, device="cuda", seed=seed)
+    tokens = valid_tokens(kw)
+    nbytes = floor_bytes(kw, tokens)
+    ref_out, ref_lse = sparse_mla_decode_ref(**kw)
+    row = dict(asdict(shape), tokens=tokens, bytes=nbytes, floor_h200_us=nbytes / BW_H200 * 1e6,
+               floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6, plan=plan_desc(shape, kw), variants={})
+    fns = variants_for(shape, kw, sweep)
+    if upstream is not None:
+        def up(out=None, lse=None, **kwargs):
+            return upstream.flash_mla_sparse_decode_triton(**_upstream_kwargs(kwargs))
+        fns["upstream"] = up
+    for name, fn in fns.items():
+        chk = check_call(fn, kw, ref_out, ref_lse, poison=name != "upstream")
+        us = time_graph(lambda: fn(**kw))
+        row["variants"][name] = dict(chk, us=us)
+    del kw, ref_out, ref_lse
+    torch.cuda.empty_cache()
+    return row
+
+
+def _upstream_kwargs(kw: dict) -> dict:
+    return dict(
+        q=kw["q"], k_cache=kw["k_cache"], indices=kw["indices"], topk_length=kw["topk_length"],
+        attn_sink=kw["attn_sink"], head_dim_v=kw["head_dim_v"], softmax_scale=kw["softmax_scale"],
+        extra_k_cache=kw.get("extra_k_cache"), extra_indices=kw.get("extra_indices"),
+        extra_topk_length=kw.get("extra_topk_length"),
+    )
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def format_table(rows: List[dict]) -> str:
+    head = (f"{'kind':<10} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} "
+            f"{'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        v = r["variants"]
+        ours = v["ours"]["us"]
+        mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
+        best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
+        best = mine[best_name]["us"] if mine else float("nan")
+        up = v.get("upstream", {}).get("us", float("nan"))
+        err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
+        bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
+        lines.append(
+            f"{r['kind']:<10} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} {r['floor_h200_us']:>9.2f} "
+            f"{r['floor_rtx6000_us']:>8.2f} {ours:>8.1f} {best:>8.1f} {up:>9.1f} {up / ours:>6.1f} {err:>8.1e}  "
+            f"{r['plan']} / {best_name}{bad}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--heads", default="64,16")
+    ap.add_argument("--sweep", action="store_true", help="also time every config/plan in the table")
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs each run")
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    upstream = None
+    if not args.no_upstream:
+        from v4flash_kernels.upstream import load_upstream
+
+        upstream = load_upstream()
+    shapes = [Shape(k, b, h) for k in args.kinds.split(",") for h in map(int, args.heads.split(","))
+              for b in map(int, args.batches.split(","))]
+    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    rows = []
+    t0 = time.time()
+    for i, sh in enumerate(shapes):
+        rows.append(run_shape(sh, args.sweep, upstream, seed + i))
+        r = rows[-1]
+        if args.json:  # rewritten after every shape so a run cut short still leaves its rows
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
+        print(f"[{time.time() - t0:6.1f}s] {sh.kind} B={sh.batch} H={sh.heads}: ours {r['variants']['ours']['us']:.1f} us"
+              f" err {r['variants']['ours']['rel_err']:.2e}"
+              + (f", upstream {r['variants']['upstream']['us']:.1f} us" if upstream else ""), flush=True)
+    table = format_table(rows)
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
+                torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    print(json.dumps(meta))
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    all_ok = all(x["ok"] for r in rows for k, x in r["variants"].items())
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

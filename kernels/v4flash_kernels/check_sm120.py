@@ -1,0 +1,164 @@
+"""Cross-compile every kernel config the dispatcher can launch for sm_120 and sm_90, no GPU needed.
+
+Why: `triton.compile` does not fail when a config needs more shared memory than the target has
+(that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
+far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
+kernel) and fails on more than 101376 B of shared memory per block on sm_120 or any register
+spill, reading registers and spills from the bundled ptxas.
+
+    python -m v4flash_kernels.check_sm120 [--arch 120 --arch 90] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Iterable, List, Optional, Sequence
+
+SMEM_LIMIT = {120: 101376, 90: 232448}
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    kernel: str
+    config: str
+    arch: int
+    shared_bytes: int
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    smem_limit: int
+
+    @property
+    def ok(self) -> bool:
+        return self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+
+
+def _ptxas_stats(ptx: str, arch: int) -> tuple:
+    """Run the ptxas Triton bundles (ptxas-blackwell for sm_120) with -v; return regs, spills."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
+    gpu = f"sm_{arch}a"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={gpu}", src, "-o", os.path.join(d, "k.o")],
+            capture_output=True, text=True, check=True, timeout=600,
+        )
+    log = proc.stdout + proc.stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return regs, int(m.group(1)), int(m.group(2))
+
+
+def _compile(fn, signature: dict, constexprs: dict, hinted: Sequence[str], arch: int, num_warps: int,
+             num_stages: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _split_signature() -> dict:
+    sig = {"Q": "*bf16", "stride_qb": "i32", "stride_qh": "i32"}
+    for c in "AB":
+        sig.update({
+            f"K8_{c}": "*fp8e4nv", f"KU8_{c}": "*u8", f"KBF_{c}": "*bf16", f"IDX_{c}": "*i32",
+            f"LEN_{c}": "*i32", f"W_{c}": "i32", f"PS_{c}": "i32", f"PB_{c}": "i32", f"SI_{c}": "i32",
+        })
+    sig.update({"WS_O": "*fp32", "WS_L": "*fp32", "H": "i32", "S_A": "i32", "NS": "i32",
+                "CHUNK": "i32", "qk_scale": "fp32"})
+    return sig
+
+
+def compile_split(cfg, arch: int) -> CompileResult:
+    import triton.language as tl
+
+    from v4flash_kernels import _triton_sparse as k
+
+    const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
+             "BLOCK_T": cfg.block_t, "DOT_DTYPE": tl.bfloat16}
+    sig = _split_signature()
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK"]
+    ck = _compile(k.split_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("split_kernel", cfg.name, arch, int(ck.metadata.shared), regs, st, ld,
+                         SMEM_LIMIT[arch])
+
+
+def compile_combine(arch: int) -> CompileResult:
+    from v4flash_kernels import _triton_sparse as k
+    from v4flash_kernels.decode import COMBINE_NUM_WARPS, COMBINE_SPLIT_BLOCK
+
+    sig = {"WS_O": "*fp32", "WS_L": "*fp32", "OUT": "*bf16", "stride_ob": "i32", "stride_oh": "i32",
+           "LSE": "*fp32", "SINK": "*fp32", "H": "i32", "NS": "i32"}
+    const = {"HAS_SINK": True, "SPLIT_BLOCK": COMBINE_SPLIT_BLOCK}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_ob", "stride_oh"]
+    ck = _compile(k.combine_kernel, sig, const, hinted, arch, COMBINE_NUM_WARPS, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    name = f"sb{COMBINE_SPLIT_BLOCK}_w{COMBINE_NUM_WARPS}"
+    return CompileResult("combine_kernel", name, arch, int(ck.metadata.shared), regs, st, ld,
+                         SMEM_LIMIT[arch])
+
+
+def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
+    """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
+    from v4flash_kernels.decode import SPLIT_CONFIGS
+
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="v4flash-triton-"))
+    results = []
+    for arch in archs:
+        for cfg in configs if configs is not None else SPLIT_CONFIGS:
+            results.append(compile_split(cfg, arch))
+        results.append(compile_combine(arch))
+    return results
+
+
+def format_table(results: Sequence[CompileResult]) -> str:
+    head = f"{'kernel':<15} {'config':<16} {'arch':>5} {'smem B':>8} {'limit':>7} {'regs':>5} {'spill st/ld':>12}  ok"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.kernel:<15} {r.config:<16} {'sm_' + str(r.arch):>5} {r.shared_bytes:>8} {r.smem_limit:>7} "
+            f"{r.registers:>5} {f'{r.spill_stores}/{r.spill_loads}':>12}  {'yes' if r.ok else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.check_sm120", description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", type=int, action="append", help="SM arch (default: 120 and 90)")
+    ap.add_argument("--json", help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    results = check(archs=tuple(args.arch or (120, 90)))
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(asdict(r), ok=r.ok) for r in results], f, indent=1)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        print(f"FAIL: {len(bad)} config(s) exceed shared memory or spill registers", file=sys.stderr)
+        return 1
+    print(f"OK: {len(results)} kernel configs fit (sm_120 limit {SMEM_LIMIT[120]} B, no spills)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
