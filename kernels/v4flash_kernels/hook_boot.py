@@ -1,0 +1,63 @@
+"""Interpreter-start half of the SGLang import hook, run by `v4flash_kernels_hook.pth` (`boot()`).
+
+The .pth runs in *every* Python process of the environment (pip, the router, each SGLang TP rank),
+so this module imports nothing but `sys` and only puts a meta-path finder in front of the import
+system. The finder reacts to exactly one module name; everything that costs anything (`inspect`,
+`logging`, `importlib.metadata`, torch, our kernel) lives in `v4flash_kernels.hook` and is loaded
+only when SGLang imports that module.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# The sglang 0.5.13.post1 module that defines `flash_mla_sparse_decode_triton`.
+TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
+
+
+class SglangKernelFinder:
+    """Meta-path finder: wraps the loader of TARGET_MODULE so the patch runs right after it loads.
+
+    It never finds a module itself; for TARGET_MODULE it asks the finders behind it and hands back
+    their spec with a loader that patches after `exec_module`.
+    """
+
+    _v4flash_hook = True  # marker: one finder per interpreter, whatever imported this module
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 - finder protocol
+        if fullname != TARGET_MODULE:
+            return None
+        from v4flash_kernels import hook
+
+        return hook.find_spec_after(self, fullname, path, target)
+
+    def invalidate_caches(self) -> None:
+        return None
+
+
+def installed() -> bool:
+    """True when some SglangKernelFinder is on `sys.meta_path`."""
+    return any(getattr(f, "_v4flash_hook", False) for f in sys.meta_path)
+
+
+def install() -> None:
+    """Put the finder first on `sys.meta_path` (once); patch now if SGLang's module is already in."""
+    if not installed():
+        sys.meta_path.insert(0, SglangKernelFinder())
+    if TARGET_MODULE in sys.modules:
+        from v4flash_kernels import hook
+
+        hook.apply()
+
+
+booted = False  # set by boot(): the .pth ran in this interpreter
+
+
+def boot() -> None:
+    """Entry point of the .pth line; must never break interpreter start."""
+    global booted
+    try:
+        install()
+        booted = True
+    except Exception as exc:  # pragma: no cover - defensive
+        sys.stderr.write(f"[v4flash] kernel hook not installed: {type(exc).__name__}: {exc}\n")
