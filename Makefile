@@ -10,10 +10,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-$(BIN)/.stamp: pyproject.toml tests/requirements.txt
+TEST_REQS := tests/requirements.txt tests/requirements-bundle.txt tests/requirements-env.txt tests/requirements-ops.txt
+
+$(BIN)/.stamp: pyproject.toml $(TEST_REQS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]' -r tests/requirements.txt
+	$(BIN)/pip install -q -e '.[test]' $(addprefix -r ,$(TEST_REQS))
 	touch $@
 
 venv: $(BIN)/.stamp ## create .venv with the launcher, kernels and test tools
