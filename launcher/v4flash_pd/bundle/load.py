@@ -37,7 +37,7 @@ def load_bundle(
 ) -> LoadResult:
     report = verify_bundle(bundle, model=model, full=full, jobs=jobs, show_progress=show_progress)
     log(render_table(report))
-    raise_if_failed(report)
+    raise_if_failed(report, loading=True)
     assert report.manifest is not None
     img = report.manifest.image
     if not img:

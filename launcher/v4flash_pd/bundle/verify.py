@@ -51,7 +51,7 @@ def render_table(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-def raise_if_failed(report: VerifyReport) -> None:
+def raise_if_failed(report: VerifyReport, loading: bool = False) -> None:
     if report.ok:
         return
     named = "; ".join(f"{c.subject}: {c.detail or c.what}" for c in report.failures[:12])
@@ -59,7 +59,8 @@ def raise_if_failed(report: VerifyReport) -> None:
     raise RuntimeFailure(
         f"bundle {report.bundle} failed verification: {named}{more}",
         "copy the named files again from the connected side (compare with `sha256sum -c SHA256SUMS` "
-        "there), or recreate the bundle with `v4flash-pd bundle create`; nothing was loaded",
+        "there), or recreate the bundle with `v4flash-pd bundle create`"
+        + ("; nothing was loaded into the engine" if loading else ""),
     )
 
 
