@@ -1,0 +1,59 @@
+"""`v4flash-pd eval`: the offline accuracy gate against a running router (or one engine)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from v4flash_pd.errors import RuntimeFailure, UserError
+
+
+@click.command("eval")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, envvar="V4FLASH_EVAL_URL",
+              help="Router (or single engine) base URL; questions go to <url>/generate.")
+@click.option("--questions", type=int, default=50, show_default=True, envvar="V4FLASH_EVAL_QUESTIONS",
+              help="How many generated arithmetic word problems to ask.")
+@click.option("--min-accuracy", type=float, default=0.9, show_default=True, envvar="V4FLASH_EVAL_MIN_ACCURACY",
+              help="Fail (exit 1) below this fraction of exact final-number matches.")
+@click.option("--seed", type=int, default=0, show_default=True, envvar="V4FLASH_EVAL_SEED",
+              help="Seed of the generated questions (same seed, same questions).")
+@click.option("--shots", type=click.IntRange(min=0, max=8), default=2, show_default=True,
+              envvar="V4FLASH_EVAL_SHOTS", help="Worked examples prepended to every question.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              envvar="V4FLASH_EVAL_CONCURRENCY", help="Questions in flight at once.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              envvar="V4FLASH_EVAL_MAX_TOKENS", help="max_new_tokens per answer.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              envvar="V4FLASH_EVAL_TIMEOUT", help="Per-request timeout in seconds.")
+@click.option("--show-failures", type=click.IntRange(min=0), default=3, show_default=True,
+              envvar="V4FLASH_EVAL_SHOW_FAILURES", help="How many failed questions to print.")
+@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_EVAL_JSON",
+              help="Print the result as JSON (accuracy, threshold, failures).")
+def command(url: str, questions: int, min_accuracy: float, seed: int, shots: int, concurrency: int,
+            max_tokens: int, timeout_s: float, show_failures: int, as_json: bool) -> None:
+    """Ask generated arithmetic word problems; exit 1 if accuracy is below --min-accuracy.
+
+    Catches the failure class where serving looks healthy but answers are wrong (e.g. a KV
+    transfer that silently drops state between prefill and decode).
+    """
+    from v4flash_pd import evalgate
+
+    try:
+        result = evalgate.run_eval(url, questions, min_accuracy, seed=seed, shots=shots,
+                                   concurrency=concurrency, max_tokens=max_tokens, timeout=timeout_s)
+    except ValueError as exc:
+        raise UserError(str(exc), "check --url (http://HOST:PORT), --questions >= 1, 0 <= --min-accuracy <= 1")
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(evalgate.render(result, show=show_failures))
+    if not result.passed:
+        if result.errors == result.total:
+            raise RuntimeFailure(f"eval: every request to {url}/generate failed ({result.graded[0].error})",
+                                 "is the router up? check `v4flash-pd status` and the logs")
+        raise RuntimeFailure(
+            f"eval: accuracy {result.accuracy:.3f} is below the gate {min_accuracy:.3f}",
+            "answers are wrong while the server responds: suspect the PD KV transfer (NIXL/UCX), "
+            "the kernel patch (retry with V4FLASH_SPARSE_DECODE=0 to A/B it), or the model files "
+            "(`v4flash-pd doctor`)")

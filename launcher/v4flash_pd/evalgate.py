@@ -1,0 +1,179 @@
+"""The offline accuracy gate (`v4flash-pd eval`, and `up --eval` before READY).
+
+Why a gate at all: a silent KV-transfer bug (sglang PR #23773: the DSv4 state buffer not sent by
+NIXL) dropped GSM8K to ~0.1 while throughput looked healthy, so "it answers" is not "it is right".
+Why generated questions: no data set download on an air-gapped box, and every answer is known
+exactly (`v4flash_pd.arith`).
+
+Requests go to SGLang's native `/generate` (what the router forwards in PD mode) with a few-shot
+prompt built from worked examples, greedy sampling, and a stop at the next "Question:"; the reply
+is scored by exact match of its final number.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from v4flash_pd import arith
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_QUESTIONS = 50
+DEFAULT_MIN_ACCURACY = 0.9
+# Few-shot examples come from a seed no gate run uses by default, so they never equal a question.
+_SHOT_SEED = 987_654_321
+
+
+@dataclass(frozen=True)
+class Graded:
+    """One question's outcome (reply is trimmed to keep reports small)."""
+
+    question: str
+    expected: int
+    got: int | None
+    correct: bool
+    reply: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    url: str
+    total: int
+    correct: int
+    errors: int
+    accuracy: float
+    min_accuracy: float
+    passed: bool
+    duration_s: float
+    graded: tuple[Graded, ...]
+
+    @property
+    def failures(self) -> tuple[Graded, ...]:
+        return tuple(g for g in self.graded if not g.correct)
+
+    def to_dict(self, max_failures: int = 10) -> dict:
+        d = asdict(self)
+        d.pop("graded")
+        d["schema"] = "v4flash-pd.eval/1"
+        d["failures"] = [asdict(g) for g in self.failures[:max_failures]]
+        return d
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+def few_shot_prefix(shots: int) -> str:
+    """`shots` worked examples in the same format the question uses."""
+    parts = []
+    for p in arith.make_problems(shots, seed=_SHOT_SEED):
+        sol = arith.explain(p.question)
+        assert sol is not None and sol.answer == p.answer
+        parts.append(f"{arith.prompt_for(p)} {sol.render()}\n\n")
+    return "".join(parts)
+
+
+def build_prompt(problem: arith.Problem, shots: int) -> str:
+    return few_shot_prefix(shots) + arith.prompt_for(problem)
+
+
+def generate_payload(prompt: str, max_tokens: int) -> dict:
+    return {"text": prompt,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "stop": ["Question:"]}}
+
+
+def grade(problem: arith.Problem, reply: str, error: str = "") -> Graded:
+    got = None if error else arith.extract_final_number(reply)
+    return Graded(question=problem.question, expected=problem.answer, got=got,
+                  correct=(not error and got == problem.answer), reply=reply.strip()[-300:], error=error)
+
+
+def score(url: str, graded: Sequence[Graded], min_accuracy: float, duration_s: float) -> EvalResult:
+    total = len(graded)
+    correct = sum(g.correct for g in graded)
+    acc = correct / total if total else 0.0
+    return EvalResult(url=url, total=total, correct=correct, errors=sum(bool(g.error) for g in graded),
+                      accuracy=acc, min_accuracy=min_accuracy, passed=total > 0 and acc >= min_accuracy,
+                      duration_s=duration_s, graded=tuple(graded))
+
+
+def render(result: EvalResult, show: int = 3) -> str:
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [f"eval {verdict}: accuracy {result.accuracy:.3f} ({result.correct}/{result.total}), "
+             f"threshold {result.min_accuracy:.3f}, errors {result.errors}, {result.duration_s:.1f}s"]
+    for g in result.failures[:show]:
+        lines.append(f"  - Q: {g.question}")
+        if g.error:
+            lines.append(f"    expected {g.expected}, request failed: {g.error}")
+        else:
+            lines.append(f"    expected {g.expected}, got {g.got}; reply: {g.reply[-160:]!r}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- effects
+
+
+def _check_url(url: str) -> urllib.parse.SplitResult:
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return u
+
+
+def post_generate(url: str, payload: dict, timeout: float) -> tuple[str, str]:
+    """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
+    u = _check_url(url)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = cls(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
+    try:
+        conn.request("POST", u.path.rstrip("/") + "/generate", body=json.dumps(payload).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        if resp.status != 200:
+            return "", f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace').strip()}"
+        body = json.loads(raw)
+        if isinstance(body, list):  # a batch answer; we send one prompt
+            body = body[0] if body else {}
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return "", f"no 'text' in the reply: {raw[:200]!r}"
+        return text, ""
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
+        return "", f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
+def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
+             min_accuracy: float = DEFAULT_MIN_ACCURACY, *, seed: int = 0, shots: int = 2,
+             concurrency: int = 8, max_tokens: int = 512, timeout: float = 600.0,
+             on_answer: Callable[[Graded], None] | None = None) -> EvalResult:
+    """Ask `questions` generated problems, grade each by exact final-number match.
+
+    Never raises for a bad server (failed requests grade as wrong, with the error kept), so
+    `up --eval` can print the result and stop the trio itself. Raises ValueError for bad input.
+    """
+    if questions < 1:
+        raise ValueError(f"questions must be >= 1, got {questions}")
+    if not 0.0 <= min_accuracy <= 1.0:
+        raise ValueError(f"min_accuracy must be within [0, 1], got {min_accuracy}")
+    _check_url(url)
+    problems = arith.make_problems(questions, seed=seed)
+
+    def ask(p: arith.Problem) -> Graded:
+        text, err = post_generate(url, generate_payload(build_prompt(p, shots), max_tokens), timeout)
+        g = grade(p, text, err)
+        if on_answer is not None:
+            on_answer(g)
+        return g
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        graded = list(pool.map(ask, problems))
+    return score(url, graded, min_accuracy, time.monotonic() - t0)
