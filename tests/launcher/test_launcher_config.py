@@ -1,0 +1,228 @@
+"""Config layering: defaults < profile < TOML file < env < flags, role lists merged by index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from v4flash_pd.config import DEFAULTS, load_config
+from v4flash_pd.errors import UserError
+from v4flash_pd.plan import build_plan
+from v4flash_pd import topology as topo
+
+NO_ENV: dict[str, str] = {}
+
+
+def write(tmp_path: Path, text: str, name: str = "v4.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def decode_cgbs(cfg) -> int | None:
+    return cfg.role("decode")[0].cuda_graph_max_bs
+
+
+# ------------------------------------------------------------------ precedence, one key per layer
+
+
+def test_one_key_through_every_layer(tmp_path: Path) -> None:
+    """decode[0].cuda_graph_max_bs: default None < profile 32 < file 16 < V4FLASH_SET 8 < --set 4."""
+    assert DEFAULTS["decode"] == []  # the default layer has no decode worker at all
+    assert decode_cgbs(load_config(env=NO_ENV)) == 32
+    f = write(tmp_path, "[[decode]]\ncuda_graph_max_bs = 16\n")
+    assert decode_cgbs(load_config(f, env=NO_ENV)) == 16
+    env = {"V4FLASH_SET": "decode.0.cuda_graph_max_bs=8"}
+    assert decode_cgbs(load_config(f, env=env)) == 8
+    cfg = load_config(f, env=env, sets=("decode.0.cuda_graph_max_bs=4",))
+    assert decode_cgbs(cfg) == 4
+    assert cfg.sources == ("defaults", "profile:rtx6000-8x-pd", f"file:{f}", "env:V4FLASH_SET", "flags")
+
+
+def test_file_merges_role_by_index_keeping_profile_fields(tmp_path: Path) -> None:
+    f = write(tmp_path, "[[decode]]\ncuda_graph_max_bs = 16\n")
+    d = load_config(f, env=NO_ENV).role("decode")[0]
+    # everything else in decode[0] still comes from the profile
+    assert (d.gpus, d.tp, d.numa_node, d.port, d.nccl_port) == ((4, 5, 6, 7), 4, 1, 30001, 30011)
+
+
+def test_model_path_layers_through_cli(tmp_path: Path, topo_8x2: Path, plan_json) -> None:
+    """Through the real CLI: file < V4FLASH_SET < V4FLASH_MODEL < --set model.path / --model."""
+    f = write(tmp_path, 'model = { path = "/file/model" }\n')
+    base = ["--topology", str(topo_8x2), "--config", str(f)]
+    assert plan_json(*base)["model_path"] == "/file/model"
+    env_set = {"V4FLASH_SET": "model.path=/envset/model"}
+    assert plan_json(*base, extra_env=env_set)["model_path"] == "/envset/model"
+    env_both = {**env_set, "V4FLASH_MODEL": "/envmodel/model"}
+    assert plan_json(*base, extra_env=env_both)["model_path"] == "/envmodel/model"
+    assert plan_json(*base, "--model", "/flag/model", extra_env=env_both)["model_path"] == "/flag/model"
+    assert plan_json(*base, "--set", "model.path=/flagset/model", extra_env=env_both)["model_path"] == "/flagset/model"
+    # the config file itself can come from the environment
+    assert plan_json("--topology", str(topo_8x2), extra_env={"V4FLASH_CONFIG": str(f)})["model_path"] == "/file/model"
+
+
+def test_profile_layers_through_cli(tmp_path: Path, topo_8x2: Path, plan_json) -> None:
+    """profile: file's `profile =` < V4FLASH_PROFILE < --profile."""
+    f = write(tmp_path, 'profile = "rtx6000-tp4"\n')
+    t = ["--topology", str(topo_8x2)]
+    assert plan_json(*t)["profile"] == "rtx6000-8x-pd"
+    assert plan_json(*t, "--config", str(f))["profile"] == "rtx6000-tp4"
+    assert plan_json(*t, "--config", str(f), extra_env={"V4FLASH_PROFILE": "rtx6000-8x-pd"})["profile"] == "rtx6000-8x-pd"
+    got = plan_json(*t, "--profile", "rtx6000-tp4", extra_env={"V4FLASH_PROFILE": "rtx6000-8x-pd"})
+    assert got["profile"] == "rtx6000-tp4" and got["mode"] == "aggregated"
+
+
+def test_set_values_are_typed(tmp_path: Path) -> None:
+    cfg = load_config(env=NO_ENV, sets=("router.port=9000", "decode.0.gpus=[4,5]", "decode.0.tp=2",
+                                         "numa=off", "env.FOO=bar baz"))
+    assert cfg.router is not None and cfg.router.port == 9000
+    assert cfg.role("decode")[0].gpus == (4, 5) and cfg.numa == "off"
+    assert dict(cfg.env)["FOO"] == "bar baz"
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
+    f = write(tmp_path, "[[prefill]]\ngpu = [0]\n")
+    with pytest.raises(UserError) as e:
+        load_config(f, env=NO_ENV)
+    assert "prefill[0]." in e.value.message and "'gpu'" in e.value.message
+    assert "gpus" in e.value.hint  # the valid keys are listed
+
+
+def test_unknown_top_level_key_from_set() -> None:
+    with pytest.raises(UserError, match="unknown config key 'routr'"):
+        load_config(env=NO_ENV, sets=("routr.port=1",))
+
+
+def test_bad_toml(tmp_path: Path) -> None:
+    f = write(tmp_path, "[[prefill]\ngpus = [0\n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_config(f, env=NO_ENV)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", env=NO_ENV)
+
+
+def test_invalid_transfer_backend() -> None:
+    with pytest.raises(UserError) as e:
+        load_config(env=NO_ENV, sets=("engine.transfer_backend=ucx",))
+    assert "engine.transfer_backend" in e.value.message and "'ucx'" in e.value.message
+    assert "nixl" in e.value.hint and "mooncake" in e.value.hint
+
+
+def test_override_without_equals_and_bad_index() -> None:
+    with pytest.raises(UserError, match="not KEY=VALUE"):
+        load_config(env={"V4FLASH_SET": "router.port"})
+    with pytest.raises(UserError, match="not a valid list index"):
+        load_config(env=NO_ENV, sets=("decode.5.port=1",))
+
+
+def test_unknown_profile() -> None:
+    with pytest.raises(UserError) as e:
+        load_config(profile="rtx9000", env=NO_ENV)
+    assert "rtx9000" in e.value.message and "rtx6000-tp4" in e.value.hint
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("router.port=70000", "not a valid port"),
+    ("decode.0.tp=true", "must be a positive integer"),
+    ("engine.mem_fraction_static=1.5", "outside (0, 1)"),
+    ("numa=sometimes", "numa"),
+    ("prefill.0.nccl_port=0", "not a valid port"),
+])
+def test_value_validation(item: str, needle: str) -> None:
+    with pytest.raises(UserError) as e:
+        load_config(env=NO_ENV, sets=(item,))
+    assert needle in e.value.message
+
+
+# ------------------------------------------------------------------ roles
+
+
+TWO_P = """
+[[prefill]]
+gpus = [0, 1]
+tp = 2
+
+[[prefill]]
+gpus = [2, 3]
+tp = 2
+numa_node = 0
+port = 30002
+bootstrap_port = 8999
+nccl_port = 30012
+"""
+
+
+def test_2p1d_is_a_config_change(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, TWO_P), env=NO_ENV)
+    plan = build_plan(cfg, topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    prefills = [p for p in plan.processes if p.role == "prefill"]
+    assert [p.name for p in prefills] == ["prefill-0", "prefill-1"]
+    assert [dict(p.env)["CUDA_VISIBLE_DEVICES"] for p in prefills] == ["0,1", "2,3"]
+    router = plan.router()
+    assert router is not None
+    argv = list(router.argv)
+    pairs = [argv[i + 1:i + 3] for i, a in enumerate(argv) if a == "--prefill"]
+    assert pairs == [["http://127.0.0.1:30000", "8998"], ["http://127.0.0.1:30002", "8999"]]
+    assert argv.count("--decode") == 1
+    assert plan.expected == (("prefill", 2), ("decode", 1))
+    p1 = list(plan.get("prefill-1").argv)
+    assert p1[p1.index("--disaggregation-bootstrap-port") + 1] == "8999"
+    assert p1[p1.index("--tp-size") + 1] == "2"
+
+
+def test_per_role_extra_args_and_env_stay_in_their_role(tmp_path: Path) -> None:
+    f = write(tmp_path, """
+[[prefill]]
+extra_args = ["--chunked-prefill-size", "8192"]
+env = { ONLY_PREFILL = "p" }
+
+[[decode]]
+extra_args = "--max-running-requests 64"
+env = { ONLY_DECODE = "d" }
+
+[router]
+extra_args = ["--log-level", "debug"]
+env = { ONLY_ROUTER = "r" }
+""")
+    plan = build_plan(load_config(f, env=NO_ENV), topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    p, d, r = plan.get("prefill-0"), plan.get("decode-0"), plan.get("router")
+    assert p.argv[-2:] == ("--chunked-prefill-size", "8192") and "--max-running-requests" not in p.argv
+    assert d.argv[-2:] == ("--max-running-requests", "64") and "--chunked-prefill-size" not in d.argv
+    assert r.argv[-2:] == ("--log-level", "debug")
+    assert "--log-level" not in p.argv + d.argv and "--chunked-prefill-size" not in r.argv
+    envs = {x.name: dict(x.env) for x in (p, d, r)}
+    assert envs["prefill-0"].get("ONLY_PREFILL") == "p" and "ONLY_DECODE" not in envs["prefill-0"]
+    assert envs["decode-0"].get("ONLY_DECODE") == "d" and "ONLY_PREFILL" not in envs["decode-0"]
+    assert envs["router"].get("ONLY_ROUTER") == "r"
+    assert not {"ONLY_PREFILL", "ONLY_DECODE"} & set(envs["router"])
+    # a per-role env layered on top keeps the shared offline env (union, not replace)
+    assert envs["decode-0"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_tp4_profile_is_one_aggregated_server() -> None:
+    cfg = load_config(profile="rtx6000-tp4", env=NO_ENV)
+    plan = build_plan(cfg, topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    assert [p.role for p in plan.processes] == ["server"]
+    assert plan.router() is None and plan.expected == ()
+    argv = plan.processes[0].argv
+    assert not [a for a in argv if a.startswith("--disaggregation")]
+    assert "--pd-disaggregation" not in argv
+    assert argv[argv.index("--tp-size") + 1] == "4"
+    assert argv[argv.index("--port") + 1] == "8000" and plan.url == "http://0.0.0.0:8000"
+    env = dict(plan.processes[0].env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and env["HF_HUB_OFFLINE"] == "1"
+    assert "UCX_TLS" not in env  # no KV transfer, no UCX tuning
+
+
+def test_tp4_rejects_pd_roles(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"\[\[decode\]\] workers but mode = 'aggregated'"):
+        load_config(write(tmp_path, 'profile = "rtx6000-tp4"\n[[decode]]\ngpus = [4]\nport = 1\nnccl_port = 2\n'),
+                    env=NO_ENV)
+
