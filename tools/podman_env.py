@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-tar", type=Path, default=ROOT / ".cache/env/bookworm-minbase.tar")
     ap.add_argument("--target", default="ci")
     ap.add_argument("-t", "--tag", default="localhost/v4flash-pd:ci")
-    ap.add_argument("rest", nargs=argparse.REMAINDER)
+    ap.add_argument("rest", nargs="*", help="after --: extra podman arguments")
     args = ap.parse_args(argv)
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    rest = list(args.rest)
     env = podman_env(args.state.resolve())
     if args.command == "podman":
         return subprocess.call(["podman", *rest], env=env)
