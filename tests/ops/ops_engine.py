@@ -1,0 +1,48 @@
+"""Start the rehearsal stand-in engine (non-PD) on a free 127.0.0.1 port, bounded waits only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Iterator
+
+from v4flash_pd.ports import free_port
+
+
+@contextlib.contextmanager
+def engine(**knobs: str) -> Iterator[str]:
+    port = free_port()
+    env = dict(os.environ, V4FLASH_REHEARSAL_LOAD_SECONDS="0")
+    for k in [k for k in env if k.startswith("V4FLASH_REHEARSAL_") and k != "V4FLASH_REHEARSAL_LOAD_SECONDS"]:
+        env.pop(k)
+    env.update({f"V4FLASH_REHEARSAL_{k.upper()}": v for k, v in knobs.items()})
+    proc = subprocess.Popen([sys.executable, "-m", "v4flash_pd.rehearsal.engine", "--model-path", "/models/none",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("engine did not become healthy in 30 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
