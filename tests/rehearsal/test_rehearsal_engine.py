@@ -314,3 +314,14 @@ def test_one_json_line_per_request(start_engine) -> None:
         assert {"role", "method", "path", "status", "bootstrap_host", "bootstrap_port",
                 "bootstrap_room", "rid", "completion_tokens"} <= set(r)
         assert r["role"] == "server" and r["status"] == 200
+
+
+def test_bind_delay_refuses_connections_then_loads(start_engine) -> None:
+    e = start_engine(env={"V4FLASH_REHEARSAL_BIND_DELAY_S": "1.0",
+                          "V4FLASH_REHEARSAL_LOAD_SECONDS": "0.5"}, wait=False)
+    time.sleep(0.3)
+    with pytest.raises(OSError):
+        request("GET", e.port, "/health", timeout=2)
+    took = wait_status(e.port, "/health", 200, timeout=15)
+    assert took >= 0.9  # refused for ~0.7 s more, then 503 for 0.5 s
+    assert "HTTP port opens in" in e.text()

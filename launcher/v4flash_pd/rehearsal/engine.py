@@ -358,6 +358,14 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
         if boot is None:
             return 1
         servers.append(boot)
+    if knobs.bind_delay_s > 0:
+        # Real SGLang loads weights before uvicorn binds: the port refuses connections meanwhile.
+        state.say(f"loading weights (rehearsal): HTTP port opens in {knobs.bind_delay_s:g}s")
+        if stop.wait(knobs.bind_delay_s):
+            for s in servers:
+                s.server_close()
+            return 0
+        state.started = time.monotonic()
     http = _bind(state, f"HTTP server on {args.host}:{args.port}",
                  lambda: make_server(args.host, args.port, make_handler(state)))
     if http is None:

@@ -19,7 +19,8 @@ class KnobError(ValueError):
 
 @dataclass(frozen=True)
 class Knobs:
-    load_seconds: float = 1.0          # /health* answer 503 this long after start ("loading")
+    bind_delay_s: float = 0.0          # HTTP port refuses connections this long (weight loading)
+    load_seconds: float = 1.0          # then /health* answer 503 this long ("warmup")
     ttft_ms: float = 0.0               # time to first token (prefill compute in PD mode)
     itl_ms: float = 0.0                # per output token after the first
     corrupt_rate: float = 0.0          # share of arithmetic answers made wrong (0..1)
@@ -32,6 +33,7 @@ class Knobs:
 
 _FLOATS = {
     "LOAD_SECONDS": "load_seconds",
+    "BIND_DELAY_S": "bind_delay_s",
     "TTFT_MS": "ttft_ms",
     "ITL_MS": "itl_ms",
     "WAITING_TIMEOUT_S": "waiting_timeout_s",
