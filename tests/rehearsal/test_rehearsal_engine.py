@@ -325,3 +325,17 @@ def test_bind_delay_refuses_connections_then_loads(start_engine) -> None:
     took = wait_status(e.port, "/health", 200, timeout=15)
     assert took >= 0.9  # refused for ~0.7 s more, then 503 for 0.5 s
     assert "HTTP port opens in" in e.text()
+
+
+def test_runs_on_the_stdlib_alone(procs, tmp_path) -> None:
+    """The slim image has only click + stdlib: `python -S` (no site-packages) must serve."""
+    from rehearsal_procs import PY, REPO
+    port = free_ports(1)[0]
+    argv = [PY, "-S", "-m", "v4flash_pd.rehearsal.engine", "--model-path", "/m", "--host", HOST,
+            "--port", str(port)]
+    p = spawn("stdlib", argv, tmp_path, {"PYTHONPATH": str(REPO / "launcher"),
+                                         "V4FLASH_REHEARSAL_LOAD_SECONDS": "0"})
+    procs.append(p)
+    wait_status(port, "/health", 200, timeout=15)
+    status, body = post_json(port, "/generate", {"text": "hi"})
+    assert status == 200 and body["text"].startswith(REHEARSAL_MARK)

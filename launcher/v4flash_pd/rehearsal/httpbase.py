@@ -35,6 +35,10 @@ def make_server(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> 
 
 class JsonHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Idle keep-alive connections are closed after this long (uvicorn closes after 5 s; a bit
+    # longer here so slow SSE readers are not cut off), so pooled router connections cannot
+    # pin handler threads forever.
+    timeout = 30
     server_version = "v4flash-rehearsal"
     sys_version = ""
 
