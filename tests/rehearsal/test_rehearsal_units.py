@@ -157,18 +157,6 @@ def test_openai_chunks_carry_usage_only_when_asked() -> None:
     assert all("usage" not in c for _, c in P.openai_chunks(no_usage, comp, "m", 0))
 
 
-def test_standin_argv_swaps_only_the_module() -> None:
-    from v4flash_pd.rehearsal.substitute import standin_argv
-
-    planned = ["numactl", "--cpunodebind=1", "--membind=1", "python3", "-m",
-               "sglang.launch_server", *PLAN_ARGV]
-    got = standin_argv(planned)
-    assert got == planned[:5] + ["v4flash_pd.rehearsal.engine"] + PLAN_ARGV
-    assert standin_argv(planned, python="/venv/bin/python")[3] == "/venv/bin/python"
-    with pytest.raises(ValueError):
-        standin_argv(["python3", "-m", "sglang_router.launch_router", "--port", "8000"])
-
-
 def test_bind_delay_knob() -> None:
     assert knobs_from_env({"V4FLASH_REHEARSAL_BIND_DELAY_S": "2"}).bind_delay_s == 2.0
     assert knobs_from_env({}).bind_delay_s == 0.0
