@@ -265,3 +265,43 @@ def test_safetensors_header_check(tmp_path):
     assert "does not fit" in dmodel.safetensors_problem(p)
     p.write_bytes(b"\x01\x00")
     assert "too short" in dmodel.safetensors_problem(p)
+
+
+def _fake_sglang(root: Path, body: str) -> Path:
+    mod = root / "sglang" / "srt" / "layers" / "attention"
+    mod.mkdir(parents=True)
+    for d in (root / "sglang", root / "sglang" / "srt", root / "sglang" / "srt" / "layers", mod):
+        (d / "__init__.py").write_text("")
+    (mod / "flash_mla_sm120_triton.py").write_text(body)
+    return root
+
+
+def test_kernel_patch_detects_upstream_function(box):
+    site = _fake_sglang(box["tmp"] / "fake-upstream", "def flash_mla_sparse_decode_triton(*a, **k):\n    pass\n")
+    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site))
+    c = checks["kernel-patch"]
+    assert c["status"] == "error" and "still upstream's (sglang.srt.layers.attention" in c["detail"]
+    assert "hook did not apply" in c["fix"]
+    # the plan sets V4FLASH_SPARSE_DECODE for the workers from the config key sparse_decode
+    off = box["env"]["V4FLASH_SET"] + " sparse_decode=false"
+    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site), V4FLASH_SET=off)
+    assert checks["kernel-patch"]["status"] == "ok" and "disabled" in checks["kernel-patch"]["detail"]
+
+
+def test_kernel_patch_detects_our_function(box):
+    site = _fake_sglang(box["tmp"] / "fake-patched", "def flash_mla_sparse_decode_triton(*a, **k):\n    pass\n"
+                        "flash_mla_sparse_decode_triton.__module__ = 'v4flash_kernels.decode'\n")
+    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site))
+    assert checks["kernel-patch"]["status"] == "ok" and "v4flash_kernels.decode" in checks["kernel-patch"]["detail"]
+    off = box["env"]["V4FLASH_SET"] + " sparse_decode=false"
+    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site), V4FLASH_SET=off)
+    assert checks["kernel-patch"]["status"] == "error" and "still applied" in checks["kernel-patch"]["detail"]
+
+
+def test_ucx_info_without_cuda_ipc_warns(box):
+    ucx = box["bin"] / "ucx_info"
+    ucx.write_text("#!/bin/sh\nprintf '#      Transport: cuda_copy\\n#      Transport: tcp\\n#      Transport: sm\\n'\n")
+    ucx.chmod(0o755)
+    rc, checks = doctor(box, "--only", "transport", PATH=f"{box['bin']}:{os.environ['PATH']}")
+    c = checks["ucx-transports"]
+    assert c["status"] == "warn" and "no cuda_ipc" in c["detail"] and "ucx_info -d" in c["detail"]

@@ -65,6 +65,20 @@ def _probe_patch_script() -> str:
             f"f = getattr(m, {UPSTREAM_FUNC!r}); print(getattr(f, '__module__', '?'))")
 
 
+def _hook_note(st: object) -> str:
+    """One short phrase from `v4flash_kernels.hook.status()` (a dict; anything else is shown as is)."""
+    if st is None:
+        return ""
+    if isinstance(st, dict):
+        bits = []
+        if "hook_booted_by_pth" in st:
+            bits.append(f".pth hook {'loaded' if st['hook_booted_by_pth'] else 'NOT loaded'} in this interpreter")
+        if st.get("pinned_sglang_version"):
+            bits.append(f"pinned sglang {st['pinned_sglang_version']}")
+        return "; ".join(bits) or str(st)[:200]
+    return str(st)[:200]
+
+
 def check_kernel_patch(inp: DoctorInput) -> Check:
     p = inp.probe
     if not p.has_module("v4flash_kernels"):
@@ -76,7 +90,7 @@ def check_kernel_patch(inp: DoctorInput) -> Check:
             from v4flash_kernels import hook  # type: ignore[attr-defined]
 
             st = hook.status() if hasattr(hook, "status") else None
-            hook_note = f"hook: {st}" if st is not None else ""
+            hook_note = _hook_note(st)
         except Exception as exc:  # a broken hook must show up as a finding
             return error("kernel-patch", f"v4flash_kernels.hook fails to import/report: {exc!r}",
                          "reinstall the v4flash-pd wheel; run with --debug for the traceback")
@@ -100,7 +114,7 @@ def check_kernel_patch(inp: DoctorInput) -> Check:
         if ours:
             return error("kernel-patch", "V4FLASH_SPARSE_DECODE=0 but the patch is still applied",
                          "report a bug: the switch must leave SGLang untouched")
-        return ok("kernel-patch", "disabled by V4FLASH_SPARSE_DECODE=0 (A/B run): upstream kernel in use")
+        return ok("kernel-patch", "disabled (sparse_decode = off, workers get V4FLASH_SPARSE_DECODE=0): upstream kernel in use")
     if not ours:
         return error("kernel-patch", f"{UPSTREAM_MODULE}.{UPSTREAM_FUNC} is still upstream's ({owner})"
                      + (f"; {hook_note}" if hook_note else ""),
