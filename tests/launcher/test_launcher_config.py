@@ -226,3 +226,10 @@ def test_tp4_rejects_pd_roles(tmp_path: Path) -> None:
         load_config(write(tmp_path, 'profile = "rtx6000-tp4"\n[[decode]]\ngpus = [4]\nport = 1\nnccl_port = 2\n'),
                     env=NO_ENV)
 
+
+
+def test_file_env_table_adds_to_profile_env(tmp_path: Path) -> None:
+    """An [env] table in a file adds variables; it does not drop the profile's offline/UCX env."""
+    env = dict(load_config(write(tmp_path, '[env]\nEXTRA = "x"\nUCX_TLS = "tcp,self"\n'), env=NO_ENV).env)
+    assert env["EXTRA"] == "x" and env["UCX_TLS"] == "tcp,self"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"

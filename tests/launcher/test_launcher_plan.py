@@ -1,0 +1,341 @@
+"""The pure plan builder on fixture boxes, and `plan` on a fake box probed from outside the process."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import fakebox
+from fakebox import BOX_8GPU_2NODE
+
+from v4flash_pd import topology as topo
+from v4flash_pd.config import load_config
+from v4flash_pd.errors import UserError
+from v4flash_pd.hostprobe import HostNuma, probe_numa
+from v4flash_pd.model import check_model_dir
+from v4flash_pd.plan import build_plan
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NO_ENV: dict[str, str] = {}
+TWO_NODES = HostNuma("/usr/bin/numactl", (0, 1), True, "membind permitted")
+ONE_NODE = HostNuma("/usr/bin/numactl", (0,), True, "membind permitted")
+
+
+def box(name: str) -> topo.Topology:
+    return topo.load(FIXTURES / f"topology-{name}.json")
+
+
+def cfg(*sets: str, profile: str | None = None):
+    return load_config(profile=profile, env=NO_ENV, sets=sets)
+
+
+def flag(argv, name: str) -> str:
+    argv = list(argv)
+    assert argv.count(name) == 1, f"{name} appears {argv.count(name)} times in {argv}"
+    return argv[argv.index(name) + 1]
+
+
+def engine_tail(argv) -> list[str]:
+    """argv after the numactl prefix (from the interpreter on)."""
+    argv = list(argv)
+    return argv[argv.index("--") + 1:] if "--" in argv else argv
+
+
+# ------------------------------------------------------------------ default profile, reference box
+
+
+def test_default_profile_on_reference_box() -> None:
+    plan = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
+    assert plan.warnings == ()
+    p, d, r = plan.get("prefill-0"), plan.get("decode-0"), plan.get("router")
+    assert [x.name for x in plan.processes] == ["prefill-0", "decode-0", "router"]
+    assert list(p.argv[:4]) == ["/usr/bin/numactl", "--cpunodebind=0", "--membind=0", "--"]
+    assert list(d.argv[:4]) == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1", "--"]
+    assert r.argv[0] != "/usr/bin/numactl" and r.binding.policy == "none"
+    pe, de = dict(p.env), dict(d.env)
+    assert pe["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and de["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    for argv in (p.argv, d.argv):
+        tail = engine_tail(argv)
+        assert tail[1:3] == ["-m", "sglang.launch_server"]
+        assert flag(argv, "--moe-runner-backend") == "marlin"
+        assert flag(argv, "--kv-cache-dtype") == "fp8_e4m3"
+        assert flag(argv, "--disaggregation-transfer-backend") == "nixl"
+        assert flag(argv, "--tp-size") == "4" and "--dp-size" not in argv
+        assert flag(argv, "--model-path") == "/models/DeepSeek-V4-Flash"
+    assert flag(d.argv, "--cuda-graph-max-bs") == "32" and "--cuda-graph-max-bs" not in p.argv
+    assert flag(p.argv, "--disaggregation-mode") == "prefill" and flag(d.argv, "--disaggregation-mode") == "decode"
+    # explicit ports everywhere
+    assert (flag(p.argv, "--port"), flag(p.argv, "--nccl-port"), flag(p.argv, "--disaggregation-bootstrap-port")) \
+        == ("30000", "30010", "8998")
+    assert (flag(d.argv, "--port"), flag(d.argv, "--nccl-port")) == ("30001", "30011")
+    assert flag(d.argv, "--disaggregation-bootstrap-port") == "8998"  # decode's fallback = prefill-0's
+    assert (flag(r.argv, "--port"), flag(r.argv, "--prometheus-port"), flag(r.argv, "--host")) == ("8000", "29000", "0.0.0.0")
+    assert {(u.owner, u.port) for u in plan.port_uses()} == {
+        ("prefill-0 http", 30000), ("prefill-0 nccl", 30010), ("prefill-0 bootstrap", 8998),
+        ("decode-0 http", 30001), ("decode-0 nccl", 30011),
+        ("router http", 8000), ("router metrics", 29000)}
+    rargv = list(r.argv)
+    assert rargv[1:4] == ["-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    assert rargv[rargv.index("--prefill") + 1:rargv.index("--prefill") + 3] == ["http://127.0.0.1:30000", "8998"]
+    assert flag(rargv, "--decode") == "http://127.0.0.1:30001"
+    # offline + UCX env on both engines, not on the router
+    for env in (pe, de):
+        assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
+        assert env["UCX_TLS"] == "cuda_copy,cuda_ipc,sm,tcp,self"
+        assert env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"
+        assert env.get("UCX_MODULE_DIR") != "auto"  # resolved or dropped, never passed literally
+        assert env["V4FLASH_SPARSE_DECODE"] == "1"
+    assert "UCX_TLS" not in dict(r.env) and "CUDA_VISIBLE_DEVICES" not in dict(r.env)
+    assert plan.expected == (("prefill", 1), ("decode", 1))
+    assert plan.url == "http://0.0.0.0:8000" and plan.probe_url == "http://127.0.0.1:8000"
+
+
+def test_plan_is_pure() -> None:
+    a = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
+    b = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
+    assert a == b and a.to_dict() == b.to_dict()
+
+
+def test_cli_plan_json_on_reference_box(topo_8x2: Path, plan_json) -> None:
+    """Through the CLI with --topology (planning another box: no local NUMA checks)."""
+    plan = plan_json("--topology", str(topo_8x2))
+    assert plan["format"] == "v4flash-pd/plan/1"
+    procs = {p["name"]: p for p in plan["processes"]}
+    assert procs["prefill-0"]["argv"][:4] == ["numactl", "--cpunodebind=0", "--membind=0", "--"]
+    assert procs["decode-0"]["argv"][:4] == ["numactl", "--cpunodebind=1", "--membind=1", "--"]
+    assert dict(map(tuple, procs["decode-0"]["env"]))["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert all(isinstance(a, str) for p in plan["processes"] for a in p["argv"])
+    # only the model dir is missing on this host
+    assert [w for w in plan["warnings"] if "model directory" not in w] == []
+
+
+# ------------------------------------------------------------------ NUMA contradictions
+
+
+def test_contradicting_numa_map_is_an_error_naming_role_gpu_node() -> None:
+    with pytest.raises(UserError) as e:
+        build_plan(cfg(), box("8gpu-swapped"), None)
+    msg = e.value.message
+    assert "prefill-0" in msg and "NUMA node 0" in msg and "[0, 1, 2, 3]" in msg and "node(s) [1]" in msg
+    assert "prefill[0].numa_node" in e.value.hint and 'numa = "off"' in e.value.hint
+
+
+def test_contradicting_numa_map_via_cli(topo_swapped: Path, cli) -> None:
+    res = cli("plan", "--topology", str(topo_swapped))
+    assert res.returncode == 2
+    assert "prefill-0" in res.stderr and "GPUs [0, 1, 2, 3]" in res.stderr and "node(s) [1]" in res.stderr
+    assert "Traceback" not in res.stderr
+    # the fix the message suggests works: follow the GPUs
+    res = cli("plan", "--json", "--topology", str(topo_swapped),
+              "--set", "prefill.0.numa_node=1", "--set", "decode.0.numa_node=0")
+    assert res.returncode == 0, res.stderr
+    procs = {p["name"]: p for p in json.loads(res.stdout)["processes"]}
+    assert procs["prefill-0"]["argv"][1] == "--cpunodebind=1"
+
+
+def test_unset_numa_node_follows_the_gpus() -> None:
+    """With numa_node unset (TOML has no null, so via dataclasses.replace) binding follows the GPUs."""
+    c = load_config(env=NO_ENV)
+    workers = tuple(replace(w, numa_node=None) for w in c.workers)
+    plan = build_plan(replace(c, workers=workers), box("8gpu-swapped"), None)
+    assert plan.get("prefill-0").binding.node == 1 and plan.get("decode-0").binding.node == 0
+    assert plan.get("prefill-0").argv[1:3] == ("--cpunodebind=1", "--membind=1")
+
+
+def test_numa_off_has_no_numactl_prefix() -> None:
+    plan = build_plan(cfg("numa=off"), box("8gpu-swapped"), ONE_NODE)  # even a wrong map is fine when off
+    for p in plan.workers():
+        assert p.argv[1:3] == ("-m", "sglang.launch_server") and "numactl" not in " ".join(p.argv)
+        assert p.binding.policy == "none"
+
+
+def test_numa_preferred_mode() -> None:
+    plan = build_plan(cfg("numa=preferred"), box("8gpu-2node"), TWO_NODES)
+    assert list(plan.get("decode-0").argv[:4]) == ["/usr/bin/numactl", "--cpunodebind=1", "--preferred=1", "--"]
+    assert plan.warnings == ()
+
+
+# ------------------------------------------------------------------ small boxes, rehearsal, strictness
+
+
+def test_4gpu_box_real_up_refuses_plan_warns() -> None:
+    with pytest.raises(UserError) as e:
+        build_plan(cfg(), box("4gpu-1node"), None, require_gpus=True)
+    assert "GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in e.value.message and "4 GPU(s)" in e.value.message
+    assert "--topology" in e.value.hint
+    plan = build_plan(cfg(), box("4gpu-1node"), None, require_gpus=False)
+    assert len([w for w in plan.warnings if "4 GPU(s)" in w]) == 1
+    # default for a non-rehearsal build is strict
+    with pytest.raises(UserError):
+        build_plan(cfg(), box("4gpu-1node"), None)
+
+
+def test_4gpu_box_via_cli_only_warns(topo_4x1: Path, plan_json) -> None:
+    plan = plan_json("--topology", str(topo_4x1))
+    assert any("4 GPU(s)" in w and "[0, 1, 2, 3, 4, 5, 6, 7]" in w for w in plan["warnings"])
+
+
+def test_rehearsal_on_one_node_host_skips_node1_with_one_line() -> None:
+    plan = build_plan(cfg(), box("8gpu-2node"), ONE_NODE, rehearse=True)
+    assert plan.get("prefill-0").argv[:4] == ("/usr/bin/numactl", "--cpunodebind=0", "--membind=0", "--")
+    d = plan.get("decode-0")
+    assert d.binding.node is None and "numactl" not in " ".join(d.argv)
+    assert engine_tail(d.argv)[1:3] == ["-m", "v4flash_pd.rehearsal.engine"]
+    lines = [w for w in plan.warnings if "NUMA" in w]
+    assert len(lines) == 1 and "decode-0" in lines[0] and "node 1" in lines[0] and "rehearsal" in lines[0]
+    assert "\n" not in lines[0]
+    assert dict(d.env)["V4FLASH_REHEARSAL"] == "1"
+
+
+def test_strict_plan_on_one_node_host_raises() -> None:
+    with pytest.raises(UserError) as e:
+        build_plan(cfg(), box("8gpu-2node"), ONE_NODE, require_gpus=True)
+    assert "decode-0" in e.value.message and "node 1" in e.value.message and "numa" in e.value.hint
+    # plan (not strict) keeps the intended binding and says `up` will refuse
+    plan = build_plan(cfg(), box("8gpu-2node"), ONE_NODE, require_gpus=False)
+    assert plan.get("decode-0").binding.node == 1
+    assert [w for w in plan.warnings if "decode-0" in w and "up` will refuse" in w]
+
+
+def test_no_numactl_on_host() -> None:
+    host = HostNuma("", (0, 1), False, "numactl is not installed")
+    with pytest.raises(UserError, match="numactl is not installed"):
+        build_plan(cfg(), box("8gpu-2node"), host, require_gpus=True)
+    plan = build_plan(cfg(), box("8gpu-2node"), host, rehearse=True)
+    assert all(p.binding.policy == "none" for p in plan.workers())
+    assert len([w for w in plan.warnings if "skipped in rehearsal" in w]) == 2
+
+
+def test_membind_refused_falls_back_to_preferred_loudly(tmp_path: Path) -> None:
+    shim = fakebox.make_numactl_shim(tmp_path, membind_ok=False)
+    host = probe_numa({"V4FLASH_NUMACTL": str(shim)})
+    assert host.numactl == str(shim) and not host.membind_ok
+    assert "set_mempolicy: Operation not permitted" in host.detail
+    # the probe really ran the shim with a membind
+    assert any(any(a.startswith("--membind=") for a in call) for call in fakebox.read_argv_log(shim))
+    host2 = HostNuma(host.numactl, (0, 1), host.membind_ok, host.detail)
+    plan = build_plan(cfg(), box("8gpu-2node"), host2, require_gpus=True)
+    assert list(plan.get("prefill-0").argv[:4]) == [str(shim), "--cpunodebind=0", "--preferred=0", "--"]
+    assert list(plan.get("decode-0").argv[:4]) == [str(shim), "--cpunodebind=1", "--preferred=1", "--"]
+    loud = [w for w in plan.warnings if w.startswith("WARNING")]
+    assert len(loud) == 2 and all("SYS_NICE" in w and "--preferred=" in w for w in loud)
+
+
+def test_membind_permitted_by_shim(tmp_path: Path) -> None:
+    shim = fakebox.make_numactl_shim(tmp_path, membind_ok=True)
+    host = probe_numa({"V4FLASH_NUMACTL": str(shim)})
+    assert host.membind_ok and host.detail == "membind permitted"
+
+
+def test_membind_refused_via_cli(tmp_path: Path, cli) -> None:
+    """`plan` on a fake box whose numactl refuses membind (a container without CAP_SYS_NICE)."""
+    env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE, membind_ok=False)
+    res = cli("plan", "--json", "--rehearse", env=env)
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    procs = {p["name"]: p for p in plan["processes"]}
+    shim = env["V4FLASH_NUMACTL"]
+    assert procs["prefill-0"]["argv"][:4] == [shim, "--cpunodebind=0", "--preferred=0", "--"]
+    assert [w for w in plan["warnings"] if w.startswith("WARNING prefill-0") and "SYS_NICE" in w]
+    human = cli("plan", "--rehearse", env=env)
+    assert "WARNING prefill-0: numactl --membind is not permitted here" in human.stdout
+
+
+def test_real_numactl_rehearsal_plan_binds_what_the_host_has(tmp_path: Path, cli) -> None:
+    """`plan --rehearse` on the fake 8-GPU box with this host's real numactl: every node the host
+    lacks is skipped with exactly one line; nodes it has are bound with membind."""
+    env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)
+    real = probe_numa(env)
+    assert real.numactl, "numactl must be installed for the launcher tests (apt-get install numactl)"
+    plan = json.loads(cli("plan", "--json", "--rehearse", env=env).stdout)
+    for p in plan["processes"]:
+        if p["role"] == "router":
+            continue
+        node = p["binding"]["node"] if p["binding"]["node"] is not None else (0 if p["role"] == "prefill" else 1)
+        skipped = [w for w in plan["warnings"] if w.startswith(p["name"]) and "skipped in rehearsal" in w]
+        if node in real.allowed_nodes:
+            assert p["argv"][1:3] == [f"--cpunodebind={node}", f"--membind={node}" if real.membind_ok
+                                      else f"--preferred={node}"] and not skipped
+        else:
+            assert len(skipped) == 1 and p["argv"][1:3] == ["-m", "v4flash_pd.rehearsal.engine"]
+
+
+# ------------------------------------------------------------------ validation
+
+
+def test_gpu_overlap_between_roles() -> None:
+    with pytest.raises(UserError) as e:
+        build_plan(cfg("decode.0.gpus=[3,4,5,6]"), box("8gpu-2node"), None)
+    assert "GPU 3" in e.value.message and "prefill-0" in e.value.message and "decode-0" in e.value.message
+
+
+def test_gpu_count_not_divisible_by_tp() -> None:
+    with pytest.raises(UserError) as e:
+        cfg("decode.0.gpus=[4,5,6]")
+    assert "decode[0] has 3 GPUs" in e.value.message and "TP size 4" in e.value.message
+
+
+def test_dp_when_more_gpus_than_tp() -> None:
+    plan = build_plan(cfg("decode.0.tp=2"), box("8gpu-2node"), None)
+    d = plan.get("decode-0").argv
+    assert flag(d, "--tp-size") == "2" and flag(d, "--dp-size") == "2"
+
+
+@pytest.mark.parametrize("item, owners", [
+    ("decode.0.nccl_port=30010", ("prefill-0 nccl", "decode-0 nccl")),
+    ("router.metrics_port=8998", ("prefill-0 bootstrap", "router metrics")),
+    ("decode.0.port=8000", ("decode-0 http", "router http")),
+])
+def test_port_collision_inside_plan(item: str, owners: tuple[str, str]) -> None:
+    with pytest.raises(UserError) as e:
+        build_plan(cfg(item), box("8gpu-2node"), None)
+    port = item.split("=")[1]
+    assert f"port {port} is used twice" in e.value.message
+    assert all(o in e.value.message for o in owners)
+
+
+def test_same_port_on_different_hosts_is_not_a_collision() -> None:
+    plan = build_plan(cfg("prefill.0.host=127.0.0.2", "decode.0.nccl_port=30010"), box("8gpu-2node"), None)
+    assert flag(plan.get("decode-0").argv, "--nccl-port") == "30010"
+
+
+def test_busy_port_reported_by_plan(tmp_path: Path, cli) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)
+        res = cli("plan", "--json", "--set", f"decode.0.port={port}", env=env)
+        assert res.returncode == 0, res.stderr
+        warnings = json.loads(res.stdout)["warnings"]
+        assert [w for w in warnings if f"port {port} (decode-0 http) is in use" in w]
+    # once the listener is gone, the warning is gone too
+    res = cli("plan", "--json", "--set", f"decode.0.port={port}", env=env)
+    assert not [w for w in json.loads(res.stdout)["warnings"] if f"port {port} " in w]
+
+
+# ------------------------------------------------------------------ model directory
+
+
+def test_model_dir_missing_and_without_config(tmp_path: Path, cli, topo_8x2: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    res = cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(missing))
+    assert res.returncode == 0, res.stderr
+    w = json.loads(res.stdout)["warnings"]
+    assert [x for x in w if f"model directory {missing} does not exist" in x and "`up` will refuse" in x]
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    w = json.loads(cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(empty)).stdout)["warnings"]
+    assert [x for x in w if str(empty) in x and "config.json" in x]
+    (empty / "config.json").write_text("{}")
+    w = json.loads(cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(empty)).stdout)["warnings"]
+    assert not [x for x in w if "model" in x]
+
+
+def test_model_check_in_rehearsal_mentions_rehearsal(tmp_path: Path) -> None:
+    plan = build_plan(cfg(), box("8gpu-2node"), TWO_NODES, rehearse=True, model=check_model_dir(str(tmp_path / "x")))
+    assert [w for w in plan.warnings if "does not exist" in w and "rehearsal does not load weights" in w]
