@@ -1,0 +1,113 @@
+"""The hook's pure policy (no sglang needed): switch parsing, signature comparison, the decision."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import pytest
+
+from v4flash_kernels import hook
+
+
+def upstream_like(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                  extra_k_cache=None, extra_indices=None, extra_topk_length=None):
+    return None
+
+
+def same_annotated(q: "T", k_cache: "T", indices: "T", topk_length: Optional["T"], attn_sink: Optional["T"],
+                   head_dim_v: int, softmax_scale: float, extra_k_cache: Optional["T"] = None,
+                   extra_indices: Optional["T"] = None, extra_topk_length: Optional["T"] = None) -> tuple:
+    return ()
+
+
+def extra_param(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                extra_k_cache=None, extra_indices=None, extra_topk_length=None, out=None):
+    return None
+
+
+def other_default(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale=None,
+                  extra_k_cache=None, extra_indices=None, extra_topk_length=None):
+    return None
+
+
+def renamed(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+            extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None):
+    return None
+
+
+def varargs(*args, **kwargs):
+    return None
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, True), ("", True), ("1", True), ("on", True), ("TRUE", True), (" yes ", True),
+    ("0", False), ("off", False), ("False", False), ("no", False),
+    ("2", None), ("maybe", None),
+])
+def test_parse_switch(value, expected):
+    assert hook.parse_switch(value) is expected
+
+
+def test_signature_equal_ignores_annotations():
+    assert hook.signature_mismatch(upstream_like, same_annotated) is None
+
+
+@pytest.mark.parametrize("fn,needle", [
+    (extra_param, "out=None"),
+    (other_default, "softmax_scale=None"),
+    (renamed, "extra_indices_in_kvcache=None"),
+    (varargs, "*args"),
+])
+def test_signature_differences_are_named(fn, needle):
+    diff = hook.signature_mismatch(upstream_like, fn)
+    assert diff is not None and needle in diff
+
+
+def test_our_kernel_has_upstreams_signature():
+    """Upstream's parameter list as of 0.5.13.post1, spelled out: a drift in ours must show here."""
+    from v4flash_kernels.decode import sparse_mla_decode
+
+    assert hook.signature_params(sparse_mla_decode) == hook.signature_params(upstream_like)
+    assert inspect.signature(sparse_mla_decode).parameters["extra_indices"].default is None
+
+
+def _decide(**over):
+    args = dict(switch=None, sglang_version=hook.PINNED_SGLANG, upstream=upstream_like, ours=same_annotated,
+                ours_error=None)
+    args.update(over)
+    return hook.decide(**args)
+
+
+def test_decide_patches_only_when_everything_matches():
+    d = _decide()
+    assert d.active and not d.warn and d.sglang_version == hook.PINNED_SGLANG
+
+
+@pytest.mark.parametrize("over,warn,needle", [
+    (dict(switch="0"), False, "disabled by V4FLASH_SPARSE_DECODE=0"),
+    (dict(switch="off"), False, "disabled"),
+    (dict(switch="bogus"), True, "'bogus'"),
+    (dict(sglang_version="0.5.23"), True, "0.5.23 is not the pinned 0.5.13.post1"),
+    (dict(sglang_version=None), True, "None is not the pinned"),
+    (dict(upstream=None), True, "not found"),
+    (dict(ours=None, ours_error="ImportError: no triton"), True, "no triton"),
+    (dict(ours=extra_param), True, "signature differs"),
+])
+def test_decide_refuses(over, warn, needle):
+    d = _decide(**over)
+    assert not d.active
+    assert d.warn is warn
+    assert needle in d.reason
+
+
+def test_version_is_checked_before_the_signature():
+    d = _decide(sglang_version="0.6.0", ours=extra_param)
+    assert "0.6.0" in d.reason and "signature" not in d.reason
+
+
+def test_status_before_any_decision_is_inactive():
+    st = hook.status()
+    assert st["active"] is False and st["decided"] is False
+    assert st["pinned_sglang_version"] == hook.PINNED_SGLANG
+    assert st["ours_function"] == "v4flash_kernels.decode.sparse_mla_decode"
