@@ -37,13 +37,50 @@ ROPE_DIM = 64
 _CACHE_ARGS = ("W_A", "PS_A", "PB_A", "SI_A", "W_B", "PS_B", "PB_B", "SI_B")
 
 
+@triton.jit
+def _gather_tile(k8, ks64, kbf, idx, page_size, page_bytes, scale_section):
+    """Issue the loads of one tile of tokens: fp8 NoPE [T,8,64], 8 scale bytes as one int64 [T], RoPE [T,1,64].
+
+    Group 7 of the fp8 load reads the first 64 RoPE bytes (valid memory, discarded later) so the
+    mask stays per-token and the loads stay 16-byte vectors.
+    """
+    valid = idx >= 0
+    sidx = tl.where(valid, idx, 0)
+    page = (sidx // page_size).to(tl.int64)
+    slot = (sidx % page_size).to(tl.int64)
+    base = tl.multiple_of(page * page_bytes + slot * 576, 16)  # token's data bytes
+    sbase = (page * page_bytes + scale_section) // 8 + slot  # in int64 words
+    rbase = tl.multiple_of(base // 2 + 224, 8)  # RoPE, in bf16 elements
+    grp = tl.arange(0, 8)[None, :, None]
+    col = tl.arange(0, 64)[None, None, :]
+    v3 = valid[:, None, None]
+    nope = tl.load(k8 + base[:, None, None] + grp * 64 + col, mask=v3, other=0.0)
+    sc = tl.load(ks64 + sbase, mask=valid, other=0x7F7F7F7F7F7F7F7F)
+    rope = tl.load(kbf + rbase[:, None, None] + col, mask=v3, other=0.0)
+    return nope, sc, rope
+
+
+@triton.jit
+def _dequant_tile(nope, sc, rope, BLOCK_T: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """[T,8,64] fp8 * 2^(scale-127) with group 7 replaced by RoPE -> [T, 512] in DOT_DTYPE (exact)."""
+    grp = tl.arange(0, 8)[None, :, None]
+    byte = ((sc[:, None, None] >> (grp.to(tl.int64) * 8)) & 0xFF).to(tl.int32)
+    scale = (byte << 23).to(tl.float32, bitcast=True)  # 2^(byte-127)
+    kv3 = tl.where(
+        grp == 7,
+        rope.to(tl.float32).to(DOT_DTYPE),
+        nope.to(DOT_DTYPE) * scale.to(DOT_DTYPE),
+    )
+    return tl.reshape(kv3, [BLOCK_T, 512])
+
+
 @triton.jit(do_not_specialize=_CACHE_ARGS)
 def split_kernel(
     Q,
     stride_qb,
     stride_qh,
     K8_A,  # float8_e4m3fn flat view of the main cache
-    KU8_A,  # uint8 flat view (scale bytes)
+    KS_A,  # int64 flat view (the 8 scale bytes of a token in one word)
     KBF_A,  # bfloat16 flat view (RoPE)
     IDX_A,  # int32 [B, W_A] (row stride SI_A)
     LEN_A,  # int32 [B] or dummy
@@ -52,7 +89,7 @@ def split_kernel(
     PB_A,  # page stride (bytes)
     SI_A,
     K8_B,
-    KU8_B,
+    KS_B,
     KBF_B,
     IDX_B,
     LEN_B,
@@ -80,7 +117,7 @@ def split_kernel(
     # Pick the cache this split walks; both branches yield the same types.
     if sid < S_A:
         k8 = K8_A
-        ku8 = KU8_A
+        ks64 = KS_A
         kbf = KBF_A
         idx_row = IDX_A + b.to(tl.int64) * SI_A
         page_size = PS_A
@@ -91,7 +128,7 @@ def split_kernel(
         split = sid
     else:
         k8 = K8_B
-        ku8 = KU8_B
+        ks64 = KS_B
         kbf = KBF_B
         idx_row = IDX_B + b.to(tl.int64) * SI_B
         page_size = PS_B
@@ -112,35 +149,22 @@ def split_kernel(
     q = tl.load(q_ptrs, mask=hmask[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
 
     offs_t = tl.arange(0, BLOCK_T)
-    grp = tl.arange(0, 8)[None, :, None]  # [1, 8, 1]
-    col = tl.arange(0, 64)[None, None, :]  # [1, 1, 64]
 
     m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, 512], tl.float32)
 
+    # Indices are loaded one tile ahead so the index->gather dependency does not serialize
+    # with the previous tile's math (prefetching the whole KV tile too costs spills on sm_120).
+    t = start + offs_t
+    idx = tl.load(idx_row + t, mask=t < end, other=-1)
     for t0 in range(start, end, BLOCK_T):
-        t = t0 + offs_t
-        idx = tl.load(idx_row + t, mask=t < end, other=-1)
+        nope, sc, rope = _gather_tile(k8, ks64, kbf, idx, page_size, page_bytes, scale_section)
         valid = idx >= 0
-        sidx = tl.where(valid, idx, 0)
-        page = (sidx // page_size).to(tl.int64)
-        slot = (sidx % page_size).to(tl.int64)
-        base = page * page_bytes + slot * 576  # byte offset of the token's data
-        sbase = page * page_bytes + scale_section + slot * 8
-        v3 = valid[:, None, None]
+        t = t0 + BLOCK_T + offs_t
+        idx = tl.load(idx_row + t, mask=t < end, other=-1)
 
-        nope = tl.load(k8 + base[:, None, None] + grp * 64 + col, mask=v3, other=0.0)
-        sc = tl.load(ku8 + sbase[:, None, None] + grp, mask=v3, other=127)
-        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte-127)
-        rope = tl.load(kbf + (base // 2 + 224)[:, None, None] + col, mask=v3, other=0.0)
-        kv3 = tl.where(
-            grp == 7,
-            rope.to(tl.float32).to(DOT_DTYPE),
-            nope.to(DOT_DTYPE) * scale.to(DOT_DTYPE),
-        )
-        kv = tl.reshape(kv3, [BLOCK_T, 512])
-
+        kv = _dequant_tile(nope, sc, rope, BLOCK_T, DOT_DTYPE)
         s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_T], log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))

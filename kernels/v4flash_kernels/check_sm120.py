@@ -80,7 +80,7 @@ def _split_signature() -> dict:
     sig = {"Q": "*bf16", "stride_qb": "i32", "stride_qh": "i32"}
     for c in "AB":
         sig.update({
-            f"K8_{c}": "*fp8e4nv", f"KU8_{c}": "*u8", f"KBF_{c}": "*bf16", f"IDX_{c}": "*i32",
+            f"K8_{c}": "*fp8e4nv", f"KS_{c}": "*i64", f"KBF_{c}": "*bf16", f"IDX_{c}": "*i32",
             f"LEN_{c}": "*i32", f"W_{c}": "i32", f"PS_{c}": "i32", f"PB_{c}": "i32", f"SI_{c}": "i32",
         })
     sig.update({"WS_O": "*fp32", "WS_L": "*fp32", "H": "i32", "S_A": "i32", "NS": "i32",

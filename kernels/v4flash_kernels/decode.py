@@ -44,10 +44,8 @@ class KernelConfig:
 # for sm_120 and sm_90 and fails if one exceeds sm_120's shared memory or spills.
 SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
     KernelConfig(block_h=16, block_t=32, num_warps=4),
-    KernelConfig(block_h=16, block_t=32, num_warps=8),
     KernelConfig(block_h=16, block_t=16, num_warps=4),
-    KernelConfig(block_h=32, block_t=16, num_warps=8),
-    KernelConfig(block_h=64, block_t=16, num_warps=8),
+    KernelConfig(block_h=16, block_t=32, num_warps=8),
 )
 COMBINE_SPLIT_BLOCK = 16
 COMBINE_NUM_WARPS = 4
@@ -74,9 +72,7 @@ class Plan:
 
 def choose_config(batch: int, heads: int) -> KernelConfig:
     """Small head counts or small batches favour 16-head tiles (more CTAs); big batches 32."""
-    if heads <= 16 or batch < 16:
-        return SPLIT_CONFIGS[0]
-    return SPLIT_CONFIGS[3]
+    return SPLIT_CONFIGS[0]
 
 
 def make_plan(
@@ -129,11 +125,14 @@ def _cache_views(cache: torch.Tensor):
         raise TypeError(f"fp8_ds_mla cache must be uint8 or float8 (got {cache.dtype})")
     pages, page_size = cache.shape[0], cache.shape[1]
     page_bytes = cache.stride(0)
-    if page_bytes % 8 or page_bytes < page_size * _k.TOKEN_BYTES:
+    if page_bytes % 16 or page_bytes < page_size * _k.TOKEN_BYTES:
+        # The kernel issues 16-byte vector loads; SGLang pages are multiples of 576 bytes.
         raise ValueError(f"bad fp8_ds_mla page stride {page_bytes} for page size {page_size}")
+    if cache.data_ptr() % 16:
+        raise ValueError("fp8_ds_mla cache must start on a 16-byte boundary")
     flat = cache.as_strided((pages * page_bytes,), (1,))
     u8 = flat.view(torch.uint8)
-    return u8.view(torch.float8_e4m3fn), u8, u8.view(torch.bfloat16), page_size, page_bytes
+    return u8.view(torch.float8_e4m3fn), u8.view(torch.int64), u8.view(torch.bfloat16), page_size, page_bytes
 
 
 def _flat_indices(indices: torch.Tensor, batch: int) -> torch.Tensor:
@@ -179,15 +178,15 @@ def run(
     dev = q.device
     use_extra = extra_k_cache is not None and extra_indices is not None
 
-    k8_a, ku8_a, kbf_a, ps_a, pb_a = _cache_views(k_cache)
+    k8_a, ks_a, kbf_a, ps_a, pb_a = _cache_views(k_cache)
     idx_a = _flat_indices(indices, B)
     len_a = _lengths(topk_length)
     if use_extra:
-        k8_b, ku8_b, kbf_b, ps_b, pb_b = _cache_views(extra_k_cache)
+        k8_b, ks_b, kbf_b, ps_b, pb_b = _cache_views(extra_k_cache)
         idx_b = _flat_indices(extra_indices, B)
         len_b = _lengths(extra_topk_length)
     else:
-        k8_b, ku8_b, kbf_b, ps_b, pb_b = k8_a, ku8_a, kbf_a, ps_a, pb_a
+        k8_b, ks_b, kbf_b, ps_b, pb_b = k8_a, ks_a, kbf_a, ps_a, pb_a
         idx_b, len_b = idx_a, None
     w_a = idx_a.shape[1]
     w_b = idx_b.shape[1] if use_extra else 0
@@ -209,9 +208,9 @@ def run(
     grid = (ns, triton.cdiv(H, cfg.block_h), B)
     _k.split_kernel[grid](
         q, q.stride(0), q.stride(2),
-        k8_a, ku8_a, kbf_a, idx_a, len_a if len_a is not None else idx_a,
+        k8_a, ks_a, kbf_a, idx_a, len_a if len_a is not None else idx_a,
         w_a, ps_a, pb_a, idx_a.stride(0),
-        k8_b, ku8_b, kbf_b, idx_b, len_b if len_b is not None else idx_b,
+        k8_b, ks_b, kbf_b, idx_b, len_b if len_b is not None else idx_b,
         w_b, ps_b, pb_b, idx_b.stride(0),
         ws_o, ws_l,
         H, plan.splits_main, ns, plan.chunk, float(softmax_scale) * LOG2E,
