@@ -82,10 +82,11 @@ def test_bench_and_eval_through_the_router(pd):
     assert b.returncode == 0, b.stderr
     doc = json.loads(b.stdout)
     for lv in doc["levels"]:
-        assert lv["errors"] == 0 and lv["output_tokens"] == 8 * 16
-        assert lv["ttft_ms"]["p50"] >= 15 and 4 <= lv["itl_ms"]["p50"] < 30
+        assert lv["errors"] == 0 and lv["output_tokens"] == 8 * 16, lv
+        # lower bounds are physics (the knobs); upper bounds leave room for a loaded 2-core CI box
+        assert lv["ttft_ms"]["p50"] >= 15 and 4 <= lv["itl_ms"]["p50"] < 100, lv
     c1, c8 = doc["levels"]
-    assert c8["output_tok_s"] > 2 * c1["output_tok_s"]  # concurrency actually overlaps requests
+    assert c8["output_tok_s"] > 1.5 * c1["output_tok_s"], doc  # concurrency actually overlaps requests
     e = _cli(["eval", "--url", pd["router"], "--questions", "20", "--min-accuracy", "1.0"], env)
     assert e.returncode == 0 and "eval PASS: accuracy 1.000 (20/20)" in e.stdout, e.stdout + e.stderr
 
