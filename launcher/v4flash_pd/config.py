@@ -214,6 +214,33 @@ def _index(part: str, dotted: str, length: int) -> int:
     return int(part)
 
 
+def split_set_items(text: str) -> list[str]:
+    """Split V4FLASH_SET on whitespace outside quotes and brackets, so TOML values written the
+    natural way survive: `prefill.0.extra_args=["--chunked-prefill-size", "8192"] env.X="a b"`."""
+    items: list[str] = []
+    cur: list[str] = []
+    quote = ""
+    depth = 0
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        elif ch.isspace() and depth == 0:
+            if cur:
+                items.append("".join(cur))
+                cur = []
+            continue
+        cur.append(ch)
+    if cur:
+        items.append("".join(cur))
+    return items
+
+
 def parse_overrides(items: list[str] | tuple[str, ...], source: str) -> list[tuple[str, Any]]:
     out = []
     for item in items:
@@ -265,7 +292,7 @@ def load_config(
     if file_raw:
         raw = deep_merge(raw, file_raw)
         sources.append(f"file:{config_file}")
-    env_sets = env.get("V4FLASH_SET", "").split()
+    env_sets = split_set_items(env.get("V4FLASH_SET", ""))
     for key, value in parse_overrides(env_sets, "V4FLASH_SET"):
         set_path(raw, key, value)
     if env_sets:
@@ -387,7 +414,8 @@ def _worker(role: str, idx: int, raw: Mapping[str, Any], engine_mem: float | Non
 
 def resolve_ucx_module_dir() -> str:
     """Where nixl-cu13 bundles UCX's CUDA transports (nixl#1628); '' when nixl is not installed."""
-    spec = importlib.util.find_spec("nixl_cu13") if "nixl_cu13" not in sys.modules else None
+    loaded = sys.modules.get("nixl_cu13")  # find_spec() may raise for an already imported module
+    spec = loaded.__spec__ if loaded is not None else importlib.util.find_spec("nixl_cu13")
     roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     for root in roots:
         cand = root.parent / "nixl_cu13.libs" / "ucx"

@@ -79,8 +79,12 @@ def reach_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
 def _hosts_overlap(a: str, b: str) -> bool:
-    return a == b or "0.0.0.0" in (a, b) or "" in (a, b)
+    # a wildcard listener (IPv4 or dual-stack IPv6) takes the port on every address
+    return a == b or a in _WILDCARD_HOSTS or b in _WILDCARD_HOSTS
 
 
 def check_port_collisions(uses: tuple[PortUse, ...]) -> None:
@@ -195,7 +199,9 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: HostNuma
     # --disaggregation-bootstrap-port when the router sends bootstrap_port = null.
     boot = w.bootstrap_port if w.role == "prefill" else (first_bootstrap if w.role == "decode" else None)
     argv = numactl_prefix(binding, host.numactl if host else "") + (cfg.python, "-m", module) + engine_args(cfg, w, boot)
-    env = dict(cfg.env)
+    # GPU indices come from nvidia-smi, which numbers GPUs in PCI bus order; CUDA's default order
+    # (FASTEST_FIRST) need not match, and then CUDA_VISIBLE_DEVICES and the NUMA map disagree.
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **dict(cfg.env)}
     env.update(w.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in w.gpus)
     env["V4FLASH_SPARSE_DECODE"] = "1" if cfg.sparse_decode else "0"

@@ -233,3 +233,57 @@ def test_file_env_table_adds_to_profile_env(tmp_path: Path) -> None:
     env = dict(load_config(write(tmp_path, '[env]\nEXTRA = "x"\nUCX_TLS = "tcp,self"\n'), env=NO_ENV).env)
     assert env["EXTRA"] == "x" and env["UCX_TLS"] == "tcp,self"
     assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"
+
+
+def test_v4flash_set_keeps_toml_lists_and_quoted_spaces_whole() -> None:
+    """V4FLASH_SET splits on whitespace, but not inside a TOML list or a quoted string."""
+    env = {"V4FLASH_SET": 'prefill.0.extra_args=["--chunked-prefill-size", "8192"]  env.FOO="a b"\n numa="off"'}
+    cfg = load_config(env=env)
+    assert cfg.role("prefill")[0].extra_args == ("--chunked-prefill-size", "8192")
+    assert dict(cfg.env)["FOO"] == "a b" and cfg.numa == "off"
+
+
+def fake_nixl(tmp_path: Path) -> Path:
+    """A site dir laid out like the nixl-cu13 wheel: nixl_cu13/ plus nixl_cu13.libs/ucx."""
+    site = tmp_path / "site"
+    (site / "nixl_cu13").mkdir(parents=True)
+    (site / "nixl_cu13" / "__init__.py").write_text("")
+    (site / "nixl_cu13.libs" / "ucx").mkdir(parents=True)
+    return site
+
+
+def test_ucx_module_dir_auto_resolves_to_nixl_bundled_ucx(tmp_path: Path, plan_json) -> None:
+    import os
+
+    site = fake_nixl(tmp_path)
+    pp = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    plan = plan_json("--topology", str(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"),
+                     extra_env={"PYTHONPATH": pp})
+    for p in plan["processes"][:2]:
+        assert dict(map(tuple, p["env"]))["UCX_MODULE_DIR"] == str(site / "nixl_cu13.libs" / "ucx")
+
+
+def test_ucx_module_dir_resolves_when_nixl_is_already_imported(tmp_path: Path) -> None:
+    """Regression: with nixl_cu13 already in sys.modules (e.g. doctor imported it) the dir was dropped."""
+    import os
+    import subprocess
+    import sys
+
+    site = fake_nixl(tmp_path)
+    code = ("import nixl_cu13\nfrom v4flash_pd.config import load_config\n"
+            "print(dict(load_config(env={}).env).get('UCX_MODULE_DIR', 'MISSING'))")
+    pp = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": pp})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(site / "nixl_cu13.libs" / "ucx")
+
+
+def test_ucx_module_dir_dropped_without_nixl() -> None:
+    """No nixl installed here (the CI venv): `auto` must not reach a worker as a literal path."""
+    import importlib.util
+
+    if importlib.util.find_spec("nixl_cu13") is not None:  # a GPU image: then it must resolve
+        assert dict(load_config(env=NO_ENV).env)["UCX_MODULE_DIR"].endswith("ucx")
+    else:
+        assert "UCX_MODULE_DIR" not in dict(load_config(env=NO_ENV).env)

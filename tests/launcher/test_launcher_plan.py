@@ -89,6 +89,7 @@ def test_default_profile_on_reference_box() -> None:
         assert env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"
         assert env.get("UCX_MODULE_DIR") != "auto"  # resolved or dropped, never passed literally
         assert env["V4FLASH_SPARSE_DECODE"] == "1"
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA indices = nvidia-smi indices
     assert "UCX_TLS" not in dict(r.env) and "CUDA_VISIBLE_DEVICES" not in dict(r.env)
     assert plan.expected == (("prefill", 1), ("decode", 1))
     assert plan.url == "http://0.0.0.0:8000" and plan.probe_url == "http://127.0.0.1:8000"
@@ -296,6 +297,11 @@ def test_port_collision_inside_plan(item: str, owners: tuple[str, str]) -> None:
     port = item.split("=")[1]
     assert f"port {port} is used twice" in e.value.message
     assert all(o in e.value.message for o in owners)
+
+
+def test_ipv6_wildcard_host_collides_with_everything() -> None:
+    with pytest.raises(UserError, match="port 8000 is used twice"):
+        build_plan(cfg("router.host=::", "decode.0.port=8000"), box("8gpu-2node"), None)
 
 
 def test_same_port_on_different_hosts_is_not_a_collision() -> None:
