@@ -67,9 +67,9 @@ def test_stream_against_standin_with_known_timing():
         r = b.stream_generate(srv.url, b.generate_payload("a b c", 20))
     assert r.ok, r.error
     assert r.output_tokens == 20
-    assert 0.075 <= r.ttft_s < 0.2
+    assert 0.075 <= r.ttft_s < 0.3  # upper bounds tolerate a loaded CI box
     assert len(r.itls_s) == 19
-    assert 0.018 <= b.percentile(r.itls_s, 50) < 0.04
+    assert 0.018 <= b.percentile(r.itls_s, 50) < 0.06
 
 
 def test_multi_token_events_are_counted_per_token():
@@ -77,7 +77,7 @@ def test_multi_token_events_are_counted_per_token():
         r = b.stream_generate(srv.url, b.generate_payload("a", 10))
     assert r.ok and r.output_tokens == 10
     assert len(r.itls_s) == 9  # tokens 2..10, each an ITL sample of (gap / tokens in the event)
-    assert 0.013 <= b.percentile(r.itls_s, 50) < 0.035
+    assert 0.013 <= b.percentile(r.itls_s, 50) < 0.04  # one sample per event would be 0.045
 
 
 def test_run_level_throughput_matches_known_timing():
@@ -86,9 +86,9 @@ def test_run_level_throughput_matches_known_timing():
         s = b.run_level(srv.url, 4, ["p"] * 8, 10)
     assert (s.requests, s.errors, s.output_tokens) == (8, 0, 80)
     ideal = 80 / 0.46
-    assert 0.5 * ideal <= s.output_tok_s <= 1.05 * ideal
-    assert s.ttft_ms.p50 == pytest.approx(50, abs=40)
-    assert s.itl_ms.p50 == pytest.approx(20, abs=12)
+    assert 0.3 * ideal <= s.output_tok_s <= 1.05 * ideal
+    assert 45 <= s.ttft_ms.p50 < 150
+    assert 18 <= s.itl_ms.p50 < 60
 
 
 def test_errors_are_counted():
