@@ -334,3 +334,15 @@ __all__ = [
     "Decision", "PINNED_SGLANG", "TARGET_MODULE", "TARGET_ATTR", "apply", "decide", "parse_switch",
     "signature_mismatch", "status",
 ]
+
+
+def _main() -> None:
+    """`python -m v4flash_kernels.hook`: import SGLang's module here and print this process's status."""
+    from v4flash_kernels import hook as this  # the imported module, not this __main__ copy
+
+    print(json.dumps(this.status(probe=True), indent=2, sort_keys=True))
+    sys.exit(0 if this.status()["active"] else 1)
+
+
+if __name__ == "__main__":
+    _main()

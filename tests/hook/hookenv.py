@@ -68,9 +68,13 @@ class HookEnv:
         return Run(p.returncode, p.stdout, p.stderr, result)
 
     def python_c(self, code: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
+        return self.python_args("-c", code, env=env, timeout=timeout)
+
+    def python_args(self, *args: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
         e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON"))}
         e.update(env or {})
-        return subprocess.run([str(self.python), "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([str(self.python), *args], env=e, capture_output=True, text=True, timeout=timeout,
+                              cwd="/")
 
 
 def build_hook_env(path: Path, wheel: Path, sglang_site: Path, overlay: Optional[Path] = None) -> HookEnv:

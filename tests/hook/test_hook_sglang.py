@@ -79,6 +79,15 @@ def test_unrecognised_switch_value_refuses_and_warns(hook_env):
     assert len(run.hook_lines) == 1 and "WARNING" in run.hook_lines[0] and "'maybe'" in run.hook_lines[0]
 
 
+@pytest.mark.parametrize("switch,rc,active", [("1", 0, True), ("0", 1, False)])
+def test_status_cli_reports_this_interpreter(hook_env, switch, rc, active):
+    p = hook_env.python_args("-m", "v4flash_kernels.hook", env={"V4FLASH_SPARSE_DECODE": switch})
+    assert p.returncode == rc, p.stderr
+    st = json.loads(p.stdout)
+    assert st["active"] is active and st["decided"] is True and st["hook_booted_by_pth"] is True
+    assert st["sglang_version"] == PINNED
+
+
 @pytest.mark.parametrize("mode", ["late-boot", "late-apply"])
 def test_module_imported_before_the_hook_is_patched(hook_env, mode):
     run = hook_env.run(mode, flags=("-S",))  # -S: the .pth does not run at start
