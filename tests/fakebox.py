@@ -120,24 +120,28 @@ sys.stdout.write({out!r})
     return _write_exec(path, script)
 
 
-def make_numactl_shim(tmp: Path, membind_ok: bool = True) -> Path:
+def make_numactl_shim(tmp: Path, membind_ok: bool = True, preferred_ok: bool = True) -> Path:
     """A `numactl` that logs argv as JSON lines (`<script>.log`) and execs the command after `--`.
 
-    membind_ok=False behaves like docker's default seccomp profile without CAP_SYS_NICE:
-    set_mempolicy is refused, so `--membind` fails with "set_mempolicy: Operation not permitted"
-    and exit 1 (`--preferred` and `--cpunodebind` alone still work, as in such a container).
+    membind_ok=False refuses `--membind` the way docker's default seccomp profile does without
+    CAP_SYS_NICE: "set_mempolicy: Operation not permitted", exit 1. Docker's profile refuses every
+    memory-policy call (set_mempolicy, mbind, get_mempolicy), so `--preferred` fails there too:
+    model a real container with membind_ok=False, preferred_ok=False. `--cpunodebind` (plain
+    sched_setaffinity) always works, as it does in such a container.
     """
     d = Path(tmp) / "bin"
     d.mkdir(parents=True, exist_ok=True)
     path = d / "numactl"
     log = d / "numactl.log"
+    refused = ([] if membind_ok else ["--membind", "-m"]) + ([] if preferred_ok else ["--preferred"])
     script = f"""#!{sys.executable}
 import json, os, sys
 args = sys.argv[1:]
 with open({str(log)!r}, "a") as f:
     f.write(json.dumps(args) + "\\n")
 opts = args[:args.index("--")] if "--" in args else args
-if {not membind_ok!r} and any(a.startswith(("--membind", "-m")) for a in opts):
+refused = tuple({refused!r})
+if refused and any(a.startswith(refused) for a in opts):
     sys.stderr.write("set_mempolicy: Operation not permitted\\n")
     sys.exit(1)
 if "--" not in args or args.index("--") == len(args) - 1:
