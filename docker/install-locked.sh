@@ -2,7 +2,10 @@
 # install-locked.sh REQUIREMENTS: pip-install a hash-locked requirements file into the image venv.
 #
 # Why a script: the same three rules apply to every install step and must not drift apart:
-#   1. --require-hashes --only-binary=:all: (every file checked against the lock; no sdist builds);
+#   1. --require-hashes --only-binary=:all: --no-deps: every file checked against the lock, no sdist
+#      builds, and no resolution at all (the lock IS the resolution: `tools/lock.py check` proves it
+#      closed, finalize.sh runs `pip check`). Letting pip re-resolve breaks on extras: pip 23/24 in
+#      hash mode refuses a dependent's `cuda-tile[tileiras]` although `cuda-tile==1.3.0` is pinned;
 #   2. WHEELHOUSE=1 installs from the build context's wheelhouse/ with --no-index (offline rebuild),
 #      otherwise from PIP_INDEX_URL (default PyPI);
 #   3. an extra CA bundle (TLS-intercepting proxy) comes from the build secret `extra_ca` and is
@@ -30,4 +33,4 @@ fi
 
 # PIP_NO_CACHE_DIR keeps downloaded wheels out of the layer.
 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    pip install --require-hashes --only-binary=:all: --no-compile "$@" -r "$req"
+    pip install --require-hashes --only-binary=:all: --no-deps --no-compile "$@" -r "$req"
