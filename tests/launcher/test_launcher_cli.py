@@ -138,3 +138,22 @@ def test_version() -> None:
                          env=fakebox.clean_env())
     assert res.returncode == 0 and res.stdout.strip() == f"v4flash-pd, version {__version__}"
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", __version__)
+
+
+def test_command_line_round_trips_through_the_shell() -> None:
+    """The `.command` form `plan` shows is exactly env + argv once a POSIX shell parses it."""
+    import shlex
+
+    from v4flash_pd import topology as topo
+    from v4flash_pd.config import load_config
+    from v4flash_pd.plan import build_plan
+    from v4flash_pd.render import command_line
+
+    cfg = load_config(env={}, sets=("env.TRICKY='a b; $(echo no) \"q\"'", "model.path=/models/with space"))
+    plan = build_plan(cfg, topo.load(T8))
+    for p in plan.processes:
+        words = shlex.split(command_line(p))
+        n = len(p.env)
+        assert words[0] == "env" and words[1:1 + n] == [f"{k}={v}" for k, v in p.env]
+        assert words[1 + n:] == list(p.argv)
+    assert dict(plan.get("decode-0").env)["TRICKY"] == 'a b; $(echo no) "q"'
