@@ -10,6 +10,8 @@ exactly and torch 2.11's NCCL wheel is tagged manylinux_2_18.
     tools/lock.py check           re-resolve the committed lock; fail on any version/hash drift
     tools/lock.py requirements    print stack.toml's pins as requirement lines
     tools/lock.py subset NAME...  print the lock entries of NAME and its locked dependencies
+    tools/lock.py wheelhouse [DIR] [--only NAME...]
+                                  download every locked file for the target into DIR (hash-checked)
 """
 
 from __future__ import annotations
@@ -198,17 +200,47 @@ def subset(lock: stacklock.StackLock, names: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def manylinux_tags(platform: str) -> list[str]:
+    """pip matches --platform tags exactly: list every manylinux tag the target glibc accepts.
+
+    (torch 2.11's NCCL wheel, for one, is tagged manylinux_2_18 only.)"""
+    arch = platform.split("-", 1)[0]
+    glibc_minor = int(platform.rsplit("_", 1)[1])
+    tags = [f"manylinux_2_{m}_{arch}" for m in range(glibc_minor, 4, -1)]
+    return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
+
+
+def cmd_wheelhouse(toml_path: Path, lock_path: Path, dest: Path, only: list[str]) -> int:
+    """`pip download` of the lock (or a subset) for the image platform, every file hash-checked."""
+    python, platform = target(toml_path)
+    lock = stacklock.load_lock(lock_path)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "req.txt"
+        req.write_text(subset(lock, only) if only else lock_path.read_text())
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--only-binary=:all:",
+               "--python-version", python, "--implementation", "cp", "-d", str(dest), "-r", str(req)]
+        for tag in manylinux_tags(platform):
+            cmd += ["--platform", tag]
+        proc = subprocess.run(cmd)
+    return proc.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["lock", "check", "requirements", "subset"])
+    ap.add_argument("command", choices=["lock", "check", "requirements", "subset", "wheelhouse"])
     ap.add_argument("names", nargs="*")
     ap.add_argument("--toml", type=Path, default=ROOT / "stack.toml")
     ap.add_argument("--lock", type=Path, default=ROOT / "stack.lock")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="wheelhouse: just these packages + their deps")
     args = ap.parse_intermixed_args(argv)
     if args.command == "lock":
         return cmd_lock(args.toml, args.lock)
     if args.command == "check":
         return cmd_check(args.toml, args.lock)
+    if args.command == "wheelhouse":
+        dest = Path(args.names[0]) if args.names else ROOT / "wheelhouse"
+        return cmd_wheelhouse(args.toml, args.lock, dest, args.only or [])
     if args.command == "requirements":
         print("\n".join(stacklock.pin_requirements(args.toml)))
         return 0
