@@ -74,6 +74,19 @@ def _dequant_tile(nope, sc, rope, BLOCK_T: tl.constexpr, DOT_DTYPE: tl.constexpr
     return tl.reshape(kv3, [BLOCK_T, 512])
 
 
+@triton.jit
+def _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE: tl.constexpr):
+    """One tile: scores for all heads of the block (heads = MMA M), base-2 online softmax, P@V."""
+    s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_T], log2 domain
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), kv)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=_CACHE_ARGS)
 def split_kernel(
     Q,
@@ -108,6 +121,7 @@ def split_kernel(
     HAS_LEN_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
     sid = tl.program_id(0)
@@ -154,25 +168,36 @@ def split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, 512], tl.float32)
 
-    # Indices are loaded one tile ahead so the index->gather dependency does not serialize
-    # with the previous tile's math (prefetching the whole KV tile too costs spills on sm_120).
     t = start + offs_t
     idx = tl.load(idx_row + t, mask=t < end, other=-1)
-    for t0 in range(start, end, BLOCK_T):
+    if PREFETCH:
+        # Register double buffering: the next tile's gather is in flight while this tile's math
+        # runs, and indices run two tiles ahead. Costs registers: only configs that stay
+        # spill-free on sm_120 enable it (check_sm120).
+        t = start + BLOCK_T + offs_t
+        idx_nxt = tl.load(idx_row + t, mask=t < end, other=-1)
         nope, sc, rope = _gather_tile(k8, ks64, kbf, idx, page_size, page_bytes, scale_section)
         valid = idx >= 0
-        t = t0 + BLOCK_T + offs_t
-        idx = tl.load(idx_row + t, mask=t < end, other=-1)
-
-        kv = _dequant_tile(nope, sc, rope, BLOCK_T, DOT_DTYPE)
-        s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_T], log2 domain
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), kv)
-        m_i = m_new
+        for t0 in range(start, end, BLOCK_T):
+            nope_n, sc_n, rope_n = _gather_tile(k8, ks64, kbf, idx_nxt, page_size, page_bytes, scale_section)
+            valid_n = idx_nxt >= 0
+            t = t0 + 2 * BLOCK_T + offs_t
+            idx_nxt = tl.load(idx_row + t, mask=t < end, other=-1)
+            kv = _dequant_tile(nope, sc, rope, BLOCK_T, DOT_DTYPE)
+            m_i, l_i, acc = _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE)
+            nope = nope_n
+            sc = sc_n
+            rope = rope_n
+            valid = valid_n
+    else:
+        # Indices one tile ahead so the index->gather dependency overlaps the previous tile.
+        for t0 in range(start, end, BLOCK_T):
+            nope, sc, rope = _gather_tile(k8, ks64, kbf, idx, page_size, page_bytes, scale_section)
+            valid = idx >= 0
+            t = t0 + BLOCK_T + offs_t
+            idx = tl.load(idx_row + t, mask=t < end, other=-1)
+            kv = _dequant_tile(nope, sc, rope, BLOCK_T, DOT_DTYPE)
+            m_i, l_i, acc = _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE)
 
     has = l_i > 0.0
     o = acc / tl.where(has, l_i, 1.0)[:, None]

@@ -34,10 +34,11 @@ class KernelConfig:
     block_t: int
     num_warps: int
     num_stages: int = 1
+    prefetch: bool = False  # double-buffer the next tile's gather in registers
 
     @property
     def name(self) -> str:
-        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}_s{self.num_stages}"
+        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
 
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
@@ -46,6 +47,8 @@ SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
     KernelConfig(block_h=16, block_t=32, num_warps=4),
     KernelConfig(block_h=16, block_t=16, num_warps=4),
     KernelConfig(block_h=16, block_t=32, num_warps=8),
+    KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True),
+    KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True),
 )
 COMBINE_SPLIT_BLOCK = 16
 COMBINE_NUM_WARPS = 4
@@ -218,6 +221,7 @@ def run(
         HAS_LEN_B=len_b is not None,
         BLOCK_H=cfg.block_h,
         BLOCK_T=cfg.block_t,
+        PREFETCH=cfg.prefetch,
         DOT_DTYPE=_dot_dtype(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -33,6 +33,8 @@ OURS_MODULE = "v4flash_kernels.decode"
 OURS_ATTR = "sparse_mla_decode"
 ENV_SWITCH = "V4FLASH_SPARSE_DECODE"
 ENV_STATUS_DIR = "V4FLASH_PATCH_STATUS_DIR"
+# sglang 0.5.13.post1's own switch: "1" (default) = Triton path (the one we replace), else torch.
+SGLANG_BACKEND_ENV = "SGLANG_SM120_TRITON_FLASHMLA"
 UPSTREAM_KEEP_ATTR = "_v4flash_upstream_" + TARGET_ATTR  # upstream function, kept for A/B debugging
 
 _ON = {"", "1", "on", "true", "yes"}
@@ -161,6 +163,7 @@ def _status_dict(d: Optional[Decision], why_undecided: Optional[str]) -> dict:
         "upstream_function": f"{TARGET_MODULE}.{TARGET_ATTR}",
         "sglang_version": d.sglang_version if d else None,
         "pinned_sglang_version": PINNED_SGLANG,
+        "sglang_sm120_triton_flashmla": _sglang_backend(),
         "hook_installed": _finder_installed(),
         "hook_booted_by_pth": hook_boot.booted,
     }
@@ -220,6 +223,10 @@ def _decide_for(module: Any) -> Decision:
     return decide(switch, version, upstream, ours, err)
 
 
+def _sglang_backend() -> str:
+    return os.environ.get(SGLANG_BACKEND_ENV, "1")
+
+
 def _sglang_version() -> Optional[str]:
     """The installed distribution's version; a disagreeing `sglang.__version__` makes it unknown."""
     from importlib import metadata
@@ -251,9 +258,12 @@ def _patch(module: Any) -> None:
 def _announce(d: Decision) -> None:
     _ensure_handler()
     if d.active:
-        log.info(
-            "sparse-MLA decode patch ACTIVE: %s.%s (sglang %s) -> %s.%s (v4flash-kernels %s) [pid %d]",
+        unused = _sglang_backend() != "1"
+        (log.warning if unused else log.info)(
+            "sparse-MLA decode patch ACTIVE: %s.%s (sglang %s) -> %s.%s (v4flash-kernels %s) [pid %d]%s",
             TARGET_MODULE, TARGET_ATTR, d.sglang_version, OURS_MODULE, OURS_ATTR, OURS_VERSION, os.getpid(),
+            f"; but {SGLANG_BACKEND_ENV}={_sglang_backend()} makes SGLang use its torch fallback, "
+            "so neither Triton kernel runs" if unused else "",
         )
     elif d.warn:
         log.warning(
