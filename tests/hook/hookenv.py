@@ -56,7 +56,7 @@ class HookEnv:
     def run(self, *args: str, env: Optional[dict] = None, flags: tuple[str, ...] = (), timeout: int = 240,
             cwd: Optional[Path] = None) -> Run:
         """Fresh interpreter running probe.py; V4FLASH_* from the caller's env are not inherited."""
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON"))}
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON", "SGLANG_"))}
         e["PROBE_PATHS"] = os.pathsep.join(str(p) for p in (self.site, *self.layers))
         e.update(env or {})
         p = subprocess.run([str(self.python), *flags, str(PROBE), *args], env=e, capture_output=True,
@@ -71,7 +71,7 @@ class HookEnv:
         return self.python_args("-c", code, env=env, timeout=timeout)
 
     def python_args(self, *args: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON"))}
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON", "SGLANG_"))}
         e.update(env or {})
         return subprocess.run([str(self.python), *args], env=e, capture_output=True, text=True, timeout=timeout,
                               cwd="/")

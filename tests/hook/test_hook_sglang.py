@@ -54,6 +54,7 @@ def test_import_gives_our_function_logs_once_and_records(hook_env, tmp_path):
     assert st["sglang_version"] == PINNED and st["ours_version"] == OURS_VERSION
     assert len(run.hook_lines) == 1, run.stderr
     line = run.hook_lines[0]
+    assert "WARNING" not in line
     for part in ("ACTIVE", UPSTREAM, OURS, f"sglang {PINNED}", f"v4flash-kernels {OURS_VERSION}"):
         assert part in line, line
     rec = json.loads((tmp_path / "st" / f"patch-{res['pid']}.json").read_text())
@@ -70,6 +71,14 @@ def test_switch_off_leaves_sglang_untouched(hook_env, tmp_path):
     assert len(run.hook_lines) == 1 and "WARNING" not in run.hook_lines[0]
     rec = json.loads((tmp_path / f"patch-{run.result['pid']}.json").read_text())
     assert rec["active"] is False and rec["switch"] == "0"
+
+
+def test_sglang_torch_backend_is_flagged(hook_env):
+    run = hook_env.run("identity", env={"SGLANG_SM120_TRITON_FLASHMLA": "0"})
+    assert run.rc == 0, run.stderr
+    assert run.result["is_ours"] and run.result["status"]["sglang_sm120_triton_flashmla"] == "0"
+    assert len(run.hook_lines) == 1
+    assert "WARNING" in run.hook_lines[0] and "SGLANG_SM120_TRITON_FLASHMLA=0" in run.hook_lines[0]
 
 
 def test_unrecognised_switch_value_refuses_and_warns(hook_env):
