@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_IMAGE, Engine, flip_byte, make_model, run_cli
+from bundle_helpers import BASE_IMAGE, TEST_IMAGE, Engine, flip_byte, make_model, run_cli
 
 pytestmark = pytest.mark.image
 
@@ -41,7 +41,7 @@ def _remove_image(engine: Engine, image_id: str) -> None:
 @pytest.fixture(scope="module")
 def good(engine: Engine, built_image: str, tmp_path_factory: pytest.TempPathFactory):
     """One complete bundle (image + model manifest + wheelhouse), created through the real CLI."""
-    from conftest import make_wheel
+    from bundle_helpers import make_wheel
     import hashlib
 
     root = tmp_path_factory.mktemp("good")
@@ -201,3 +201,25 @@ def test_unreachable_engine_is_a_clear_error(tmp_path: Path, good) -> None:
     res = run_cli("bundle", "load", str(b), "--engine", f"unix://{tmp_path}/nothing.sock")
     assert res.returncode == 1
     assert "cannot reach the container engine" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_image_built_from_another_lock_is_refused(engine: Engine, built_image: str, tmp_path: Path) -> None:
+    """The image's org.v4flash.stack.lock.sha256 label must name the lock being bundled."""
+    import hashlib
+
+    lock = tmp_path / "stack.lock"
+    lock.write_text(f"v4tinypkg==0.1 --hash=sha256:{'0' * 64}\n")
+    right = hashlib.sha256(lock.read_bytes()).hexdigest()
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    for tag, value in (("localhost/v4flash-bundle-wronglock:1", "f" * 64), ("localhost/v4flash-bundle-rightlock:1", right)):
+        (ctx / "Containerfile").write_text(f"FROM {BASE_IMAGE}\nLABEL org.v4flash.stack.lock.sha256={value}\n")
+        engine.client.images.build(path=str(ctx), dockerfile="Containerfile", tag=tag, rm=True)
+    res = run_cli("bundle", "create", "--out", str(tmp_path / "wrong"), "--image", "localhost/v4flash-bundle-wronglock:1",
+                  "--lock", str(lock), "--engine", engine.url)
+    assert res.returncode == 2, res.stderr
+    assert "built from a different stack lock (org.v4flash.stack.lock.sha256=fff" in res.stderr
+    assert not (tmp_path / "wrong").exists()
+    res = run_cli("bundle", "create", "--out", str(tmp_path / "right"), "--image", "localhost/v4flash-bundle-rightlock:1",
+                  "--lock", str(lock), "--engine", engine.url)
+    assert res.returncode == 0, res.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from bundle_helpers import REPO, run_cli
 
 FILES = 32
 FILE_BYTES = 128 << 20  # 4 GiB in all, sparse: a few seconds of hashing, no disk space used

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from conftest import flip_byte, make_model, make_wheel, run_cli
+from bundle_helpers import flip_byte, make_model, make_wheel, run_cli
 from v4flash_pd.bundle import image, modelmanifest, preflight, sbom, sums
 from v4flash_pd.errors import UserError
 from v4flash_pd.stacklock import load_lock

@@ -248,9 +248,13 @@ def image_id_of(client: Any, ref: str) -> str | None:
         return None
 
 def lock_label_mismatches(labels: dict[str, str], lock_sha256: str) -> list[str]:
-    """Image labels that carry a lock hash (e.g. org.v4flash.lock.sha256) but a different one."""
+    """Image labels that carry a lock hash (org.v4flash.stack.lock.sha256) but a different one.
+
+    A build without the hash (the Dockerfile's default "unknown") is not a mismatch.
+    """
     return [
         f"{k}={v}"
         for k, v in sorted(labels.items())
-        if "lock" in k.lower() and k.lower().endswith("sha256") and v.removeprefix("sha256:") != lock_sha256
+        if "lock" in k.lower() and k.lower().endswith("sha256")
+        and v not in ("", "unknown") and v.removeprefix("sha256:") != lock_sha256
     ]
