@@ -118,11 +118,12 @@ def revision() -> str:
     return proc.stdout.strip() if proc.returncode == 0 else "unknown"
 
 
-def build_args(env: dict[str, str], target: str, tag: str, base: str, extra: list[str]) -> list[str]:
+def build_args(env: dict[str, str], target: str, tag: str, base: str, extra: list[str],
+               context: Path = ROOT) -> list[str]:
     """The podman build argv for the real docker/Dockerfile (chroot isolation, host network)."""
     args = [
         "build", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers", "--format", "docker",
-        "-f", str(ROOT / "docker/Dockerfile"), "--target", target, "-t", tag,
+        "-f", str(context / "docker/Dockerfile"), "--target", target, "-t", tag,
         "--build-arg", f"BASE_IMAGE={base}",
         "--build-arg", f"VERSION={version()}",
         "--build-arg", f"REVISION={revision()}",
@@ -130,7 +131,7 @@ def build_args(env: dict[str, str], target: str, tag: str, base: str, extra: lis
     ]
     if HOST_CA.is_file():
         args += ["--secret", f"id=extra_ca,src={HOST_CA}"]
-    return args + extra + [str(ROOT)]
+    return args + extra + [str(context)]
 
 
 def main(argv: list[str] | None = None) -> int:

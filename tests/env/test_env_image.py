@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -109,6 +111,43 @@ def test_plan_with_topology_fixture(podman, ci_image: str) -> None:
     plan = json.loads(proc.stdout)
     text = json.dumps(plan)
     assert "prefill" in text and "decode" in text and "router" in text
+
+
+CONTEXT_FILES = ("docker", "tools/lock.py", "launcher", "kernels", "pyproject.toml", "setup.py", "README.md",
+                 "stack.lock", "stack.toml", ".dockerignore")
+
+
+def test_offline_rebuild_from_wheelhouse(podman_state: dict[str, str], ci_image: str, tmp_path: Path) -> None:
+    """`make wheelhouse` + `--build-arg WHEELHOUSE=1` rebuilds the Python layers with no network.
+
+    The wheelhouse holds the CI subset for the local base's python (3.11); the apt layer comes
+    from the cache of the online build, as it would from a saved base image."""
+    ctx = tmp_path / "ctx"
+    for rel in CONTEXT_FILES:
+        src, dst = ROOT / rel, ctx / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(src, dst)
+    toml = tmp_path / "stack-base-python.toml"
+    toml.write_text((ROOT / "stack.toml").read_text().replace('python = "3.12"', 'python = "3.11"'))
+    dl = subprocess.run([sys.executable, str(ROOT / "tools/lock.py"), "wheelhouse", str(ctx / "wheelhouse"),
+                         "--toml", str(toml), "--lock", str(ROOT / "stack.lock"),
+                         "--only", "sglang-router", "click", "setuptools"], capture_output=True, text=True, timeout=300)
+    assert dl.returncode == 0, dl.stderr[-2000:]
+    base = podman_env.ensure_base(podman_state, Path(os.environ.get("V4FLASH_BASE_TARBALL",
+                                                                      ROOT / ".cache/env/bookworm-minbase.tar")))
+    args = podman_env.build_args(podman_state, "ci", TAG + "-offline", base,
+                                 ["--build-arg", "WHEELHOUSE=1"], context=ctx)
+    args[args.index("--network") + 1] = "none"
+    args[args.index("--isolation") + 1] = "oci"  # chroot isolation only shares the host network
+    proc = subprocess.run(["podman", *args], env=podman_state, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Processing /ctx/wheelhouse/sglang_router-0.3.2" in out, out[-4000:]
+    ver = podman_env.podman(podman_state, "run", "--rm", "--network", "none", TAG + "-offline", "--version")
+    assert ver.stdout.strip() == f"v4flash-pd, version {podman_env.version()}"
 
 
 class Container:
