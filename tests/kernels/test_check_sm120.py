@@ -1,0 +1,57 @@
+"""The sm_120 cross-compile gate, run for real (bundled ptxas, no GPU) in a subprocess.
+
+A subprocess because the kernel tests run with TRITON_INTERPRET=1, under which `triton.jit`
+returns interpreter objects that cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from v4flash_kernels.decode import SPLIT_CONFIGS
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    return env
+
+
+@pytest.mark.timeout(600)
+def test_check_sm120_passes_on_the_shipped_table(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
+        env=_env(tmp_path), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK:" in proc.stdout
+    rows = json.loads(out.read_text())
+    split = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "split_kernel"}
+    assert split == {(c.name, a) for c in SPLIT_CONFIGS for a in (120, 90)}
+    assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
+    for r in rows:
+        assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
+        if r["arch"] == 120:
+            assert r["shared_bytes"] <= 101376
+
+
+@pytest.mark.timeout(600)
+def test_check_sm120_rejects_an_oversized_config(tmp_path):
+    """64-token tiles need ~147 KB of shared memory: fine on sm_90, over sm_120's 101376 B."""
+    code = (
+        "from v4flash_kernels.check_sm120 import check\n"
+        "from v4flash_kernels.decode import KernelConfig\n"
+        "r = [x for x in check([KernelConfig(16, 64, 8)], archs=(120,)) if x.kernel == 'split_kernel'][0]\n"
+        "print(r.shared_bytes, r.ok)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    shared, ok = proc.stdout.split()[-2:]
+    assert int(shared) > 101376 and ok == "False"

@@ -1,0 +1,205 @@
+"""CPU tests of the sparse-MLA decode kernels under TRITON_INTERPRET=1 (small shapes).
+
+Every check compares against the fp64 reference built from the raw fp8_ds_mla bytes, with the
+kernel's outputs poisoned (NaN) beforehand so an unwritten element cannot pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+import pytest
+import torch
+
+from v4flash_kernels import decode
+from v4flash_kernels.reference import (
+    Case,
+    CacheSpec,
+    dequant_tokens,
+    make_cache,
+    make_inputs,
+    page_stride,
+    rel_err,
+    sparse_mla_decode_ref,
+)
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernel tests run under the Triton interpreter"
+)
+
+
+def _call(kw, plan=None):
+    B, _, H, D = kw["q"].shape
+    out = torch.full((B, 1, H, D), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((B, 1, H), float("nan"), dtype=torch.float32)
+    o, l = decode.run(
+        kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"], kw["softmax_scale"],
+        kw.get("extra_k_cache"), kw.get("extra_indices"), kw.get("extra_topk_length"),
+        plan=plan, out=out, lse=lse,
+    )
+    assert o.data_ptr() == out.data_ptr() and l.shape == (B, H, 1)
+    return o, l
+
+
+def _assert_matches(kw, out, lse):
+    ref_out, ref_lse = sparse_mla_decode_ref(**kw)
+    assert not torch.isnan(out.float()).any(), "NaN (or unwritten) output element"
+    assert not torch.isnan(lse).any(), "NaN (or unwritten) lse element"
+    assert rel_err(out, ref_out) <= 1e-2
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    if fin.any():
+        assert (lse.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+    empty = ref_out.abs().amax(dim=(1, 3)) == 0  # [B, H]
+    assert torch.all(out.float().amax(dim=(1, 3)).abs()[empty] == 0)
+    return ref_out, ref_lse
+
+
+CASES = {
+    # c128-like: SWA page 64 + dense extra cache with page 2; B=3 (non power of two) with one
+    # empty row and one short row, -1 holes, sink, uint8 cache.
+    "c128_b3_sink_uint8": Case(batch=3, heads=16, width=64, page_size=64, extra_width=128,
+                               extra_page_size=2, extra_dense=True, hole_frac=0.1),
+    # SWA-only layer, float8 view of the cache, no sink, B=1.
+    "swa_b1_fp8_nosink": Case(batch=1, heads=16, width=64, page_size=256, sink=False, fp8_view=True),
+    # c4-like random top-k with duplicated indices (each occurrence counts), B=5, fp8 views.
+    "c4_b5_dups_fp8": Case(batch=5, heads=16, width=64, page_size=64, extra_width=64, extra_page_size=64,
+                           dup_frac=0.2, fp8_view=True),
+    # Fewer heads than the 16-head block (masked rows), 8 heads like TP8.
+    "c4_b2_h8": Case(batch=2, heads=8, width=64, page_size=64, extra_width=64, extra_page_size=64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_fp64_reference(name):
+    kw = make_inputs(CASES[name])  # fresh random inputs every run
+    out, lse = _call(kw)
+    ref_out, _ = _assert_matches(kw, out, lse)
+    if CASES[name].batch > 2 and CASES[name].short_rows:
+        assert ref_out[2].abs().max() == 0  # the empty row really is empty (the check is live)
+
+
+def test_public_entry_returns_upstream_layout():
+    kw = make_inputs(CASES["c128_b3_sink_uint8"])
+    out, lse = decode.sparse_mla_decode(**kw)
+    assert out.shape == (3, 1, 16, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (3, 16, 1) and lse.dtype == torch.float32
+    _assert_matches(kw, out, lse)
+
+
+def test_all_rows_empty_gives_zeros_and_sink_lse():
+    case = Case(batch=2, heads=16, width=64, page_size=64, extra_width=64, extra_page_size=64)
+    kw = make_inputs(case)
+    kw["topk_length"].zero_()
+    kw["extra_topk_length"].zero_()
+    out, lse = _call(kw)
+    assert torch.all(out.float() == 0)
+    assert torch.allclose(lse[:, :, 0], kw["attn_sink"].expand(2, 16))
+    kw["attn_sink"] = None
+    out, lse = _call(kw)
+    assert torch.all(out.float() == 0) and torch.all(torch.isneginf(lse))
+
+
+def test_no_topk_length_attends_whole_width():
+    kw = make_inputs(Case(batch=2, heads=16, width=64, page_size=64, extra_width=64, extra_page_size=64,
+                          short_rows=False))
+    kw["topk_length"] = None
+    kw["extra_topk_length"] = None
+    out, lse = _call(kw)
+    _assert_matches(kw, out, lse)
+
+
+def test_topk_length_shorter_than_width_ignores_tail():
+    """Entries past topk_length are ignored even when they hold valid slots."""
+    kw = make_inputs(Case(batch=2, heads=16, width=64, page_size=64, short_rows=False, hole_frac=0.0))
+    kw["topk_length"] = torch.tensor([64, 10], dtype=torch.int32)
+    out, lse = _call(kw)
+    ref_out, _ = _assert_matches(kw, out, lse)
+    kw_full = dict(kw, topk_length=torch.tensor([64, 64], dtype=torch.int32))
+    full_out, _ = sparse_mla_decode_ref(**kw_full)
+    assert rel_err(ref_out[1], full_out[1]) > 0.1  # the truncation matters for this row
+
+
+@pytest.mark.parametrize("cfg", decode.SPLIT_CONFIGS, ids=lambda c: c.name)
+def test_every_shipped_config_and_split_count(cfg):
+    case = Case(batch=2, heads=16, width=64, page_size=64, extra_width=128, extra_page_size=2,
+                extra_dense=True)
+    kw = make_inputs(case)
+    ref_out, _ = sparse_mla_decode_ref(**kw)
+    for min_tiles in (1, 8):  # many 1-tile splits, then one split per cache
+        plan = decode.make_plan(2, 16, 64, 128, num_sms=4, config=cfg, min_tiles=min_tiles)
+        out, lse = _call(kw, plan)
+        _assert_matches(kw, out, lse)
+
+
+def test_plan_depends_only_on_shapes_and_covers_widths():
+    for B in (1, 3, 4, 16, 64):
+        for H in (8, 16, 64):
+            for w, w2 in ((128, 0), (128, 512), (128, 2048), (192, 1024)):
+                p = decode.make_plan(B, H, w, w2, num_sms=132)
+                assert p == decode.make_plan(B, H, w, w2, num_sms=132)
+                assert p.chunk % p.config.block_t == 0
+                assert p.splits_main * p.chunk >= w and (p.splits_main - 1) * p.chunk < w
+                if w2:
+                    assert p.splits_extra * p.chunk >= w2 and (p.splits_extra - 1) * p.chunk < w2
+                else:
+                    assert p.splits_extra == 0
+                assert 1 <= p.num_splits <= decode.MAX_SPLITS
+    # B=1 is split finely (fills the GPU), B=64 coarsely (no wasted partials).
+    assert decode.make_plan(1, 64, 128, 512, 132).num_splits == 20
+    assert decode.make_plan(64, 64, 128, 512, 132).num_splits <= 6
+
+
+def test_signature_matches_upstream():
+    from v4flash_kernels.upstream import load_upstream
+
+    up = inspect.signature(load_upstream().flash_mla_sparse_decode_triton)
+    ours = inspect.signature(decode.sparse_mla_decode)
+    assert [(p.name, p.default, p.kind) for p in ours.parameters.values()] == [
+        (p.name, p.default, p.kind) for p in up.parameters.values()
+    ]
+    import v4flash_kernels
+
+    lazy = inspect.signature(v4flash_kernels.sparse_mla_decode)
+    assert lazy is not None
+
+
+def test_reference_dequant_reads_real_layout():
+    """One hand-written token: fp8 1.0 x 2^(130-127) in group 3, bf16 RoPE -2.5, in page 1 slot 1."""
+    cache = make_cache(CacheSpec(num_pages=2, page_size=2))
+    pb = page_stride(2)
+    assert cache.stride(0) == pb == 1728 and pb != 2 * 584
+    flat = cache.as_strided((2 * pb,), (1,))
+    tok = pb + 1 * 576
+    flat[tok : tok + 448] = 0
+    flat[tok + 3 * 64 + 5] = 0x38  # e4m3 1.0
+    rope = torch.zeros(64, dtype=torch.bfloat16)
+    rope[7] = -2.5
+    flat[tok + 448 : tok + 576] = rope.view(torch.uint8)
+    flat[pb + 2 * 576 + 8 : pb + 2 * 576 + 15] = torch.tensor([127, 127, 127, 130, 127, 127, 127], dtype=torch.uint8)
+    v = dequant_tokens(cache, torch.tensor([3]))[0]  # slot 3 = page 1, offset 1
+    assert v[3 * 64 + 5] == 8.0 and v[448 + 7] == -2.5
+    assert torch.count_nonzero(v) == 2
+
+
+def test_rejects_misaligned_page_stride():
+    kw = make_inputs(Case(batch=1, heads=16, width=64, page_size=64))
+    pool = torch.zeros(4, 64 * 584 + 8, dtype=torch.uint8)
+    kw["k_cache"] = pool[:, : 64 * 584].view(4, 64, 1, 584)
+    with pytest.raises(ValueError, match="page stride"):
+        decode.sparse_mla_decode(**kw)
+
+
+def test_sink_scales_output_and_lse():
+    """A sink comparable to the row's lse halves the output; checked against the reference."""
+    case = Case(batch=1, heads=16, width=64, page_size=64, extra_width=64, extra_page_size=64)
+    kw = make_inputs(case)
+    kw["attn_sink"] = None
+    _, lse0 = sparse_mla_decode_ref(**kw)
+    kw["attn_sink"] = (lse0[0, :, 0] + torch.randn(16, dtype=torch.float64) * 0.5).float()
+    out, lse = _call(kw)
+    ref_out, ref_lse = _assert_matches(kw, out, lse)
+    no_sink, _ = sparse_mla_decode_ref(**dict(kw, attn_sink=None))
+    assert rel_err(ref_out, no_sink) > 0.2  # the sink really matters in this case
