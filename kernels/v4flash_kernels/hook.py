@@ -153,7 +153,7 @@ def status(probe: bool = False) -> dict:
 
 def _status_dict(d: Optional[Decision], why_undecided: Optional[str]) -> dict:
     return {
-        "active": bool(d and d.active),
+        "active": bool(d and d.active) and _really_patched(),
         "decided": d is not None,
         "reason": d.reason if d else (why_undecided or f"{TARGET_MODULE} not imported in this process"),
         "switch": os.environ.get(ENV_SWITCH, "1"),
@@ -189,23 +189,30 @@ def _install_finder_only() -> None:
 
 
 def on_module_executed(module: Any) -> None:
-    """Decide once per process, then (re)apply the patch to `module`; never raises."""
+    """Decide once per process, then (re)apply the patch to `module`; never raises.
+
+    A failure while patching rolls the module back to upstream's function and records the error,
+    so the process never runs with a half-applied patch.
+    """
     global _decision
     with _lock:
+        first = _decision is None
         try:
-            first = _decision is None
             if first:
                 _decision = _decide_for(module)
             if _decision.active:
                 _patch(module)
-            if first:
-                _announce(_decision)
         except Exception as exc:  # a bug here must not take SGLang down with it
-            if _decision is None or not _decision.active:
-                _decision = Decision(False, f"hook error: {type(exc).__name__}: {exc}", True, None)
+            _rollback(module)
+            was_active = bool(_decision and _decision.active)
+            version = _decision.sglang_version if _decision else None
+            _decision = Decision(False, f"hook error: {type(exc).__name__}: {exc}", True, version)
+            first = first or was_active
+        if first:
+            try:
                 _announce(_decision)
-            else:
-                log.warning("kernel hook error after patching: %s: %s", type(exc).__name__, exc)
+            except Exception:  # logging/status file must not break the import either
+                pass
 
 
 def _decide_for(module: Any) -> Decision:
@@ -253,6 +260,27 @@ def _patch(module: Any) -> None:
     for name, other in list(sys.modules.items()):
         if name.startswith("sglang.") and other is not module and getattr(other, TARGET_ATTR, None) is upstream:
             setattr(other, TARGET_ATTR, ours)
+
+
+def _rollback(module: Any) -> None:
+    upstream = getattr(module, UPSTREAM_KEEP_ATTR, None)
+    if upstream is None:
+        return
+    ours = getattr(sys.modules.get(OURS_MODULE), OURS_ATTR, None)
+    for name, other in list(sys.modules.items()):
+        if (other is module or name.startswith("sglang.")) and ours is not None \
+                and getattr(other, TARGET_ATTR, None) is ours:
+            try:
+                setattr(other, TARGET_ATTR, upstream)
+            except Exception:
+                pass
+
+
+def _really_patched() -> bool:
+    """The module attribute is ours right now (not just "we decided to")."""
+    mod = sys.modules.get(TARGET_MODULE)
+    ours = getattr(sys.modules.get(OURS_MODULE), OURS_ATTR, None)
+    return mod is not None and ours is not None and getattr(mod, TARGET_ATTR, None) is ours
 
 
 def _announce(d: Decision) -> None:

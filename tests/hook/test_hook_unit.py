@@ -111,3 +111,67 @@ def test_status_before_any_decision_is_inactive():
     assert st["active"] is False and st["decided"] is False
     assert st["pinned_sglang_version"] == hook.PINNED_SGLANG
     assert st["ours_function"] == "v4flash_kernels.decode.sparse_mla_decode"
+
+
+# ------------------------------------------------------------------ process state, in a fresh interpreter
+
+_FAKE_SGLANG = r'''
+import json, sys, types
+from v4flash_kernels import hook
+from v4flash_kernels.decode import sparse_mla_decode as ours
+
+def flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                                   extra_k_cache=None, extra_indices=None, extra_topk_length=None):
+    return "upstream"
+
+mod = types.ModuleType(hook.TARGET_MODULE)
+mod.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton
+sys.modules[hook.TARGET_MODULE] = mod
+holder = types.ModuleType("sglang.fake_holder")  # did `from ... import flash_mla_sparse_decode_triton`
+holder.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton
+sys.modules["sglang.fake_holder"] = holder
+hook._sglang_version = lambda: hook.PINNED_SGLANG  # no sglang dist-info in .venv
+'''
+
+
+def _fresh(code: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "SGLANG_"))}
+    p = subprocess.run([sys.executable, "-c", _FAKE_SGLANG + code], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["stderr"] = p.stderr
+    return out
+
+
+def test_apply_patches_module_and_from_imports_then_status_tracks_reality():
+    res = _fresh(r'''
+st = hook.apply()
+patched = mod.flash_mla_sparse_decode_triton is ours and holder.flash_mla_sparse_decode_triton is ours
+mod.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton  # someone undoes it later
+print(json.dumps({"st": st, "patched": patched, "after": hook.status()["active"]}))
+''')
+    assert res["patched"] and res["st"]["active"] is True
+    assert res["after"] is False  # status reports the attribute's truth, not just the decision
+
+
+def test_failure_while_patching_rolls_back_and_warns():
+    res = _fresh(r'''
+real_patch = hook._patch
+def failing(module):
+    real_patch(module)
+    raise RuntimeError("boom")
+hook._patch = failing
+st = hook.apply()
+print(json.dumps({"st": st, "fn": mod.flash_mla_sparse_decode_triton(*[None] * 7),
+                  "holder": holder.flash_mla_sparse_decode_triton is ours}))
+''')
+    assert res["fn"] == "upstream" and res["holder"] is False
+    assert res["st"]["active"] is False and "hook error: RuntimeError: boom" in res["st"]["reason"]
+    lines = [ln for ln in res["stderr"].splitlines() if ln.startswith("[v4flash-kernels]")]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "boom" in lines[0]
