@@ -129,35 +129,73 @@ def save_image(client: Any, ref: str, dest: Path, level: int = 3, progress: Prog
     labels = (image.attrs.get("Config") or {}).get("Labels") or {}
     return ImageRecord(image.id, tuple(image.tags), raw_sha.hexdigest(), raw_size, dict(labels))
 
-def decompressed_chunks(path: Path, progress: Progress | None = None) -> Iterator[bytes]:
-    """Decompress one zstd frame; ValueError if the frame is damaged, truncated or followed by junk."""
-    dobj = zstandard.ZstdDecompressor().decompressobj()
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def check_frame(path: Path) -> None:
+    """Walk the zstd frame's block headers: complete, one frame, nothing after it.
+
+    python-zstandard's streaming readers stop quietly at a truncated end, and decompressobj (which
+    does notice) has unbounded output; so structure is checked here (3 bytes read per <=128 KiB
+    block) and content by the frame checksum while decompressing.
+    """
+    size = path.stat().st_size
     with open(path, "rb") as fh:
+        head = fh.read(5)
+        if len(head) < 5 or head[:4] != _ZSTD_MAGIC:
+            raise ValueError("not a zstd archive (bad magic number)")
+        fhd = head[4]
+        single_segment = (fhd >> 5) & 1
+        pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[fhd & 3] + ((1 if single_segment else 0), 2, 4, 8)[fhd >> 6]
         while True:
-            comp = fh.read(READ_CHUNK)
-            if not comp:
+            if pos + 3 > size:
+                raise ValueError("the zstd frame ends early (the archive is truncated)")
+            fh.seek(pos)
+            hdr = int.from_bytes(fh.read(3), "little")
+            btype, bsize = (hdr >> 1) & 3, hdr >> 3
+            if btype == 3:
+                raise ValueError(f"zstd data is corrupt (reserved block type at byte {pos})")
+            pos += 3 + (1 if btype == 1 else bsize)
+            if hdr & 1:
                 break
-            if progress is not None:
-                progress.advance(len(comp))
-            try:
-                out = dobj.decompress(comp)
-            except zstandard.ZstdError as exc:
-                raise ValueError(f"zstd data is corrupt ({exc})") from exc
-            if out:
-                yield out
-            if dobj.eof:
-                if dobj.unused_data or fh.read(1):
-                    raise ValueError("unexpected bytes after the end of the zstd frame")
-                break
-    if not dobj.eof:
+        pos += 4 if (fhd >> 2) & 1 else 0
+    if pos > size:
         raise ValueError("the zstd frame ends early (the archive is truncated)")
+    if pos < size:
+        raise ValueError(f"unexpected bytes after the end of the zstd frame ({size - pos} bytes)")
+
+
+def decompressed_chunks(path: Path, progress: Progress | None = None) -> Iterator[bytes]:
+    """Decompress the archive in bounded chunks; ValueError if damaged, truncated or followed by junk.
+
+    The frame structure is checked before the first byte is yielded, so `load` never starts
+    feeding the engine a truncated archive.
+    """
+    check_frame(path)
+    with open(path, "rb") as fh:
+        last = 0
+        try:
+            for chunk in zstandard.ZstdDecompressor().read_to_iter(fh, read_size=READ_CHUNK, write_size=READ_CHUNK):
+                if progress is not None:
+                    pos = fh.tell()
+                    progress.advance(pos - last)
+                    last = pos
+                yield chunk
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"zstd data is corrupt ({exc})") from exc
+
 
 class _ChunkReader(io.RawIOBase):
-    """A read() view over a chunk iterator that hashes every byte it hands out (for tarfile)."""
+    """A read() view over a chunk iterator that hashes every byte it hands out (for tarfile).
+
+    Keeps the current chunk plus an offset: tarfile reads 10 KiB at a time from multi-MB chunks,
+    and re-slicing the remainder on every read would copy each chunk hundreds of times.
+    """
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self.chunks = chunks
-        self.buf = b""
+        self.cur = b""
+        self.pos = 0
         self.sha = hashlib.sha256()
         self.size = 0
 
@@ -165,14 +203,19 @@ class _ChunkReader(io.RawIOBase):
         return True
 
     def read(self, n: int = -1) -> bytes:  # type: ignore[override]
-        while n < 0 or len(self.buf) < n:
-            nxt = next(self.chunks, None)
-            if nxt is None:
-                break
-            self.buf += nxt
-        if n < 0:
-            n = len(self.buf)
-        out, self.buf = self.buf[:n], self.buf[n:]
+        parts = []
+        want = n if n >= 0 else 1 << 62
+        while want > 0:
+            if self.pos >= len(self.cur):
+                nxt = next(self.chunks, None)
+                if nxt is None:
+                    break
+                self.cur, self.pos = nxt, 0
+            take = self.cur[self.pos : self.pos + want]
+            self.pos += len(take)
+            want -= len(take)
+            parts.append(take)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
         self.sha.update(out)
         self.size += len(out)
         return out
@@ -180,6 +223,7 @@ class _ChunkReader(io.RawIOBase):
     def drain(self) -> None:
         while self.read(READ_CHUNK):
             pass
+
 
 def _config_id(config_name: str) -> str:
     """`<hex>.json` (docker-archive) or `blobs/sha256/<hex>` (OCI layout in docker >= 25)."""
@@ -192,7 +236,7 @@ def read_archive(path: Path, progress: Progress | None = None) -> ArchiveInfo:
     manifest: list[dict[str, Any]] | None = None
     config_hashes: dict[str, str] = {}
     try:
-        with tarfile.open(fileobj=reader, mode="r|") as tf:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=reader, mode="r|", bufsize=READ_CHUNK) as tf:  # type: ignore[call-overload]
             for member in tf:
                 if not member.isfile():
                     continue
