@@ -140,14 +140,16 @@ def scan(model_dir: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
     return iter(found)
 
 
-def _load_state(state_path: Path | None) -> dict[tuple[str, int, int], str]:
-    """Finished files of an earlier run; a torn last line (killed mid-write) is ignored."""
+def _load_state(state_path: Path | None, root: str) -> dict[tuple[str, int, int], str]:
+    """Finished files of an earlier run on the same model dir; a torn last line is ignored."""
     done: dict[tuple[str, int, int], str] = {}
     if state_path is None or not state_path.is_file():
         return done
     for line in state_path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
+            if rec.get("root") != root:
+                continue
             done[(rec["path"], int(rec["size"]), int(rec["mtime_ns"]))] = str(rec["sha256"])
         except (ValueError, KeyError, TypeError):
             continue
@@ -167,7 +169,8 @@ def build_manifest(
     entries = list(scan(model_dir))
     if not entries:
         raise UserError(f"model dir {model_dir} contains no files", "point --model at the downloaded weights")
-    done = _load_state(state_path)
+    root = str(model_dir.resolve())
+    done = _load_state(state_path, root)
     digests: dict[str, str] = {}
     jobs: list[HashJob] = []
     keys: dict[str, tuple[str, int, int]] = {}
@@ -205,7 +208,7 @@ def build_manifest(
             return
         digests[res.key] = res.sha256
         if state_fh is not None:
-            state_fh.write(json.dumps({"path": rel, "size": size, "mtime_ns": mtime, "sha256": res.sha256}) + "\n")
+            state_fh.write(json.dumps({"root": root, "path": rel, "size": size, "mtime_ns": mtime, "sha256": res.sha256}) + "\n")
             state_fh.flush()
 
     nworkers = workers or default_workers()

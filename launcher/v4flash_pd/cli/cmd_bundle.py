@@ -13,6 +13,20 @@ def _log(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def _require(*modules: str) -> None:
+    """The bundle extra's deps (docker SDK, zstandard) are optional for the launcher: say so."""
+    import importlib.util
+
+    from v4flash_pd.errors import UserError
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(
+            f"`v4flash-pd bundle` needs the Python package(s) {', '.join(missing)}, which are not installed",
+            "pip install 'v4flash-pd[bundle]' (or pip install docker zstandard)",
+        )
+
+
 @click.group("bundle")
 def command() -> None:
     """Move the whole stack across an air gap in one checked directory.
@@ -52,8 +66,10 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
                lock_path: Path | None, zstd_level: int, engine: str | None, jobs: int | None,
                no_progress: bool) -> None:
     """Write a bundle: image (zstd), stack lock, SBOM, [wheelhouse], [model manifest], checksums."""
-    from v4flash_pd.bundle.create import CreateOptions, create_bundle
     from v4flash_pd.errors import UserError
+
+    _require("zstandard", *(() if no_image else ("docker",)))
+    from v4flash_pd.bundle.create import CreateOptions, create_bundle
 
     if image and no_image:
         raise UserError("--image and --no-image contradict each other", "pass one of them")
@@ -82,6 +98,7 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
 @_quiet
 def verify_cmd(bundle_dir: Path, model: Path | None, full: bool, jobs: int | None, no_progress: bool) -> None:
     """Check every checksum, the image archive, SBOM/lock and (with --model) the model. No network."""
+    _require("zstandard")
     from v4flash_pd.bundle.verify import raise_if_failed, render_table, verify_bundle
 
     report = verify_bundle(bundle_dir, model=model, full=full, jobs=jobs, show_progress=not no_progress)
@@ -101,6 +118,7 @@ def verify_cmd(bundle_dir: Path, model: Path | None, full: bool, jobs: int | Non
 def load_cmd(bundle_dir: Path, model: Path | None, full: bool, engine: str | None, jobs: int | None,
              no_progress: bool) -> None:
     """Verify the bundle, then load its image and check the loaded image ID. Nothing loads on failure."""
+    _require("zstandard", "docker")
     from v4flash_pd.bundle.load import load_bundle
 
     result = load_bundle(bundle_dir, engine=engine, model=model, full=full, jobs=jobs,
