@@ -25,6 +25,9 @@ class HostNuma:
     allowed_nodes: tuple[int, ...]  # Mems_allowed of this process
     membind_ok: bool
     detail: str = ""
+    # --preferred needs set_mempolicy too, which docker's seccomp refuses along with --membind;
+    # when both are refused only CPU binding (sched_setaffinity) is left.
+    preferred_ok: bool = False
 
 
 def allowed_mem_nodes(status_path: Path = Path("/proc/self/status")) -> tuple[int, ...]:
@@ -50,6 +53,15 @@ def probe_numa(env: Mapping[str, str] | None = None) -> HostNuma:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return HostNuma(numactl, nodes, False, f"numactl could not run: {exc}")
     if res.returncode == 0:
-        return HostNuma(numactl, nodes, True, "membind permitted")
+        return HostNuma(numactl, nodes, True, "membind permitted", preferred_ok=True)
     why = (res.stderr or res.stdout).strip().splitlines()
-    return HostNuma(numactl, nodes, False, f"membind refused: {why[0] if why else 'exit ' + str(res.returncode)}")
+    detail = f"membind refused: {why[0] if why else 'exit ' + str(res.returncode)}"
+    try:
+        pref = subprocess.run([numactl, f"--cpunodebind={node}", f"--preferred={node}", "--", "true"],
+                              capture_output=True, text=True, timeout=20)
+        preferred_ok = pref.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        preferred_ok = False
+    if not preferred_ok:
+        detail += "; --preferred refused too"
+    return HostNuma(numactl, nodes, False, detail, preferred_ok=preferred_ok)

@@ -25,7 +25,7 @@ ROUTER_MODULE = "sglang_router.launch_router"
 @dataclass(frozen=True)
 class Binding:
     node: int | None
-    policy: str  # "membind" | "preferred" | "none"
+    policy: str  # "membind" | "preferred" | "cpu" (cpunodebind only) | "none"
     reason: str = ""
 
 
@@ -147,20 +147,28 @@ def decide_binding(cfg: Config, w: WorkerSpec, topology: Topology, host: HostNum
             "install numactl (apt-get install numactl) and run on the box the plan describes, or set "
             "numa = \"off\" (V4FLASH_SET='numa=\"off\"') to start without binding",
         )
-    if cfg.numa == "preferred":
-        return Binding(node, "preferred", "numa = preferred")
-    if not host.membind_ok:
+    if host.membind_ok and cfg.numa == "bind":
+        return Binding(node, "membind")
+    if host.preferred_ok or host.membind_ok:
+        if cfg.numa == "preferred":
+            return Binding(node, "preferred", "numa = preferred")
         warnings.append(
             f"WARNING {w.name}: numactl --membind is not permitted here ({host.detail}); falling back to "
             f"--preferred={node}: memory may spill to the other socket. In Docker add --cap-add SYS_NICE."
         )
         return Binding(node, "preferred", host.detail)
-    return Binding(node, "membind")
+    warnings.append(
+        f"WARNING {w.name}: no memory policy is permitted here ({host.detail}); binding CPUs only "
+        f"(--cpunodebind={node}), memory follows first touch. In Docker add --cap-add SYS_NICE."
+    )
+    return Binding(node, "cpu", host.detail)
 
 
 def numactl_prefix(binding: Binding, numactl: str) -> tuple[str, ...]:
     if binding.policy == "none" or binding.node is None:
         return ()
+    if binding.policy == "cpu":
+        return (numactl or "numactl", f"--cpunodebind={binding.node}", "--")
     mem = f"--membind={binding.node}" if binding.policy == "membind" else f"--preferred={binding.node}"
     return (numactl or "numactl", f"--cpunodebind={binding.node}", mem, "--")
 

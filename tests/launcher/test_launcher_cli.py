@@ -73,8 +73,6 @@ def test_debug_shows_the_traceback(cli) -> None:
     assert "v4flash_pd.errors.UserError" in res.stderr and "'ucx'" in res.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="cli/main.py decides --debug from argv only, so the documented "
-                   "V4FLASH_DEBUG=1 env var of --debug does not show tracebacks")
 def test_debug_env_var_shows_the_traceback(cli) -> None:
     res = cli("plan", "--topology", T8, "--set", "engine.transfer_backend=ucx", extra_env={"V4FLASH_DEBUG": "1"})
     assert "Traceback (most recent call last)" in res.stderr

@@ -220,7 +220,8 @@ def test_membind_refused_falls_back_to_preferred_loudly(tmp_path: Path) -> None:
     assert "set_mempolicy: Operation not permitted" in host.detail
     # the probe really ran the shim with a membind
     assert any(any(a.startswith("--membind=") for a in call) for call in fakebox.read_argv_log(shim))
-    host2 = HostNuma(host.numactl, (0, 1), host.membind_ok, host.detail)
+    assert host.preferred_ok  # this shim refuses only --membind
+    host2 = HostNuma(host.numactl, (0, 1), host.membind_ok, host.detail, preferred_ok=host.preferred_ok)
     plan = build_plan(cfg(), box("8gpu-2node"), host2, require_gpus=True)
     assert list(plan.get("prefill-0").argv[:4]) == [str(shim), "--cpunodebind=0", "--preferred=0", "--"]
     assert list(plan.get("decode-0").argv[:4]) == [str(shim), "--cpunodebind=1", "--preferred=1", "--"]
@@ -228,18 +229,18 @@ def test_membind_refused_falls_back_to_preferred_loudly(tmp_path: Path) -> None:
     assert len(loud) == 2 and all("SYS_NICE" in w and "--preferred=" in w for w in loud)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "docker's default seccomp profile refuses set_mempolicy for --preferred as well as --membind "
-    "without CAP_SYS_NICE (moby profiles/seccomp/default.json), so the --preferred fallback dies at "
-    "exec in exactly the container it is meant for; hostprobe should also probe --preferred and the "
-    "plan fall back to --cpunodebind only"))
 def test_fallback_prefix_runs_in_a_container_without_sys_nice(tmp_path: Path) -> None:
+    """Docker without CAP_SYS_NICE refuses --preferred as well: bind CPUs only, and say so."""
     shim = fakebox.make_numactl_shim(tmp_path, membind_ok=False, preferred_ok=False)
     probed = probe_numa({"V4FLASH_NUMACTL": str(shim)})
-    host = HostNuma(probed.numactl, (0, 1), probed.membind_ok, probed.detail)
+    assert not probed.membind_ok and not probed.preferred_ok and "--preferred refused too" in probed.detail
+    host = HostNuma(probed.numactl, (0, 1), probed.membind_ok, probed.detail, preferred_ok=probed.preferred_ok)
     plan = build_plan(cfg(), box("8gpu-2node"), host, require_gpus=True)
+    assert list(plan.get("decode-0").argv[:3]) == [str(shim), "--cpunodebind=1", "--"]
+    loud = [w for w in plan.warnings if w.startswith("WARNING")]
+    assert len(loud) == 2 and all("binding CPUs only" in w and "SYS_NICE" in w for w in loud)
     for p in plan.workers():
-        assert p.binding.node is not None  # CPU binding is still possible and wanted
+        assert p.binding.node is not None and p.binding.policy == "cpu"  # CPU binding is still possible and wanted
         prefix = list(p.argv[:p.argv.index("--") + 1])
         res = subprocess.run([*prefix, sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, (p.name, prefix, res.stderr)

@@ -7,6 +7,7 @@ lazily, so `v4flash-pd plan` does not pay for importing the supervisor or the bu
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -60,7 +61,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one paragraph and exit 2 (usage) or 1 (runtime)."""
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or \
+        os.environ.get("V4FLASH_DEBUG", "").lower() in ("1", "true", "yes", "on")
     try:
         cli.main(args=argv, prog_name="v4flash-pd", standalone_mode=False)
     except UserError as exc:
