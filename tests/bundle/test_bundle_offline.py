@@ -270,3 +270,30 @@ def test_verify_without_model_flag_says_model_unchecked(tmp_path: Path, tiny_loc
     res = run_cli("bundle", "verify", str(out))
     assert res.returncode == 0 and "not checked (pass --model PATH)" in res.stdout
     assert preflight.find_manifest(m) == m / ".v4flash-manifest.json"
+
+
+def test_bundle_of_the_real_stack_lock_has_a_matching_sbom(tmp_path: Path) -> None:
+    """Default lock (the repo's stack.lock, all of the pinned serving stack) -> SBOM covers all of it."""
+    from v4flash_pd.stacklock import find_lock_path
+
+    lock = load_lock(find_lock_path())
+    out = tmp_path / "b"
+    res = run_cli("bundle", "create", "--out", str(out), "--no-image", env={"V4FLASH_STACK_LOCK": ""})
+    assert res.returncode == 0, res.stderr
+    assert (out / "stack.lock").read_bytes() == lock.path.read_bytes()
+    doc = json.loads((out / "sbom.cdx.json").read_text())
+    assert len(doc["components"]) == len(lock.packages) > 100
+    assert {c["name"] for c in doc["components"]} >= {"sglang", "torch", "sglang-router"}
+    assert json.loads((out / "MANIFEST.json").read_text())["lock"]["sha256"] == lock.sha256
+    ver = run_cli("bundle", "verify", str(out), "--model", str(tmp_path / "absent"))
+    assert ver.returncode == 1 and "this bundle was created without --model" in ver.stdout
+
+
+def test_verify_with_a_missing_model_dir_names_it(tmp_path: Path, tiny_lock) -> None:
+    lock, _ = tiny_lock
+    m = make_model(tmp_path)
+    out = tmp_path / "b"
+    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock)).returncode == 0
+    res = run_cli("bundle", "verify", str(out), "--model", str(tmp_path / "elsewhere"))
+    assert res.returncode == 1
+    assert f"{tmp_path / 'elsewhere'}: does not exist or is not a directory" in res.stderr

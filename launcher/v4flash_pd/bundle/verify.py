@@ -249,6 +249,9 @@ def _check_model(
         return
     if layout.MODEL_MANIFEST not in good:
         return
+    if not Path(model).is_dir():
+        checks.append(Check(str(model), "model dir", False, "does not exist or is not a directory"))
+        return
     try:
         mm = modelmanifest.load_manifest(bundle / layout.MODEL_MANIFEST)
     except UserError as exc:
