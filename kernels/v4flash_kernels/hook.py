@@ -258,8 +258,14 @@ def _patch(module: Any) -> None:
     # Modules that did `from <target> import flash_mla_sparse_decode_triton` at import time hold
     # their own reference (none in 0.5.13.post1, whose dispatcher imports at call time).
     for name, other in list(sys.modules.items()):
-        if name.startswith("sglang.") and other is not module and getattr(other, TARGET_ATTR, None) is upstream:
+        if name.startswith("sglang.") and other is not module and _own_attr(other) is upstream:
             setattr(other, TARGET_ATTR, ours)
+
+
+def _own_attr(mod: Any) -> Any:
+    """The module's own binding, without running a module-level `__getattr__` (lazy imports)."""
+    d = getattr(mod, "__dict__", None)
+    return d.get(TARGET_ATTR) if isinstance(d, dict) else None
 
 
 def _rollback(module: Any) -> None:
@@ -268,8 +274,7 @@ def _rollback(module: Any) -> None:
         return
     ours = getattr(sys.modules.get(OURS_MODULE), OURS_ATTR, None)
     for name, other in list(sys.modules.items()):
-        if (other is module or name.startswith("sglang.")) and ours is not None \
-                and getattr(other, TARGET_ATTR, None) is ours:
+        if (other is module or name.startswith("sglang.")) and ours is not None and _own_attr(other) is ours:
             try:
                 setattr(other, TARGET_ATTR, upstream)
             except Exception:

@@ -175,3 +175,16 @@ print(json.dumps({"st": st, "fn": mod.flash_mla_sparse_decode_triton(*[None] * 7
     assert res["st"]["active"] is False and "hook error: RuntimeError: boom" in res["st"]["reason"]
     lines = [ln for ln in res["stderr"].splitlines() if ln.startswith("[v4flash-kernels]")]
     assert len(lines) == 1 and "WARNING" in lines[0] and "boom" in lines[0]
+
+
+def test_lazy_module_getattr_elsewhere_in_sglang_is_not_triggered():
+    res = _fresh(r'''
+lazy = types.ModuleType("sglang.lazy_thing")
+def _ga(name):
+    raise RuntimeError("lazy import triggered: " + name)
+lazy.__getattr__ = _ga
+sys.modules["sglang.lazy_thing"] = lazy
+st = hook.apply()
+print(json.dumps({"st": st}))
+''')
+    assert res["st"]["active"] is True, res["st"]["reason"]
