@@ -134,13 +134,14 @@ hook._sglang_version = lambda: hook.PINNED_SGLANG  # no sglang dist-info in .ven
 '''
 
 
-def _fresh(code: str) -> dict:
+def _fresh(code: str, env_extra: Optional[dict] = None) -> dict:
     import json
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "SGLANG_"))}
+    env.update(env_extra or {})
     p = subprocess.run([sys.executable, "-c", _FAKE_SGLANG + code], capture_output=True, text=True,
                        timeout=120, env=env)
     assert p.returncode == 0, p.stderr
@@ -188,3 +189,14 @@ st = hook.apply()
 print(json.dumps({"st": st}))
 ''')
     assert res["st"]["active"] is True, res["st"]["reason"]
+
+
+def test_unwritable_status_dir_warns_but_still_patches(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    res = _fresh(r'''
+st = hook.apply()
+print(json.dumps({"st": st, "ours": mod.flash_mla_sparse_decode_triton is ours}))
+''', {"V4FLASH_PATCH_STATUS_DIR": str(blocker / "sub")})
+    assert res["ours"] and res["st"]["active"] is True
+    assert "cannot write patch status" in res["stderr"]
