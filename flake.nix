@@ -42,30 +42,14 @@
             # GPU driver libraries come from the host (see docs/environment.md: nix-gl-host on
             # non-NixOS hosts, /run/opengl-driver/lib on NixOS); nothing CUDA is built here.
             shellHook = ''
-              export UV_PYTHON=${python}/bin/python${pythonVersion}
               export UV_NO_MANAGED_PYTHON=1
               if [ -d /run/opengl-driver/lib ]; then
                 export LD_LIBRARY_PATH=/run/opengl-driver/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
               fi
-              v4flash_venv="''${V4FLASH_VENV:-.venv}"
-              marker="$v4flash_venv/.v4flash-stack-lock-sha256"
-              if [ -e "$v4flash_venv" ] && [ ! -f "$marker" ]; then
-                echo "v4flash: $v4flash_venv exists but was not made from stack.lock; leaving it alone (set V4FLASH_VENV=.venv-stack)" >&2
-              elif [ "$(cat "$marker" 2>/dev/null)" != "${lockSha256}" ]; then
-                echo "v4flash: materialising $v4flash_venv from stack.lock (${lockSha256})" >&2
-                rm -rf "$v4flash_venv"
-                uv venv --quiet --python "$UV_PYTHON" "$v4flash_venv"
-                if [ -d wheelhouse ]; then
-                  set -- --no-index --find-links wheelhouse
-                else
-                  set --
-                fi
-                uv pip install --python "$v4flash_venv/bin/python" --require-hashes --only-binary :all: "$@" -r stack.lock \
-                  && uv pip install --python "$v4flash_venv/bin/python" --no-deps -e . \
-                  && echo "${lockSha256}" > "$marker"
-                set --
-              fi
-              [ -f "$marker" ] && . "$v4flash_venv/bin/activate"
+              export V4FLASH_PYTHON=${python}/bin/python${pythonVersion}
+              ${pkgs.bash}/bin/bash ./tools/devshell-venv.sh \
+                && [ -f "''${V4FLASH_VENV:-.venv}/.v4flash-stack-lock-sha256" ] \
+                && . "''${V4FLASH_VENV:-.venv}/bin/activate"
             '';
           };
         };

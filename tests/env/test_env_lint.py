@@ -69,7 +69,9 @@ def test_flake_check_with_stub_inputs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     shell = _nix(flake, "eval", "--raw", ".#devShells.x86_64-linux.default.shellHook")
     assert shell.returncode == 0, shell.stderr
-    assert "--require-hashes" in shell.stdout and "-r stack.lock" in shell.stdout and "wheelhouse" in shell.stdout
+    assert "tools/devshell-venv.sh" in shell.stdout and "python3.12" in shell.stdout, shell.stdout
+    script = (ROOT / "tools/devshell-venv.sh").read_text()
+    assert "--require-hashes" in script and "stack.lock" in script and "--no-index" in script
     app = _nix(flake, "eval", "--raw", ".#apps.x86_64-linux.default.program")
     assert app.returncode == 0 and app.stdout.endswith("/bin/v4flash-pd"), app.stderr
     pkgs = _nix(flake, "eval", "--json", ".#devShells.x86_64-linux.default.packages")
