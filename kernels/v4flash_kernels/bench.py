@@ -212,6 +212,25 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(rows: List[dict]) -> str:
+    """The BENCH.md table: µs per call (graph replay, L2 flushed, median) and the floors."""
+    lines = [
+        "| kind | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | upstream | ours vs upstream | rel. err | plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v = r["variants"]
+        ours = v["ours"]
+        up = v.get("upstream", {}).get("us", float("nan"))
+        ok = "" if ours["ok"] else " FAIL"
+        lines.append(
+            f"| {r['kind']} | {r['batch']} | {r['heads']} | {r['tokens']} | {r['floor_h200_us']:.2f} | "
+            f"{r['floor_rtx6000_us']:.2f} | **{ours['us']:.1f}** | {up:.0f} | {up / ours['us']:.1f}x | "
+            f"{ours['rel_err']:.1e}{ok} | {r['plan']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
@@ -220,6 +239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time every config/plan in the table")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="also write the markdown table (for kernels/BENCH.md)")
     ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs each run")
     args = ap.parse_args(argv)
 
@@ -258,6 +278,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(format_markdown(rows) + "\n")
     all_ok = all(x["ok"] for r in rows for k, x in r["variants"].items())
     return 0 if all_ok else 1
 
