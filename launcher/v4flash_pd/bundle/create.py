@@ -24,7 +24,7 @@ from v4flash_pd.bundle.progress import Progress, human_bytes
 from v4flash_pd.errors import UserError
 from v4flash_pd.stacklock import StackLock, load_lock
 
-DOWNLOAD = "download"  # --wheelhouse given without a directory
+DOWNLOAD = ":download:"  # --wheelhouse given without a directory (not a plausible dir name)
 
 
 @dataclass(frozen=True)

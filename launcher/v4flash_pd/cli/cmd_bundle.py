@@ -52,7 +52,7 @@ _engine = click.option("--engine", metavar="URL", default=None, envvar="V4FLASH_
 @click.option("--no-image", is_flag=True, envvar="V4FLASH_BUNDLE_NO_IMAGE", help="Do not include an image.")
 @click.option("--model", type=click.Path(path_type=Path, file_okay=False), default=None, envvar="V4FLASH_BUNDLE_MODEL",
               help="Model dir to write a manifest for (sha256 + size of every file).")
-@click.option("--wheelhouse", "wheelhouse", metavar="[DIR]", is_flag=False, flag_value="download", default=None,
+@click.option("--wheelhouse", "wheelhouse", metavar="[DIR]", is_flag=False, flag_value=":download:", default=None,
               envvar="V4FLASH_BUNDLE_WHEELHOUSE",
               help="Add the locked wheels: copied from DIR, or (no value) downloaded with pip.")
 @click.option("--lock", "lock_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -69,7 +69,7 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
     from v4flash_pd.errors import UserError
 
     _require("zstandard", *(() if no_image else ("docker",)))
-    from v4flash_pd.bundle.create import CreateOptions, create_bundle
+    from v4flash_pd.bundle.create import DOWNLOAD, CreateOptions, create_bundle
 
     if image and no_image:
         raise UserError("--image and --no-image contradict each other", "pass one of them")
@@ -77,7 +77,7 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
         out=out,
         image=None if no_image else (image or DEFAULT_IMAGE),
         model=model,
-        wheelhouse=(wheelhouse if wheelhouse in (None, "download") else Path(wheelhouse)),
+        wheelhouse=(wheelhouse if wheelhouse in (None, DOWNLOAD) else Path(wheelhouse)),
         engine=engine,
         zstd_level=zstd_level,
         jobs=jobs,
