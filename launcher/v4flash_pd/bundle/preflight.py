@@ -23,7 +23,6 @@ from v4flash_pd.bundle.modelmanifest import (
     scan,
 )
 from v4flash_pd.bundle.progress import Progress
-from v4flash_pd.errors import UserError
 
 MANIFEST_ENV = "V4FLASH_MODEL_MANIFEST"
 
@@ -93,8 +92,4 @@ def check_model_against_manifest(
     if path is None:
         where = ", ".join(str(p) for p in manifest_locations(model_dir))
         return [f"no model manifest found (looked at {where})"]
-    try:
-        manifest = load_manifest(path)
-    except UserError:
-        raise
-    return check_against(manifest, model_dir, full=full, progress=progress)
+    return check_against(load_manifest(path), model_dir, full=full, progress=progress)

@@ -17,6 +17,7 @@ from v4flash_pd.bundle import layout, modelmanifest, sbom, sums
 from v4flash_pd.bundle.hashing import HashJob, hash_parallel
 from v4flash_pd.bundle.progress import Progress, human_bytes
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.stacklock import StackLock, load_lock
 
 
 @dataclass(frozen=True)
@@ -182,9 +183,7 @@ def verify_bundle(
     return done()
 
 
-def _check_lock(bundle: Path, manifest: sums.BundleManifest, good: set[str], checks: list[Check]):
-    from v4flash_pd.stacklock import load_lock
-
+def _check_lock(bundle: Path, manifest: sums.BundleManifest, good: set[str], checks: list[Check]) -> StackLock | None:
     if layout.LOCK not in good:
         return None
     actual = hashlib.sha256((bundle / layout.LOCK).read_bytes()).hexdigest()
