@@ -52,7 +52,7 @@ lock: venv ## regenerate stack.lock from stack.toml (uv, PyPI metadata only), th
 	$(BIN)/python tools/lock.py check
 
 image: ## build the full serving image (GPU stack) -> $(IMAGE):<version>; WHEELHOUSE=1 builds offline
-	$(IMAGE_BUILD) --target full -t $(IMAGE):$(V4_VERSION) .
+	$(IMAGE_BUILD) --target full -t $(IMAGE):$(V4_VERSION) -t $(IMAGE):latest .
 
 image-ci: ## build the CI image (everything but the GPU stack) -> $(IMAGE):ci
 	$(IMAGE_BUILD) --target ci -t $(IMAGE):ci .

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-DEFAULT_IMAGE = "localhost/v4flash-pd:latest"
+DEFAULT_IMAGE = "v4flash-pd:latest"  # what `make image` tags (podman resolves it to localhost/)
 
 
 def _log(msg: str) -> None:
