@@ -207,6 +207,174 @@ def split_kernel(
     tl.store(WS_L + row, lse2, mask=hmask)
 
 
+@triton.jit(do_not_specialize=_CACHE_ARGS)
+def split_kernel_grouped(
+    Q,
+    stride_qb,
+    stride_qh,
+    K8_A,  # float8_e4m3fn flat view of the main cache
+    KS_A,  # int64 flat view (the 8 scale bytes of a token in one word)
+    KBF_A,  # bfloat16 flat view (RoPE)
+    IDX_A,  # int32 [B, W_A] (row stride SI_A)
+    LEN_A,  # int32 [B] or dummy
+    W_A,
+    PS_A,  # page size (tokens)
+    PB_A,  # page stride (bytes)
+    SI_A,
+    K8_B,
+    KS_B,
+    KBF_B,
+    IDX_B,
+    LEN_B,
+    W_B,
+    PS_B,
+    PB_B,
+    SI_B,
+    WS_O,  # fp32 [B, H, NS, 512]
+    WS_L,  # fp32 [B, H, NS] base-2 LSE
+    H,
+    S_A,
+    NS,
+    CHUNK,  # tokens per split, multiple of BLOCK_T
+    qk_scale,  # softmax_scale * log2(e)
+    HAS_LEN_A: tl.constexpr,
+    HAS_LEN_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    sid = tl.program_id(0)
+    hb = tl.program_id(1)
+    b = tl.program_id(2)
+
+    # Pick the cache this split walks; both branches yield the same types.
+    if sid < S_A:
+        k8 = K8_A
+        ks64 = KS_A
+        kbf = KBF_A
+        idx_row = IDX_A + b.to(tl.int64) * SI_A
+        page_size = PS_A
+        page_bytes = PB_A.to(tl.int64)
+        n_valid = W_A
+        if HAS_LEN_A:
+            n_valid = tl.minimum(tl.load(LEN_A + b), W_A)
+        split = sid
+    else:
+        k8 = K8_B
+        ks64 = KS_B
+        kbf = KBF_B
+        idx_row = IDX_B + b.to(tl.int64) * SI_B
+        page_size = PS_B
+        page_bytes = PB_B.to(tl.int64)
+        n_valid = W_B
+        if HAS_LEN_B:
+            n_valid = tl.minimum(tl.load(LEN_B + b), W_B)
+        split = sid - S_A
+
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, n_valid)
+    scale_section = (page_size * 576).to(tl.int64)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < H
+    q_row = Q + b.to(tl.int64) * stride_qb + offs_h * stride_qh  # [BLOCK_H] row pointers
+    offs_t = tl.arange(0, BLOCK_T)
+    col = tl.arange(0, 64)
+
+    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc4 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc5 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc6 = tl.zeros([BLOCK_H, 64], tl.float32)
+    acc7 = tl.zeros([BLOCK_H, 64], tl.float32)
+
+    t = start + offs_t
+    idx = tl.load(idx_row + t, mask=t < end, other=-1)
+    for t0 in range(start, end, BLOCK_T):
+        valid = idx >= 0
+        sidx = tl.where(valid, idx, 0)
+        page = (sidx // page_size).to(tl.int64)
+        slot = (sidx % page_size).to(tl.int64)
+        base = tl.multiple_of(page * page_bytes + slot * 576, 16)
+        sword = (page * page_bytes + scale_section) // 8 + slot
+        rbase = tl.multiple_of(base // 2 + 224, 8)
+        sw = tl.load(ks64 + sword, mask=valid, other=0x7F7F7F7F7F7F7F7F)
+        r0 = tl.load(k8 + base[:, None] + 0 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r1 = tl.load(k8 + base[:, None] + 1 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r2 = tl.load(k8 + base[:, None] + 2 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r3 = tl.load(k8 + base[:, None] + 3 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r4 = tl.load(k8 + base[:, None] + 4 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r5 = tl.load(k8 + base[:, None] + 5 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        r6 = tl.load(k8 + base[:, None] + 6 * 64 + col[None, :], mask=valid[:, None], other=0.0)
+        kr = tl.load(kbf + rbase[:, None] + col[None, :], mask=valid[:, None], other=0.0)
+        kr = kr.to(tl.float32).to(DOT_DTYPE)
+        t = t0 + BLOCK_T + offs_t
+        idx = tl.load(idx_row + t, mask=t < end, other=-1)
+
+        # QK split over the 8 latent groups: each dot's q operand is only 64 wide, so a warp
+        # never holds the whole [BLOCK_H, 512] q (q re-read from L1 per tile instead).
+        s = tl.dot(_q_group(q_row, hmask, 0, DOT_DTYPE), tl.trans(_deq(r0, sw, 0, DOT_DTYPE)))
+        s = tl.dot(_q_group(q_row, hmask, 1, DOT_DTYPE), tl.trans(_deq(r1, sw, 1, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 2, DOT_DTYPE), tl.trans(_deq(r2, sw, 2, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 3, DOT_DTYPE), tl.trans(_deq(r3, sw, 3, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 4, DOT_DTYPE), tl.trans(_deq(r4, sw, 4, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 5, DOT_DTYPE), tl.trans(_deq(r5, sw, 5, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 6, DOT_DTYPE), tl.trans(_deq(r6, sw, 6, DOT_DTYPE)), s)
+        s = tl.dot(_q_group(q_row, hmask, 7, DOT_DTYPE), tl.trans(kr), s)
+        s = s * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+        pd = p.to(DOT_DTYPE)
+        a2 = alpha[:, None]
+        acc0 = tl.dot(pd, _deq(r0, sw, 0, DOT_DTYPE), acc0 * a2)
+        acc1 = tl.dot(pd, _deq(r1, sw, 1, DOT_DTYPE), acc1 * a2)
+        acc2 = tl.dot(pd, _deq(r2, sw, 2, DOT_DTYPE), acc2 * a2)
+        acc3 = tl.dot(pd, _deq(r3, sw, 3, DOT_DTYPE), acc3 * a2)
+        acc4 = tl.dot(pd, _deq(r4, sw, 4, DOT_DTYPE), acc4 * a2)
+        acc5 = tl.dot(pd, _deq(r5, sw, 5, DOT_DTYPE), acc5 * a2)
+        acc6 = tl.dot(pd, _deq(r6, sw, 6, DOT_DTYPE), acc6 * a2)
+        acc7 = tl.dot(pd, kr, acc7 * a2)
+
+    has = l_i > 0.0
+    inv = 1.0 / tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = (b * H + offs_h).to(tl.int64) * NS + sid
+    o_ptr = WS_O + row[:, None] * 512 + col[None, :]
+    m2 = hmask[:, None]
+    tl.store(o_ptr + 0 * 64, acc0 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 1 * 64, acc1 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 2 * 64, acc2 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 3 * 64, acc3 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 4 * 64, acc4 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 5 * 64, acc5 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 6 * 64, acc6 * inv[:, None], mask=m2)
+    tl.store(o_ptr + 7 * 64, acc7 * inv[:, None], mask=m2)
+    tl.store(WS_L + row, lse2, mask=hmask)
+
+
+@triton.jit
+def _deq(x, sw, g: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """fp8 group g of each token times 2^(its scale byte - 127); exact in bf16."""
+    byte = ((sw >> (g * 8)) & 0xFF).to(tl.int32)
+    scale = (byte << 23).to(tl.float32, bitcast=True)
+    return x.to(DOT_DTYPE) * scale[:, None].to(DOT_DTYPE)
+
+
+@triton.jit
+def _q_group(q_row, hmask, g: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    col = tl.arange(0, 64)
+    q = tl.load(q_row[:, None] + g * 64 + col[None, :], mask=hmask[:, None], other=0.0)
+    return q.to(tl.float32).to(DOT_DTYPE)
+
+
 @triton.jit
 def combine_kernel(
     WS_O,
