@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-tar", type=Path, default=ROOT / ".cache/env/bookworm-minbase.tar")
     ap.add_argument("--target", default="ci")
     ap.add_argument("-t", "--tag", default="localhost/v4flash-pd:ci")
-    ap.add_argument("rest", nargs="*", help="after --: extra podman arguments")
-    args = ap.parse_args(argv)
-    rest = list(args.rest)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     env = podman_env(args.state.resolve())
     if args.command == "podman":
         return subprocess.call(["podman", *rest], env=env)

@@ -113,6 +113,23 @@ def test_plan_with_topology_fixture(podman, ci_image: str) -> None:
     assert "prefill" in text and "decode" in text and "router" in text
 
 
+def test_new_commit_reuses_the_package_layers(podman_state: dict[str, str], ci_image: str) -> None:
+    """A rebuild at another revision must hit the cache for the pip layers (for the full image,
+    the multi-GB GPU layer) and still carry the new revision label."""
+    base = podman_env.ensure_base(podman_state, Path(os.environ.get("V4FLASH_BASE_TARBALL",
+                                                                      ROOT / ".cache/env/bookworm-minbase.tar")))
+    args = podman_env.build_args(podman_state, "ci", TAG + "-rev", base, [])
+    args[args.index(next(a for a in args if a.startswith("REVISION=")))] = "REVISION=rebuild-test"
+    proc = subprocess.run(["podman", *args], env=podman_state, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    step = out.index("install-locked.sh /opt/v4flash/locks/ci.lock")
+    assert out[step:step + 400].splitlines()[1].startswith("--> Using cache"), out[step:step + 400]
+    label = podman_env.podman(podman_state, "image", "inspect", "--format",
+                              '{{index .Labels "org.opencontainers.image.revision"}}', TAG + "-rev").stdout.strip()
+    assert label == "rebuild-test"
+
+
 CONTEXT_FILES = ("docker", "tools/lock.py", "launcher", "kernels", "pyproject.toml", "setup.py", "README.md",
                  "stack.lock", "stack.toml", ".dockerignore")
 
