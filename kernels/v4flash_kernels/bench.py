@@ -31,8 +31,8 @@ REL_TOL = 1e-2
 # only ship after `check_sm120` passes it (some of these exceed sm_120 smem or spill there).
 EXPLORE_CONFIGS = (
     dict(block_h=64, block_t=16, num_warps=8),
-    dict(block_h=32, block_t=16, num_warps=4, grouped=True),
-    dict(block_h=64, block_t=16, num_warps=8, grouped=True),
+    dict(block_h=16, block_t=32, num_warps=4, prefetch=True),
+    dict(block_h=16, block_t=16, num_warps=2, prefetch=True),
 )
 
 KINDS = {
@@ -129,8 +129,8 @@ def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
     if sweep:
         explore = tuple(decode.KernelConfig(**c) for c in EXPLORE_CONFIGS)
         for cfg in tuple(decode.SPLIT_CONFIGS) + tuple(c for c in explore if c not in decode.SPLIT_CONFIGS):
-            for min_tiles in (1, 4):
-                for cps in (4, 8):
+            for min_tiles in (1, 2, 4):
+                for cps in (2, 4, 8):
                     p = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=min_tiles, ctas_per_sm=cps)
                     if p in seen:
                         continue

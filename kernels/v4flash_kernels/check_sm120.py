@@ -94,13 +94,10 @@ def compile_split(cfg, arch: int) -> CompileResult:
     from v4flash_kernels import _triton_sparse as k
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
-             "BLOCK_T": cfg.block_t, "DOT_DTYPE": tl.bfloat16}
-    if not cfg.grouped:
-        const["PREFETCH"] = cfg.prefetch
-    fn = k.split_kernel_grouped if cfg.grouped else k.split_kernel
+             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch, "DOT_DTYPE": tl.bfloat16}
     sig = _split_signature()
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK"]
-    ck = _compile(fn, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    ck = _compile(k.split_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     return CompileResult("split_kernel", cfg.name, arch, int(ck.metadata.shared), regs, st, ld,
                          SMEM_LIMIT[arch])

@@ -35,13 +35,10 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     prefetch: bool = False  # double-buffer the next tile's gather in registers
-    grouped: bool = False  # split_kernel_grouped: QK/PV per 64-wide latent group
 
     @property
     def name(self) -> str:
-        tag = "_pf" if self.prefetch else ""
-        tag += "_g" if self.grouped else ""
-        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{tag}"
+        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
 
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
@@ -52,8 +49,6 @@ SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
     KernelConfig(block_h=16, block_t=32, num_warps=8),
     KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True),
     KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True),
-    KernelConfig(block_h=16, block_t=32, num_warps=4, grouped=True),
-    KernelConfig(block_h=32, block_t=32, num_warps=8, grouped=True),
 )
 COMBINE_SPLIT_BLOCK = 16
 COMBINE_NUM_WARPS = 4
@@ -225,9 +220,7 @@ def run(
     ws_l = torch.empty((B, H, ns), dtype=torch.float32, device=dev)
 
     grid = (ns, triton.cdiv(H, cfg.block_h), B)
-    kernel = _k.split_kernel_grouped if cfg.grouped else _k.split_kernel
-    extra = {} if cfg.grouped else {"PREFETCH": cfg.prefetch}
-    kernel[grid](
+    _k.split_kernel[grid](
         q, q.stride(0), q.stride(2),
         k8_a, ks_a, kbf_a, idx_a, len_a if len_a is not None else idx_a,
         w_a, ps_a, pb_a, idx_a.stride(0),
@@ -239,10 +232,10 @@ def run(
         HAS_LEN_B=len_b is not None,
         BLOCK_H=cfg.block_h,
         BLOCK_T=cfg.block_t,
+        PREFETCH=cfg.prefetch,
         DOT_DTYPE=_dot_dtype(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **extra,
     )
     sink = attn_sink
     if sink is not None and sink.dtype != torch.float32:
