@@ -35,9 +35,12 @@ class CompileResult:
     spill_loads: int
     smem_limit: int
 
+    expected_shared: int = 0  # the table's recorded value (0 = not recorded)
+
     @property
     def ok(self) -> bool:
-        return self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+        recorded = self.expected_shared in (0, self.shared_bytes)
+        return recorded and self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
 
 
 def _ptxas_stats(ptx: str, arch: int) -> tuple:
@@ -100,7 +103,7 @@ def compile_split(cfg, arch: int) -> CompileResult:
     ck = _compile(k.split_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     return CompileResult("split_kernel", cfg.name, arch, int(ck.metadata.shared), regs, st, ld,
-                         SMEM_LIMIT[arch])
+                         SMEM_LIMIT[arch], cfg.shared_bytes)
 
 
 def compile_combine(arch: int) -> CompileResult:
@@ -154,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump([dict(asdict(r), ok=r.ok) for r in results], f, indent=1)
     bad = [r for r in results if not r.ok]
     if bad:
-        print(f"FAIL: {len(bad)} config(s) exceed shared memory or spill registers", file=sys.stderr)
+        print(f"FAIL: {len(bad)} config(s) exceed shared memory, spill registers or differ from the "
+              "table's recorded shared_bytes (the dispatcher's occupancy choice relies on it)", file=sys.stderr)
         return 1
     print(f"OK: {len(results)} kernel configs fit (sm_120 limit {SMEM_LIMIT[120]} B, no spills)")
     return 0

@@ -35,6 +35,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     prefetch: bool = False  # double-buffer the next tile's gather in registers
+    shared_bytes: int = 0  # compiled shared memory (sm_120 and sm_90); check_sm120 verifies it
 
     @property
     def name(self) -> str:
@@ -44,12 +45,16 @@ class KernelConfig:
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
 # for sm_120 and sm_90 and fails if one exceeds sm_120's shared memory or spills.
 SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
-    KernelConfig(block_h=16, block_t=32, num_warps=4),
-    KernelConfig(block_h=16, block_t=16, num_warps=4),
-    KernelConfig(block_h=16, block_t=32, num_warps=8),
-    KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True),
-    KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True),
+    KernelConfig(block_h=16, block_t=32, num_warps=4, shared_bytes=81920),
+    KernelConfig(block_h=16, block_t=16, num_warps=4, shared_bytes=49152),
+    KernelConfig(block_h=16, block_t=32, num_warps=8, shared_bytes=81920),
+    KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True, shared_bytes=33280),
+    KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True, shared_bytes=50176),
 )
+# Dispatcher preference, best first (H200 measurements); the first one that fits two CTAs per SM
+# in the device's shared memory is used.
+PREFERRED = (SPLIT_CONFIGS[0], SPLIT_CONFIGS[1])
+SMEM_PER_CTA_RESERVED = 1024  # the driver reserves 1 KB of shared memory per CTA
 COMBINE_SPLIT_BLOCK = 16
 COMBINE_NUM_WARPS = 4
 
@@ -75,14 +80,19 @@ class Plan:
         return self.splits_main + self.splits_extra
 
 
-def choose_config(batch: int, heads: int) -> KernelConfig:
-    """16 heads x 32 tokens, 4 warps: the best sm_120-clean config at every measured shape.
+def choose_config(batch: int, heads: int, smem_per_sm: int = 233472) -> KernelConfig:
+    """16 heads x 32 tokens, 4 warps where two CTAs fit an SM (H200: 228 KB); else 16-token tiles.
 
-    Wider head blocks would share each gathered token with more heads, but with Triton's mma.sync
-    layout every warp holds the whole [BLOCK_H, 512] q operand, so 32/64-head blocks spill on
-    sm_120 (see kernels/BENCH.md); 8 warps or 16-token tiles duplicate the QK MMA across warps.
+    On sm_120 (100 KB of shared memory per SM) the 80 KB 32-token config would run one 4-warp CTA
+    per SM, so the 48 KB 16-token config (two CTAs per SM) is chosen there: an occupancy argument,
+    not an sm_120 measurement. Wider head blocks would share each gathered token with more heads,
+    but with Triton's mma.sync layout every warp holds the whole [BLOCK_H, 512] q operand, so
+    32/64-head blocks spill on sm_120 (kernels/BENCH.md); 8 warps duplicate the QK MMA.
     """
-    return SPLIT_CONFIGS[0]
+    for cfg in PREFERRED:
+        if 2 * (cfg.shared_bytes + SMEM_PER_CTA_RESERVED) <= smem_per_sm:
+            return cfg
+    return PREFERRED[-1]
 
 
 def make_plan(
@@ -94,9 +104,10 @@ def make_plan(
     config: Optional[KernelConfig] = None,
     min_tiles: int = MIN_TILES_PER_SPLIT,
     ctas_per_sm: int = CTAS_PER_SM,
+    smem_per_sm: int = 233472,
 ) -> Plan:
     """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves."""
-    cfg = config or choose_config(batch, heads)
+    cfg = config or choose_config(batch, heads, smem_per_sm)
     bt = cfg.block_t
     tiles_main = max(1, math.ceil(width_main / bt))
     tiles_extra = math.ceil(width_extra / bt) if width_extra > 0 else 0
@@ -116,16 +127,25 @@ def make_plan(
     return Plan(cfg, per_split * bt, s_main, s_extra)
 
 
-_SM_COUNT: dict = {}
+_DEVICE_INFO: dict = {}
+
+
+def _device_info(device: torch.device) -> Tuple[int, int]:
+    """(SM count, shared memory per SM in bytes), cached per device; host-only, graph-safe."""
+    if device.type != "cuda":
+        return 4, 233472
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _DEVICE_INFO:
+        props = torch.cuda.get_device_properties(key)
+        smem = getattr(props, "shared_memory_per_multiprocessor", None)
+        if not smem:
+            smem = 102400 if props.major == 12 else 233472
+        _DEVICE_INFO[key] = (props.multi_processor_count, int(smem))
+    return _DEVICE_INFO[key]
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
+    return _device_info(device)[0]
 
 
 def _dot_dtype():
@@ -206,7 +226,8 @@ def run(
     w_b = idx_b.shape[1] if use_extra else 0
 
     if plan is None:
-        plan = make_plan(B, H, w_a, w_b, _num_sms(dev))
+        sms, smem = _device_info(dev)
+        plan = make_plan(B, H, w_a, w_b, sms, smem_per_sm=smem)
     cfg = plan.config
     ns = plan.num_splits
 

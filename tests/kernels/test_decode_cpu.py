@@ -203,3 +203,13 @@ def test_sink_scales_output_and_lse():
     ref_out, ref_lse = _assert_matches(kw, out, lse)
     no_sink, _ = sparse_mla_decode_ref(**dict(kw, attn_sink=None))
     assert rel_err(ref_out, no_sink) > 0.2  # the sink really matters in this case
+
+
+def test_dispatcher_keeps_two_ctas_per_sm():
+    """H200-class shared memory gets the 80 KB config; sm_120's 100 KB/SM gets the 48 KB one."""
+    big = decode.choose_config(64, 64, smem_per_sm=233472)
+    small = decode.choose_config(64, 64, smem_per_sm=102400)
+    assert big.block_t == 32 and small.block_t == 16
+    for cfg, smem in ((big, 233472), (small, 102400)):
+        assert 2 * (cfg.shared_bytes + decode.SMEM_PER_CTA_RESERVED) <= smem
+        assert cfg in decode.SPLIT_CONFIGS
