@@ -86,3 +86,35 @@ def test_toml_subset_parser_matches_tomllib() -> None:
 
     text = (Path(stacklock.__file__).resolve().parents[2] / "stack.toml").read_text()
     assert stacklock._parse_toml_subset(text) | {"": {}} == tomllib.loads(text) | {"": {}}
+
+
+def test_wheel_ships_lock_pins_and_kernel_hook(tmp_path: Path) -> None:
+    """setup.py's build_py hook: an installed wheel finds its own stack.lock (no checkout needed),
+    and the kernel hook .pth lands at the site-packages root."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(stacklock.__file__).resolve().parents[2]
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path / "dist"), str(root)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    whl = next((tmp_path / "dist").glob("v4flash_pd-*.whl"))
+    names = set(zipfile.ZipFile(whl).namelist())
+    assert {"v4flash_pd/_data/stack.lock", "v4flash_pd/_data/stack.toml"} <= names
+    if (root / "kernels/v4flash_kernels_hook.pth").is_file():
+        assert "v4flash_kernels_hook.pth" in names
+    site = tmp_path / "site"
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                           str(site), str(whl)], capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    # -S: no site-packages, so neither the editable checkout nor the .pth interferes
+    probe = subprocess.run([sys.executable, "-S", "-c",
+                            f"import sys; sys.path.insert(0, {str(site)!r}); from v4flash_pd import stacklock as s; "
+                            "l = s.load_lock(); print(l.path); print(l.sha256)"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert probe.returncode == 0, probe.stderr
+    path, sha = probe.stdout.split()
+    assert path == str(site / "v4flash_pd/_data/stack.lock")
+    assert sha == stacklock.load_lock(root / "stack.lock").sha256
