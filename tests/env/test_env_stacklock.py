@@ -95,9 +95,18 @@ def test_wheel_ships_lock_pins_and_kernel_hook(tmp_path: Path) -> None:
     import sys
     import zipfile
 
+    import shutil
+
     root = Path(stacklock.__file__).resolve().parents[2]
+    src = tmp_path / "src"  # a clean tree: pip builds in-tree and would reuse a stale build/
+    for rel in ("pyproject.toml", "setup.py", "README.md", "stack.lock", "stack.toml", "launcher", "kernels"):
+        if (root / rel).is_dir():
+            shutil.copytree(root / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy(root / rel, src / rel)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path / "dist"), str(root)], capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     whl = next((tmp_path / "dist").glob("v4flash_pd-*.whl"))
     names = set(zipfile.ZipFile(whl).namelist())
