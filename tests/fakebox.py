@@ -196,3 +196,42 @@ def clean_env(base: Mapping[str, str] | None = None, keep: Iterable[str] = ()) -
     base = os.environ if base is None else base
     keep = set(keep)
     return {k: v for k, v in base.items() if not k.startswith("V4FLASH_") or k in keep}
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct ports free right now (all bound at once, so none repeats)."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_pd_config(tmp: Path, ports: Sequence[int], name: str = "v4flash.toml") -> Path:
+    """A 1P1D config on the default profile with every port moved to `ports` (7 of them:
+    prefill http/bootstrap/nccl, decode http/nccl, router http/metrics), router on 127.0.0.1."""
+    p = list(ports)
+    path = Path(tmp) / name
+    path.write_text(f"""
+[[prefill]]
+port = {p[0]}
+bootstrap_port = {p[1]}
+nccl_port = {p[2]}
+
+[[decode]]
+port = {p[3]}
+nccl_port = {p[4]}
+
+[router]
+host = "127.0.0.1"
+port = {p[5]}
+metrics_port = {p[6]}
+""")
+    return path

@@ -10,7 +10,6 @@ all of them in reverse start order: SIGTERM to the group, grace period, SIGKILL 
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any, Callable, TextIO
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpcheck import request
 from v4flash_pd.plan import Plan, ProcessSpec
+from v4flash_pd.procs import group_alive, signal_group
 from v4flash_pd.render import command_line
 from v4flash_pd.rundir import RunDir
 
@@ -132,26 +132,6 @@ class Supervisor:
             f"read the full log with `v4flash-pd logs {r.spec.name} --run-dir {self.run.path}`",
         )
 
-    @staticmethod
-    def _group_alive(pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    @staticmethod
-    def _signal_group(pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        except OSError as exc:  # pragma: no cover
-            if exc.errno != errno.ESRCH:
-                raise
-
     def stop_all(self) -> None:
         """Reverse start order: SIGTERM each group, wait up to `grace` in total, SIGKILL the rest."""
         names = list(reversed(self.order))
@@ -161,7 +141,7 @@ class Supervisor:
         self.run.set_state(status="stopping")
         for name in names:
             r = self.procs[name]
-            self._signal_group(r.popen.pid, signal.SIGTERM)
+            signal_group(r.popen.pid, signal.SIGTERM)
             # give the router a moment to drain before its workers go away
             if r.spec.role == "router":
                 self._wait_groups([r], min(2.0, self.grace))
@@ -169,10 +149,10 @@ class Supervisor:
         self._wait_groups([self.procs[n] for n in names], max(0.0, deadline - time.monotonic()))
         for name in names:
             r = self.procs[name]
-            if self._group_alive(r.popen.pid):
+            if group_alive(r.popen.pid):
                 self.echo(f"{name} did not stop within {self.grace:g}s: SIGKILL")
                 self.run.event("sigkill", name=name)
-                self._signal_group(r.popen.pid, signal.SIGKILL)
+                signal_group(r.popen.pid, signal.SIGKILL)
         self._wait_groups([self.procs[n] for n in names], 5.0)
         for name in names:
             r = self.procs[name]
@@ -187,7 +167,7 @@ class Supervisor:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             self._reap()
-            if not any(self._group_alive(r.popen.pid) for r in procs):
+            if not any(group_alive(r.popen.pid) for r in procs):
                 return
             time.sleep(0.05)
 

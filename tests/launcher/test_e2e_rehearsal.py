@@ -20,52 +20,17 @@ from pathlib import Path
 
 import pytest
 
+import fakebox
+
 pytestmark = pytest.mark.timeout(120)
 
 BIN = Path(sys.executable).parent / "v4flash-pd"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _topology(tmp: Path) -> Path:
-    """The reference box: 8 GPUs, 0-3 on node 0, 4-7 on node 1."""
-    gpus = [{"index": i, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "bus_id": f"0000:{0x17 + i:02x}:00.0",
-             "numa_node": 0 if i < 4 else 1, "compute_cap": "12.0", "memory_mib": 97887} for i in range(8)]
-    path = tmp / "topology.json"
-    path.write_text(json.dumps({"gpus": gpus, "nodes": [{"id": 0, "cpus": "0-31"}, {"id": 1, "cpus": "32-63"}],
-                                "driver_version": "580.95.05"}))
-    return path
-
-
 @pytest.fixture()
 def box(tmp_path: Path) -> dict:
-    p = _free_ports(8)
-    cfg = tmp_path / "v4flash.toml"
-    cfg.write_text(f"""
-[[prefill]]
-port = {p[0]}
-bootstrap_port = {p[1]}
-nccl_port = {p[2]}
-
-[[decode]]
-port = {p[3]}
-nccl_port = {p[4]}
-
-[router]
-host = "127.0.0.1"
-port = {p[5]}
-metrics_port = {p[6]}
-""")
+    p = fakebox.free_ports(7)
+    cfg = fakebox.write_pd_config(tmp_path, p)
     env = dict(os.environ)
     env.update({
         "V4FLASH_RUNS_ROOT": str(tmp_path / "runs"),
@@ -74,7 +39,7 @@ metrics_port = {p[6]}
         "V4FLASH_GRACE": "5",
     })
     env.pop("V4FLASH_SET", None)
-    return {"cfg": cfg, "topology": _topology(tmp_path), "env": env, "ports": p, "tmp": tmp_path,
+    return {"cfg": cfg, "topology": fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE), "env": env, "ports": p, "tmp": tmp_path,
             "router": f"http://127.0.0.1:{p[5]}"}
 
 

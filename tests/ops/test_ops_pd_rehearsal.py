@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from v4flash_pd.ports import free_port
+import fakebox
+
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -24,30 +25,9 @@ def _cli(args, env, timeout=180):
 
 @pytest.fixture
 def pd(tmp_path: Path):
-    ports = []
-    while len(set(ports)) < 7:
-        ports = [free_port() for _ in range(7)]
-    cfg = tmp_path / "v4flash.toml"
-    cfg.write_text(f"""
-[[prefill]]
-port = {ports[0]}
-bootstrap_port = {ports[1]}
-nccl_port = {ports[2]}
-
-[[decode]]
-port = {ports[3]}
-nccl_port = {ports[4]}
-
-[router]
-host = "127.0.0.1"
-port = {ports[5]}
-metrics_port = {ports[6]}
-""")
-    gpus = [{"index": i, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "bus_id": f"0000:{0x17 + i:02x}:00.0",
-             "numa_node": 0 if i < 4 else 1, "compute_cap": "12.0", "memory_mib": 97887} for i in range(8)]
-    topo = tmp_path / "topology.json"
-    topo.write_text(json.dumps({"gpus": gpus, "nodes": [{"id": 0, "cpus": "0-31"}, {"id": 1, "cpus": "32-63"}],
-                                "driver_version": "580.95.05"}))
+    ports = fakebox.free_ports(7)
+    cfg = fakebox.write_pd_config(tmp_path, ports)
+    topo = fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("V4FLASH_")}
     env.update({"V4FLASH_RUNS_ROOT": str(tmp_path / "runs"), "V4FLASH_REHEARSAL_LOAD_SECONDS": "0.5",
                 "V4FLASH_GRACE": "5"})

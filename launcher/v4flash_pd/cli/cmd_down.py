@@ -10,27 +10,8 @@ from pathlib import Path
 
 import click
 
+from v4flash_pd.procs import group_alive, pid_alive, signal_group
 from v4flash_pd.rundir import RunDir
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @click.command("down")
@@ -44,22 +25,19 @@ def command(run_dir: Path | None, timeout: float, as_json: bool) -> None:
     st = run.state()
     pid = int(st.get("launcher_pid") or 0)
     how = "already stopped"
-    if pid and _alive(pid) and st.get("status") not in ("stopped", "failed"):
+    if pid and pid_alive(pid) and st.get("status") not in ("stopped", "failed"):
         os.kill(pid, signal.SIGTERM)
         end = time.monotonic() + timeout
-        while time.monotonic() < end and _alive(pid) and run.state().get("status") not in ("stopped", "failed"):
+        while time.monotonic() < end and pid_alive(pid) and run.state().get("status") not in ("stopped", "failed"):
             time.sleep(0.2)
         how = "launcher stopped the run" if run.state().get("status") in ("stopped", "failed") else "launcher did not stop in time"
     leftovers = []
     for name, p in (st.get("pids") or {}).items():
-        if _group_alive(int(p)):
+        if group_alive(int(p)):
             leftovers.append(name)
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(int(p), sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(2.0 if sig == signal.SIGTERM else 0)
+            if signal_group(int(p), signal.SIGTERM):
+                time.sleep(2.0)
+                signal_group(int(p), signal.SIGKILL)
     if leftovers:
         how += f"; killed leftover process groups: {', '.join(leftovers)}"
         run.set_state(status="stopped", stopped=time.time(), reason="down (killed leftovers)")

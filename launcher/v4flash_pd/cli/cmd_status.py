@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
 from v4flash_pd.httpcheck import request
+from v4flash_pd.procs import pid_alive
 from v4flash_pd.rundir import RunDir
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def collect(run: RunDir) -> dict[str, Any]:
@@ -32,13 +22,13 @@ def collect(run: RunDir) -> dict[str, Any]:
     procs = []
     for p in plan.get("processes", []):
         pid = (st.get("pids") or {}).get(p["name"])
-        alive = bool(pid) and _alive(int(pid))
+        alive = bool(pid) and pid_alive(int(pid))
         health = request(p["health_url"], timeout=1.0).status if alive else 0
         procs.append({"name": p["name"], "role": p["role"], "pid": pid, "alive": alive, "health": health,
                       "gpus": p["gpus"], "numa": p["binding"]})
     launcher = int(st.get("launcher_pid") or 0)
     return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "url": st.get("url"),
-            "launcher_pid": launcher, "launcher_alive": bool(launcher) and _alive(launcher),
+            "launcher_pid": launcher, "launcher_alive": bool(launcher) and pid_alive(launcher),
             "ready_seconds": st.get("ready_seconds"), "reason": st.get("reason"),
             "processes": procs, "kernel_patch": run.patch_status()}
 
