@@ -7,6 +7,7 @@ lazily, so `v4flash-pd plan` does not pay for importing the supervisor or the bu
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
