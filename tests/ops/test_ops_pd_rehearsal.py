@@ -63,8 +63,12 @@ def test_bench_and_eval_through_the_router(pd):
     doc = json.loads(b.stdout)
     for lv in doc["levels"]:
         assert lv["errors"] == 0 and lv["output_tokens"] == 8 * 16, lv
-        # lower bounds are physics (the knobs); upper bounds leave room for a loaded 2-core CI box
-        assert lv["ttft_ms"]["p50"] >= 15 and 4 <= lv["itl_ms"]["p50"] < 100, lv
+        # lower bounds are physics (the knobs: 20 ms TTFT + 15 x 5 ms). Per-event ITL is not asserted
+        # here: the router may hand several SSE events to the client in one read (seen on a loaded
+        # 2-core CI box: ITL p50 0.03 ms); per-token ITL accuracy is tested against a direct
+        # known-timing stand-in in test_ops_bench.py. The whole request cannot be faster than the knobs.
+        assert lv["ttft_ms"]["p50"] >= 15 and lv["latency_ms"]["p50"] >= 90, lv
+        assert lv["ttft_ms"]["p50"] < 2000 and lv["itl_ms"]["p50"] < 100, lv
     c1, c8 = doc["levels"]
     assert c8["output_tok_s"] > 1.5 * c1["output_tok_s"], doc  # concurrency actually overlaps requests
     e = _cli(["eval", "--url", pd["router"], "--questions", "20", "--min-accuracy", "1.0"], env)
