@@ -75,6 +75,44 @@ def _dequant_tile(nope, sc, rope, BLOCK_T: tl.constexpr, DOT_DTYPE: tl.constexpr
 
 
 @triton.jit
+def _tile_addr(ks64, idx, page_size, page_bytes, scale_section):
+    """Per-token byte offset of the data, its 8 scale bytes (one int64) and validity, computed once per tile."""
+    valid = idx >= 0
+    sidx = tl.where(valid, idx, 0)
+    page = (sidx // page_size).to(tl.int64)
+    slot = (sidx % page_size).to(tl.int64)
+    base = tl.multiple_of(page * page_bytes + slot * 576, 16)
+    sc = tl.load(ks64 + (page * page_bytes + scale_section) // 8 + slot, mask=valid, other=0x7F7F7F7F7F7F7F7F)
+    return base, sc, valid
+
+
+@triton.jit
+def _part_tile(k8, kbf, base, sc, valid, G0: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr,
+               DOT_DTYPE: tl.constexpr):
+    """Gather + dequantize latent groups [G0, G0+NG) of a tile -> [T, NG*64]; group 7 is RoPE.
+
+    Written for the wide-block path, whose register budget is tight: the scale is applied in fp32
+    (exact, like the bf16 product of `_dequant_tile`) and the RoPE group's fp8 bytes are not loaded;
+    both choices are what made `h64_t32_w8_k4` compile without spills on sm_90 as well as sm_120.
+    """
+    grp = tl.arange(0, NG)[None, :, None] + G0
+    col = tl.arange(0, 64)[None, None, :]
+    v3 = valid[:, None, None]
+    if G0 + NG == 8:
+        nope = tl.load(k8 + base[:, None, None] + grp * 64 + col, mask=v3 & (grp < 7), other=0.0)
+    else:
+        nope = tl.load(k8 + base[:, None, None] + grp * 64 + col, mask=v3, other=0.0)
+    byte = ((sc[:, None, None] >> (grp.to(tl.int64) * 8)) & 0xFF).to(tl.int32)
+    scale = (byte << 23).to(tl.float32, bitcast=True)
+    kv3 = (nope.to(tl.float32) * scale).to(DOT_DTYPE)
+    if G0 + NG == 8:
+        rbase = tl.multiple_of(base // 2 + 224, 8)
+        rope = tl.load(kbf + rbase[:, None, None] + col, mask=v3, other=0.0)
+        kv3 = tl.where(grp == 7, rope.to(tl.float32).to(DOT_DTYPE), kv3)
+    return tl.reshape(kv3, [BLOCK_T, NG * 64])
+
+
+@triton.jit
 def _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE: tl.constexpr):
     """One tile: scores for all heads of the block (heads = MMA M), base-2 online softmax, P@V."""
     s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_T], log2 domain
@@ -123,6 +161,7 @@ def split_kernel(
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    KSPLIT: tl.constexpr = 1,  # 4: the latent as four 128-wide parts (wide head blocks)
 ):
     sid = tl.program_id(0)
     hb = tl.program_id(1)
@@ -170,7 +209,52 @@ def split_kernel(
 
     t = start + offs_t
     idx = tl.load(idx_row + t, mask=t < end, other=-1)
-    if PREFETCH:
+    if KSPLIT == 4:
+        # Wide head blocks (64 heads share each gathered token): the latent is walked as four
+        # 128-wide parts with four accumulators, and q is re-read from L2 per part instead of being
+        # held in registers across the loop, so only a quarter of the q / kv operand fragments are
+        # live at once. Indices are loaded in the tile that uses them (no look-ahead): the
+        # look-ahead made this config spill. Both are register-allocation choices checked by
+        # check_sm120, not measured one by one.
+        offs_d2 = tl.arange(0, 128)
+        # Rows past H read head H-1 (in bounds, never stored): the q loads need no row mask.
+        offs_hc = tl.minimum(offs_h, H - 1)
+        q0_ptrs = Q + b.to(tl.int64) * stride_qb + offs_hc[:, None] * stride_qh + offs_d2[None, :]
+        acc_0 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc_1 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc_2 = tl.zeros([BLOCK_H, 128], tl.float32)
+        acc_3 = tl.zeros([BLOCK_H, 128], tl.float32)
+        for t0 in range(start, end, BLOCK_T):
+            t = t0 + offs_t
+            idx = tl.load(idx_row + t, mask=t < end, other=-1)
+            base, sc, valid = _tile_addr(ks64, idx, page_size, page_bytes, scale_section)
+            kv_0 = _part_tile(k8, kbf, base, sc, valid, 0, 2, BLOCK_T, DOT_DTYPE)
+            kv_1 = _part_tile(k8, kbf, base, sc, valid, 2, 2, BLOCK_T, DOT_DTYPE)
+            kv_2 = _part_tile(k8, kbf, base, sc, valid, 4, 2, BLOCK_T, DOT_DTYPE)
+            kv_3 = _part_tile(k8, kbf, base, sc, valid, 6, 2, BLOCK_T, DOT_DTYPE)
+            # Always true (t0 < end and offs_hc < H): a loop-variant mask so Triton's LICM
+            # cannot hoist the q loads out of the loop (that would pin q in registers again).
+            qm = (offs_hc[:, None] + t0) < end + H
+            q_p = tl.load(q0_ptrs, mask=qm, other=0.0).to(tl.float32).to(DOT_DTYPE)
+            s = tl.dot(q_p, tl.trans(kv_0))
+            q_p = tl.load(q0_ptrs + 128, mask=qm, other=0.0).to(tl.float32).to(DOT_DTYPE)
+            s = tl.dot(q_p, tl.trans(kv_1), acc=s)
+            q_p = tl.load(q0_ptrs + 256, mask=qm, other=0.0).to(tl.float32).to(DOT_DTYPE)
+            s = tl.dot(q_p, tl.trans(kv_2), acc=s)
+            q_p = tl.load(q0_ptrs + 384, mask=qm, other=0.0).to(tl.float32).to(DOT_DTYPE)
+            s = tl.dot(q_p, tl.trans(kv_3), acc=s) * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            pd = p.to(DOT_DTYPE)
+            acc_0 = tl.dot(pd, kv_0, acc=acc_0 * alpha[:, None])
+            acc_1 = tl.dot(pd, kv_1, acc=acc_1 * alpha[:, None])
+            acc_2 = tl.dot(pd, kv_2, acc=acc_2 * alpha[:, None])
+            acc_3 = tl.dot(pd, kv_3, acc=acc_3 * alpha[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+    elif PREFETCH:
         # Register double buffering: the next tile's gather is in flight while this tile's math
         # runs, and indices run two tiles ahead. Costs registers: only configs that stay
         # spill-free on sm_120 enable it (check_sm120).
@@ -200,10 +284,18 @@ def split_kernel(
             m_i, l_i, acc = _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE)
 
     has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     row = (b * H + offs_h).to(tl.int64) * NS + sid
-    tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
+    if KSPLIT == 4:
+        inv = 1.0 / tl.where(has, l_i, 1.0)
+        o_ptrs = WS_O + row[:, None] * 512 + offs_d2[None, :]
+        tl.store(o_ptrs, acc_0 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_ptrs + 128, acc_1 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_ptrs + 256, acc_2 * inv[:, None], mask=hmask[:, None])
+        tl.store(o_ptrs + 384, acc_3 * inv[:, None], mask=hmask[:, None])
+    else:
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
     tl.store(WS_L + row, lse2, mask=hmask)
 
 

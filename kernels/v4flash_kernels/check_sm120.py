@@ -97,13 +97,15 @@ def compile_split(cfg, arch: int) -> CompileResult:
     from v4flash_kernels import _triton_sparse as k
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
-             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch, "DOT_DTYPE": tl.bfloat16}
+             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
+             "KSPLIT": cfg.ksplit, "DOT_DTYPE": tl.bfloat16}
     sig = _split_signature()
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK"]
     ck = _compile(k.split_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    expected = cfg.shared_bytes_sm90 if arch == 90 and cfg.shared_bytes_sm90 else cfg.shared_bytes
     return CompileResult("split_kernel", cfg.name, arch, int(ck.metadata.shared), regs, st, ld,
-                         SMEM_LIMIT[arch], cfg.shared_bytes)
+                         SMEM_LIMIT[arch], expected)
 
 
 def compile_combine(arch: int) -> CompileResult:

@@ -35,11 +35,14 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     prefetch: bool = False  # double-buffer the next tile's gather in registers
-    shared_bytes: int = 0  # compiled shared memory (sm_120 and sm_90); check_sm120 verifies it
+    ksplit: int = 1  # 4: the latent as four 128-wide parts with q re-read per tile (wide head blocks)
+    shared_bytes: int = 0  # compiled shared memory on sm_120 (and sm_90 unless given below); check_sm120 verifies it
+    shared_bytes_sm90: int = 0  # sm_90's value where it differs (Hopper lowers wide-block dots to wgmma)
 
     @property
     def name(self) -> str:
-        return f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
+        return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
+                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}")
 
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
@@ -50,6 +53,10 @@ SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
     KernelConfig(block_h=16, block_t=32, num_warps=8, shared_bytes=81920),
     KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True, shared_bytes=33280),
     KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True, shared_bytes=50176),
+    # 64 heads share each gathered tile; the latent is walked as four 128-wide parts with q re-read
+    # from L2 per part, so neither q nor a whole-width operand stays in registers (fits sm_120
+    # with 0 spills; Hopper lowers its dots to wgmma, hence a different shared-memory layout).
+    KernelConfig(block_h=64, block_t=32, num_warps=8, ksplit=4, shared_bytes=81920, shared_bytes_sm90=49152),
 )
 # Dispatcher preference, best first (H200 measurements); the first one that fits two CTAs per SM
 # in the device's shared memory is used.
@@ -64,6 +71,26 @@ MIN_TILES_PER_SPLIT = 1
 CTAS_PER_SM = 8
 MAX_SPLITS = 256
 BIG_BATCH_MIN_TILES = 4
+
+# Large batch x a multiple of 64 heads on a layer with an extra (c4/c128) cache: the wide head block gathers and
+# dequantizes each token once for 64 heads instead of 4 times. H200, 2026-11-29 (kernels/BENCH.md):
+# 1.1-1.5x faster at B >= 16 on c4/c128; SWA-only layers (<= 128 tokens per row) were 6-11 %
+# slower, and B <= 4 is left on the measured 16-head path. The wide block holds a whole SM's
+# registers, so it is planned for fewer, longer splits (best measured: 2 CTAs/SM at B >= 32,
+# 4 at B = 16, at least 2 tiles per split).
+WIDE = SPLIT_CONFIGS[5]
+WIDE_MIN_BATCH = 16
+WIDE_MIN_TILES = 2
+
+
+def wide_ctas_per_sm(batch: int) -> int:
+    return 2 if batch >= 32 else 4
+
+
+def use_wide(batch: int, heads: int, width_extra: int, smem_per_sm: int) -> bool:
+    """Whether the planner launches `WIDE` for this shape (pure function of shapes and the GPU)."""
+    return (batch >= WIDE_MIN_BATCH and heads % WIDE.block_h == 0 and width_extra > 0
+            and WIDE.shared_bytes + SMEM_PER_CTA_RESERVED <= smem_per_sm)
 
 
 @dataclass(frozen=True)
@@ -87,7 +114,9 @@ def choose_config(batch: int, heads: int, smem_per_sm: int = 233472) -> KernelCo
     per SM, so the 48 KB 16-token config (two CTAs per SM) is chosen there: an occupancy argument,
     not an sm_120 measurement. Wider head blocks would share each gathered token with more heads,
     but with Triton's mma.sync layout every warp holds the whole [BLOCK_H, 512] q operand, so
-    32/64-head blocks spill on sm_120 (kernels/BENCH.md); 8 warps duplicate the QK MMA.
+    32/64-head blocks spill on sm_120 (kernels/BENCH.md); 8 warps duplicate the QK MMA. `make_plan`
+    swaps in `WIDE` (which avoids that by walking the latent in four parts, see `use_wide`) for
+    large batches.
     """
     for cfg in PREFERRED:
         if 2 * (cfg.shared_bytes + SMEM_PER_CTA_RESERVED) <= smem_per_sm:
@@ -103,11 +132,18 @@ def make_plan(
     num_sms: int,
     config: Optional[KernelConfig] = None,
     min_tiles: int = MIN_TILES_PER_SPLIT,
-    ctas_per_sm: int = CTAS_PER_SM,
+    ctas_per_sm: Optional[int] = None,
     smem_per_sm: int = 233472,
 ) -> Plan:
     """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves."""
+    if config is None and use_wide(batch, heads, width_extra, smem_per_sm):
+        config = WIDE
+        min_tiles = max(min_tiles, WIDE_MIN_TILES)
+        if ctas_per_sm is None:
+            ctas_per_sm = wide_ctas_per_sm(batch)
     cfg = config or choose_config(batch, heads, smem_per_sm)
+    if ctas_per_sm is None:
+        ctas_per_sm = CTAS_PER_SM
     bt = cfg.block_t
     tiles_main = max(1, math.ceil(width_main / bt))
     tiles_extra = math.ceil(width_extra / bt) if width_extra > 0 else 0
@@ -254,6 +290,7 @@ def run(
         BLOCK_H=cfg.block_h,
         BLOCK_T=cfg.block_t,
         PREFETCH=cfg.prefetch,
+        KSPLIT=cfg.ksplit,
         DOT_DTYPE=_dot_dtype(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -213,3 +213,34 @@ def test_dispatcher_keeps_two_ctas_per_sm():
     for cfg, smem in ((big, 233472), (small, 102400)):
         assert 2 * (cfg.shared_bytes + decode.SMEM_PER_CTA_RESERVED) <= smem
         assert cfg in decode.SPLIT_CONFIGS
+
+
+def test_planner_uses_the_wide_block_only_for_large_batches_with_an_extra_cache():
+    """64-head blocks at B >= 16 on c4/c128 layers (H200-measured win); B <= 4 and SWA-only keep 16."""
+    for smem in (233472, 102400):  # H200 and sm_120 shared memory per SM
+        for B in (16, 32, 64):
+            for w2 in (512, 1024, 2048):
+                p = decode.make_plan(B, 64, 128, w2, num_sms=132, smem_per_sm=smem)
+                assert p.config == decode.WIDE and p.chunk >= decode.WIDE_MIN_TILES * p.config.block_t
+            assert decode.make_plan(B, 64, 128, 0, num_sms=132, smem_per_sm=smem).config.block_h == 16
+            assert decode.make_plan(B, 16, 128, 512, num_sms=132, smem_per_sm=smem).config.block_h == 16
+        for B in (1, 4, 15):
+            assert decode.make_plan(B, 64, 128, 512, num_sms=132, smem_per_sm=smem).config.block_h == 16
+    # The exact plans measured on the H200 (kernels/BENCH.md): c4 B=64 and B=16, c128@256K B=16.
+    assert decode.make_plan(64, 64, 128, 512, 132) == decode.Plan(decode.WIDE, 160, 1, 4)
+    assert decode.make_plan(16, 64, 128, 512, 132) == decode.Plan(decode.WIDE, 64, 2, 8)
+    assert decode.make_plan(16, 64, 128, 2048, 132) == decode.Plan(decode.WIDE, 96, 2, 22)
+    assert decode.WIDE in decode.SPLIT_CONFIGS  # so check_sm120 gates it
+
+
+@pytest.mark.parametrize("heads", [64, 128])
+def test_wide_block_chosen_by_the_planner_matches_reference(heads):
+    """B=16, c4-like: the planner's own wide plan (several splits, holes, short/empty rows); 128
+    heads = two wide blocks per row (the q loads' mask must hold for the second one too)."""
+    case = Case(batch=16, heads=heads, width=64, page_size=64, extra_width=96, extra_page_size=64,
+                hole_frac=0.1)
+    kw = make_inputs(case)
+    plan = decode.make_plan(16, heads, 64, 96, num_sms=4)
+    assert plan.config == decode.WIDE and plan.num_splits >= 2
+    out, lse = _call(kw, plan)
+    _assert_matches(kw, out, lse)
