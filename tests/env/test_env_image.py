@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import fakebox
 import podman_env
 from conftest import ROOT, need_tool
 from v4flash_pd import stacklock
@@ -28,18 +28,6 @@ from v4flash_pd import stacklock
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TAG = "localhost/v4flash-pd:test-ci"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="session")
@@ -172,23 +160,9 @@ class Container:
 
     def __init__(self, podman, image: str, tmp: Path, network: str) -> None:
         self.podman, self.name = podman, f"v4flash-rehearse-{network}-{os.getpid()}"
-        p = _free_ports(7)
+        p = fakebox.free_ports(7)
         self.router_port = p[5]
-        (tmp / "v4flash.toml").write_text(f"""
-[[prefill]]
-port = {p[0]}
-bootstrap_port = {p[1]}
-nccl_port = {p[2]}
-
-[[decode]]
-port = {p[3]}
-nccl_port = {p[4]}
-
-[router]
-host = "127.0.0.1"
-port = {p[5]}
-metrics_port = {p[6]}
-""")
+        fakebox.write_pd_config(tmp, p)
         fixtures = ROOT / "tests/launcher/fixtures"
         podman("run", "-d", "--name", self.name, "--network", network, "-v", f"{tmp}:/cfg:ro",
                "-v", f"{fixtures}:/fx:ro", "-e", "V4FLASH_REHEARSAL_LOAD_SECONDS=1.5", "-e", "V4FLASH_GRACE=5",
