@@ -235,3 +235,15 @@ port = {p[5]}
 metrics_port = {p[6]}
 """)
     return path
+
+
+def json_records(text: str) -> list[dict]:
+    """The JSON-object lines of a role log (the stand-in engine logs one per request/event)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out

@@ -120,17 +120,6 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
-def _log_records(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
 @pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")
 def test_ready_generate_handshake_then_sigterm_leaves_nothing(box: dict, up) -> None:
     u = up()
@@ -143,8 +132,8 @@ def test_ready_generate_handshake_then_sigterm_leaves_nothing(box: dict, up) -> 
 
     run = u.run_dir()
     # the PD handshake: decode fetched exactly the room prefill registered, over prefill's bootstrap port
-    registered = {r["bootstrap_room"] for r in _log_records(run / "prefill-0.log") if r.get("rehearsal") == "room_registered"}
-    fetched = [r for r in _log_records(run / "decode-0.log") if r.get("bootstrap_room") is not None
+    registered = {r["bootstrap_room"] for r in fakebox.json_records((run / "prefill-0.log").read_text()) if r.get("rehearsal") == "room_registered"}
+    fetched = [r for r in fakebox.json_records((run / "decode-0.log").read_text()) if r.get("bootstrap_room") is not None
                and r.get("path") == "/generate"]
     assert registered, "prefill never registered a bootstrap room"
     assert {r["bootstrap_room"] for r in fetched} & registered

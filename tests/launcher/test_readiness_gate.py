@@ -120,8 +120,8 @@ def test_ready_comes_after_router_counts_and_a_real_smoke(tmp_path: Path) -> Non
         state = json.loads((run / "state.json").read_text())
         assert "[rehearsal]" in state["smoke_text"]
         # the smoke generate really reached decode through the router (a PD request with a room)
-        decode_gen = [json.loads(line) for line in (run / "decode-0.log").read_text().splitlines()
-                      if line.startswith("{") and '"/generate"' in line]
+        decode_gen = [r for r in fakebox.json_records((run / "decode-0.log").read_text())
+                      if r.get("path") == "/generate"]
         assert decode_gen and decode_gen[0].get("bootstrap_room") is not None
         router_log = (run / "router.log").read_text()
         assert router_log.strip(), "router wrote nothing"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fakebox
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 HOST = "127.0.0.1"
@@ -107,14 +109,7 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def records(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.text().splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return fakebox.json_records(self.text())
 
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM the group, then SIGKILL after `grace`; returns the exit code."""
