@@ -92,8 +92,24 @@ def test_round_trip_loads_the_recorded_image(engine: Engine, good, tmp_path: Pat
     assert _image_id(engine, TEST_IMAGE) == image_id
     assert (m / ".v4flash-manifest.json").read_text() == (b / "model/manifest.json").read_text()
     # The loaded image is usable, not just present.
-    output = engine.client.containers.run(TEST_IMAGE, ["cat", "/built.txt"], remove=True, network_mode="host")
-    assert output == b"built-for-bundle-test\n"
+    assert _run_once(engine, TEST_IMAGE, ["cat", "/built.txt"]) == b"built-for-bundle-test\n"
+
+
+def _run_once(engine: Engine, image: str, cmd: list[str]) -> bytes:
+    """Run a container to completion and return its stdout.
+
+    Not `containers.run`: that follows the log stream, and podman's compat endpoint can leave a
+    follow stream open after a fast container has already exited (CI hung 300 s on it once).
+    Create/start/wait/plain-logs has no open-ended read, and every call is bounded.
+    """
+    container = engine.client.containers.create(image, cmd, network_mode="host")
+    try:
+        container.start()
+        status = container.wait(timeout=120)
+        assert status.get("StatusCode") == 0, f"container exited {status}"
+        return bytes(container.logs(stdout=True, stderr=False, stream=False, follow=False))
+    finally:
+        container.remove(force=True)
 
 
 def _archive(b: Path, m: Path) -> str:
