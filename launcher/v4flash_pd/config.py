@@ -10,6 +10,7 @@ a second `[[prefill]]` entry adds a second prefill worker (2P1D is a config chan
 from __future__ import annotations
 
 import copy
+import datetime
 import importlib.util
 import os
 import sys
@@ -175,11 +176,16 @@ def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """A `--set` value: TOML syntax when it parses (numbers, bools, lists), else a plain string."""
+    """A `--set` value: TOML syntax when it parses (numbers, bools, lists), else a plain string.
+
+    TOML dates and times come back as the text typed: no config key takes a date, and
+    `--set model.served_name=2026-11-29` means that string, not a `datetime.date`.
+    """
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    return text if isinstance(value, (datetime.date, datetime.time)) else value
 
 
 def set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:

@@ -152,11 +152,16 @@ def probe(env: Mapping[str, str] | None = None) -> Topology:
                     notes=tuple(notes))
 
 
+def _node_or_unknown(value: Any) -> int:
+    """`null`/absent mean what sysfs writes as -1: the platform did not say (single-node VMs)."""
+    return UNKNOWN_NODE if value is None else int(value)
+
+
 def from_dict(data: Mapping[str, Any], source: str = "") -> Topology:
     try:
         gpus = tuple(Gpu(index=int(g["index"]), name=str(g.get("name", "")),
                          bus_id=normalize_bus_id(str(g.get("bus_id", ""))),
-                         numa_node=int(g.get("numa_node", UNKNOWN_NODE)),
+                         numa_node=_node_or_unknown(g.get("numa_node")),
                          compute_cap=str(g.get("compute_cap", "")), memory_mib=int(g.get("memory_mib", 0)),
                          uuid=str(g.get("uuid", "")))
                      for g in data.get("gpus", []))

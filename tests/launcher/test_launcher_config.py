@@ -81,6 +81,14 @@ def test_set_values_are_typed(tmp_path: Path) -> None:
     assert dict(cfg.env)["FOO"] == "bar baz"
 
 
+def test_set_value_that_looks_like_a_date_stays_text() -> None:
+    """TOML would turn these into date/time objects that no key accepts; they mean the text."""
+    cfg = load_config(env=NO_ENV, sets=("model.served_name=2026-11-29", "env.RUN_AT=07:30:00",
+                                         "env.STAMP=2026-11-29T07:30:00Z"))
+    assert cfg.served_name == "2026-11-29"
+    assert dict(cfg.env)["RUN_AT"] == "07:30:00" and dict(cfg.env)["STAMP"] == "2026-11-29T07:30:00Z"
+
+
 # ------------------------------------------------------------------ errors
 
 

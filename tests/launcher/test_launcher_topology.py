@@ -106,6 +106,14 @@ def test_normalize_bus_id_forms() -> None:
     assert topo.normalize_bus_id("00000001:03:1F.7") == "0001:03:1f.7"
 
 
+def test_null_numa_node_in_a_file_means_unknown(tmp_path: Path) -> None:
+    data = {"gpus": [{"index": 0, "bus_id": "0000:17:00.0", "numa_node": None},
+                     {"index": 1, "bus_id": "0000:3d:00.0"}], "nodes": [{"id": 0, "cpus": "0-7"}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert [g.numa_node for g in topo.load(path).gpus] == [topo.UNKNOWN_NODE, topo.UNKNOWN_NODE] == [-1, -1]
+
+
 def test_malformed_and_missing_topology_files(tmp_path: Path, cli) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpus": [{"name": "no index"}]}')
