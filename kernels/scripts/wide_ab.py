@@ -19,8 +19,7 @@ for i, (kind, B, H) in enumerate(SHAPES):
     case = Case(batch=B, heads=H, hole_frac=0.01, **bench.KINDS[kind])
     kw = make_inputs(case, device="cuda", seed=4321 + i)
     ref_out, ref_lse = sparse_mla_decode_ref(**kw)
-    w_a = kw["indices"].shape[-1]
-    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    w_a, w_b = bench.cache_widths(kw)
     sms, smem = decode._device_info(kw["q"].device)
     plans = {"new_default": decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=smem),
              "new_sm120": decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=102400),
@@ -29,10 +28,7 @@ for i, (kind, B, H) in enumerate(SHAPES):
         plans[f"wide/cps{cps}"] = decode.make_plan(B, H, w_a, w_b, sms, config=decode.WIDE, ctas_per_sm=cps)
     row = dict(kind=kind, B=B, H=H, variants={})
     for name, p in plans.items():
-        def fn(out=None, lse=None, p=p, **k):
-            return decode.run(k["q"], k["k_cache"], k["indices"], k["topk_length"], k["attn_sink"],
-                              k["softmax_scale"], k.get("extra_k_cache"), k.get("extra_indices"),
-                              k.get("extra_topk_length"), plan=p, out=out, lse=lse)
+        fn = bench.bind_plan(p)
         try:
             chk = bench.check_call(fn, kw, ref_out, ref_lse, poison=True)
             us = bench.time_graph(lambda: fn(**kw))

@@ -107,29 +107,38 @@ def time_graph(fn: Callable, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     return ms * 1e3
 
 
+def cache_widths(kw: dict) -> tuple:
+    """(top-k width of the SWA cache, of the extra cache or 0): what the planner keys on."""
+    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    return kw["indices"].shape[-1], w_b
+
+
+def bind_plan(plan) -> Callable:
+    """`fn(out=None, lse=None, **inputs)` that runs the decode with this explicit plan (for A/B runs)."""
+    from v4flash_kernels import decode
+
+    def call(out=None, lse=None, **kwargs):
+        return decode.run(
+            kwargs["q"], kwargs["k_cache"], kwargs["indices"], kwargs["topk_length"],
+            kwargs["attn_sink"], kwargs["softmax_scale"], kwargs.get("extra_k_cache"),
+            kwargs.get("extra_indices"), kwargs.get("extra_topk_length"), plan=plan, out=out, lse=lse,
+        )
+    return call
+
+
 def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
     from v4flash_kernels import decode
 
     B, H = shape.batch, shape.heads
-    w_a = kw["indices"].shape[-1]
-    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    w_a, w_b = cache_widths(kw)
     sms = decode._num_sms(kw["q"].device)
 
-    def bind(plan):
-        def call(out=None, lse=None, **kwargs):
-            return decode.run(
-                kwargs["q"], kwargs["k_cache"], kwargs["indices"], kwargs["topk_length"],
-                kwargs["attn_sink"], kwargs["softmax_scale"], kwargs.get("extra_k_cache"),
-                kwargs.get("extra_indices"), kwargs.get("extra_topk_length"), plan=plan, out=out, lse=lse,
-            )
-        return call
-
     default = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=decode._device_info(kw["q"].device)[1])
-    out = {"ours": bind(default)}
+    out = {"ours": bind_plan(default)}
     seen = {default}
     # What the dispatcher would launch on sm_120 (100 KB shared memory per SM), timed here too.
     sm120 = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=102400)
-    out[SM120_VARIANT] = bind(sm120)
+    out[SM120_VARIANT] = bind_plan(sm120)
     seen.add(sm120)
     if sweep:
         explore = tuple(decode.KernelConfig(**c) for c in EXPLORE_CONFIGS)
@@ -140,15 +149,14 @@ def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
                     if p in seen:
                         continue
                     seen.add(p)
-                    out[f"{cfg.name}/c{p.chunk}/s{p.num_splits}"] = bind(p)
+                    out[f"{cfg.name}/c{p.chunk}/s{p.num_splits}"] = bind_plan(p)
     return out
 
 
 def plan_desc(shape: Shape, kw: dict) -> str:
     from v4flash_kernels import decode
 
-    w_a = kw["indices"].shape[-1]
-    w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
+    w_a, w_b = cache_widths(kw)
     sms, smem = decode._device_info(kw["q"].device)
     p = decode.make_plan(shape.batch, shape.heads, w_a, w_b, sms, smem_per_sm=smem)
     return f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}"
