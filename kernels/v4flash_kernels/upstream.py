@@ -1,25 +1,38 @@
-"""Load the pinned upstream kernel (sglang 0.5.13.post1 `flash_mla_sm120_triton.py`) for comparison.
+"""Load pinned upstream code (sglang 0.5.13.post1) for comparison, from the wheel, at run time.
 
-Upstream code is never committed here: the module is read at run time from an installed sglang,
-or from the pinned wheel (`$V4FLASH_SGLANG_WHEEL`, else `.cache/wheels/sglang-0.5.13.post1-*.whl`
-under the repository root), written to a temp dir (Triton needs a real source file) and imported
-under a private name so it never shadows sglang's own module.
+Upstream code is never committed here. A file is read from an installed sglang, or from the pinned
+wheel (`$V4FLASH_SGLANG_WHEEL`, else `.cache/wheels/sglang-0.5.13.post1-*.whl` under the repository
+root; any zip holding the wheel's `sglang/...` paths works, e.g. a cut-down one carried to a GPU box),
+written to a temp dir (Triton's JIT reads its kernels' source from a real file) and imported under a
+private name so it never shadows sglang's own module.
+
+Two ways in:
+- `load_module(path)`: the whole file, for files whose imports resolve without sglang (the sm_120
+  Triton kernels import only torch/triton).
+- `load_defs(path, names, prelude)`: just the named top-level definitions, for files whose module
+  top imports half of sglang (the indexer, the FP8 GEMM file); the bodies are upstream's, verbatim,
+  and `prelude` supplies the names they use.
 """
 
 from __future__ import annotations
 
+import ast
 import glob
+import hashlib
 import importlib.util
 import os
 import tempfile
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 MODULE_PATH = "sglang/srt/layers/attention/flash_mla_sm120_triton.py"
+MOE_PATH = "sglang/srt/layers/moe/fused_moe_triton/mxfp4_moe_sm120_triton.py"
+INDEXER_PATH = "sglang/srt/layers/attention/dsv4/indexer.py"
+FP8_KERNEL_PATH = "sglang/srt/layers/quantization/fp8_kernel.py"
 WHEEL_GLOB = "sglang-0.5.13.post1-*.whl"
-_cached: Optional[ModuleType] = None
+_modules: Dict[str, ModuleType] = {}
 
 
 def _repo_root() -> Path:
@@ -34,37 +47,92 @@ def find_wheel() -> Optional[str]:
     return hits[-1] if hits else None
 
 
-def upstream_source() -> tuple:
-    """(source text, where it came from) of upstream's kernel file."""
+def source_of(path: str) -> Tuple[str, str]:
+    """(source text, where it came from) of a file of the pinned sglang, e.g. `sglang/srt/x.py`."""
     spec = importlib.util.find_spec("sglang")
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
-            p = Path(loc).parent / MODULE_PATH
+            p = Path(loc).parent / path
             if p.is_file():
                 return p.read_text(), str(p)
     wheel = find_wheel()
     if wheel is None:
         raise FileNotFoundError(
-            "upstream kernel not found: install sglang 0.5.13.post1 or set V4FLASH_SGLANG_WHEEL "
+            f"upstream file {path} not found: install sglang 0.5.13.post1 or set V4FLASH_SGLANG_WHEEL "
             f"(looked for .cache/wheels/{WHEEL_GLOB})"
         )
     with zipfile.ZipFile(wheel) as z:
-        return z.read(MODULE_PATH).decode(), f"{wheel}!{MODULE_PATH}"
+        return z.read(path).decode(), f"{wheel}!{path}"
+
+
+def upstream_source() -> tuple:
+    """(source text, origin) of upstream's sparse-MLA decode kernel file."""
+    return source_of(MODULE_PATH)
+
+
+def _import_text(text: str, key: str, origin: str) -> ModuleType:
+    """Import `text` from a real temp file under a private module name; cached by `key`."""
+    if key in _modules:
+        return _modules[key]
+    tag = hashlib.sha256(key.encode()).hexdigest()[:10]
+    d = tempfile.mkdtemp(prefix="v4flash-upstream-")
+    name = f"_v4flash_upstream_{tag}"
+    path = os.path.join(d, f"{name}.py")
+    with open(path, "w") as f:
+        f.write(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.__v4flash_origin__ = origin  # type: ignore[attr-defined]
+    _modules[key] = mod
+    return mod
+
+
+def load_module(path: str = MODULE_PATH) -> ModuleType:
+    """Import a whole upstream file from its source (its imports must resolve here)."""
+    text, origin = source_of(path)
+    return _import_text(text, f"module:{path}", origin)
 
 
 def load_upstream() -> ModuleType:
-    """Import upstream's module from its source; its `flash_mla_sparse_decode_triton` is the baseline."""
-    global _cached
-    if _cached is not None:
-        return _cached
-    text, origin = upstream_source()
-    d = tempfile.mkdtemp(prefix="v4flash-upstream-")
-    path = os.path.join(d, "sglang_flash_mla_sm120_triton.py")
-    with open(path, "w") as f:
-        f.write(text)
-    spec = importlib.util.spec_from_file_location("_v4flash_upstream_flash_mla_sm120_triton", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.__v4flash_origin__ = origin
-    _cached = mod
-    return mod
+    """Upstream's sparse-MLA module; its `flash_mla_sparse_decode_triton` is the baseline."""
+    return load_module(MODULE_PATH)
+
+
+def extract_defs(text: str, names: Iterable[str]) -> str:
+    """The source of the named top-level defs/classes/assignments (decorators included), in file order.
+
+    Raises KeyError naming what is missing, so a renamed upstream function fails loudly.
+    """
+    wanted = set(names)
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    found, parts = set(), []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            node_names = {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            node_names = {t.id for t in targets if isinstance(t, ast.Name)}
+        else:
+            continue
+        hit = node_names & wanted
+        if not hit:
+            continue
+        found |= hit
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        parts.append("".join(lines[start - 1: node.end_lineno]))
+    missing = wanted - found
+    if missing:
+        raise KeyError(f"not defined at the top of the upstream file: {sorted(missing)}")
+    return "\n\n".join(parts) + "\n"
+
+
+def load_defs(path: str, names: Iterable[str], prelude: str = "") -> ModuleType:
+    """A private module holding `prelude` + upstream's named top-level definitions, verbatim."""
+    names = tuple(names)
+    text, origin = source_of(path)
+    body = extract_defs(text, names)
+    src = f"# extracted at run time from {origin}: {', '.join(names)}\n{prelude}\n\n{body}"
+    return _import_text(src, f"defs:{path}:{names}:{hashlib.sha256(prelude.encode()).hexdigest()}", origin)
