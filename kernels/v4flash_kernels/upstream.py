@@ -136,3 +136,16 @@ def load_defs(path: str, names: Iterable[str], prelude: str = "") -> ModuleType:
     body = extract_defs(text, names)
     src = f"# extracted at run time from {origin}: {', '.join(names)}\n{prelude}\n\n{body}"
     return _import_text(src, f"defs:{path}:{names}:{hashlib.sha256(prelude.encode()).hexdigest()}", origin)
+
+
+INDEXER_DEFS = ("_arange_cache", "fp8_paged_mqa_logits_torch_sm120", "topk_transform_512_pytorch_vectorized")
+INDEXER_PRELUDE = (
+    "from typing import Any, Optional\n\n"
+    "import torch\nimport torch.nn.functional as F\n\n"
+    "FP8_DTYPE = torch.float8_e4m3fn  # upstream's non-HIP branch\n"
+)
+
+
+def load_indexer() -> ModuleType:
+    """Upstream's sm_120 torch indexer logits and its torch top-k (`dsv4/indexer.py`), verbatim."""
+    return load_defs(INDEXER_PATH, INDEXER_DEFS, INDEXER_PRELUDE)

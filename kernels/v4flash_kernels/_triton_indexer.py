@@ -1,0 +1,85 @@
+"""Triton kernel of the lightning-indexer logits (fp8 paged MQA logits), one fused pass.
+
+Grid `(NPROG, B)`: program `p` of row `b` walks that row's *valid* tiles `p, p + NPROG, ...`
+(a tile = PAGES pages of 64 positions) and then writes -inf over its share of the row's tail.
+NPROG comes from shapes only, the loop bounds from `seq_lens` in device memory, so one CUDA graph
+replays for any length while the work done follows the actual length, not the page-table width.
+
+Per tile: the fp8 keys `[64*PAGES, 128]` times the fp8 q of all heads `[128, BLOCK_H]` through one
+`tl.dot` (fp32 accumulation; fp8 x fp8 products are exact in fp32), ReLU, the head-weighted sum,
+then the per-token fp32 key scale.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+PAGE = tl.constexpr(64)
+HEAD_DIM = tl.constexpr(128)
+SCALE_OFFSET_F32 = tl.constexpr(64 * 128 // 4)  # the 64 fp32 scales start 8192 bytes into a page
+
+
+@triton.jit
+def indexer_logits_kernel(
+    Q, stride_qb, stride_qh,  # fp8 q [B, 1, H, 128] (last dim contiguous)
+    K8, KS, stride_kp8, stride_kps,  # the pool as fp8 and as fp32, page strides in elements
+    W, stride_wb, stride_wh,  # weights [B, H], any float dtype
+    SEQ, stride_sb,  # seq_lens [B], int32 or int64
+    PT, stride_pb,  # page table [B, >= max_pages], int32 or int64
+    OUT, stride_ob,  # fp32 logits [B, max_seq_len]
+    H, max_seq_len, num_pages,
+    BLOCK_H: tl.constexpr,
+    PAGES: tl.constexpr,
+    FILL: tl.constexpr,
+    DOT_FP8: tl.constexpr,
+    WRITE_TAIL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    b = tl.program_id(1).to(tl.int64)
+
+    seq = tl.load(SEQ + b * stride_sb)
+    n = tl.minimum(tl.maximum(seq, 0), max_seq_len).to(tl.int32)
+    TILE: tl.constexpr = PAGES * PAGE
+
+    out_row = OUT + b * stride_ob
+    n_tiles = tl.cdiv(n, TILE)
+    if pid < n_tiles:  # programs with no valid tile skip loading q
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, HEAD_DIM)
+        hmask = h < H
+        q = tl.load(Q + b * stride_qb + h[None, :] * stride_qh + d[:, None], mask=hmask[None, :], other=0.0)
+        w = tl.load(W + b * stride_wb + h * stride_wh, mask=hmask, other=0.0).to(tl.float32)
+        if not DOT_FP8:
+            q = q.to(tl.float32)
+        pt_row = PT + b * stride_pb
+        t_off = tl.arange(0, TILE)
+        for t in range(pid, n_tiles, nprog):
+            pos = t * TILE + t_off
+            valid = pos < n
+            page = tl.load(pt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            # torch-style negative ids (upstream gathers with them); out-of-pool ids are clamped so a
+            # bad table cannot fault (upstream would raise a device-side index error instead).
+            page = tl.where(page < 0, page + num_pages, page)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            slot = pos % PAGE
+            k = tl.load(K8 + page[:, None] * stride_kp8 + slot[:, None] * HEAD_DIM + d[None, :],
+                        mask=valid[:, None], other=0.0)
+            if DOT_FP8:
+                s = tl.dot(k, q)
+            else:
+                s = tl.dot(k.to(tl.float32), q, input_precision="ieee")
+            s = tl.maximum(s, 0.0) * w[None, :]
+            logit = tl.sum(s, axis=1)
+            scale = tl.load(KS + page * stride_kps + SCALE_OFFSET_F32 + slot, mask=valid, other=0.0)
+            tl.store(out_row + pos, tl.where(valid, logit * scale, float("-inf")), mask=pos < max_seq_len)
+
+    if WRITE_TAIL:  # -inf over [n_tiles * TILE, max_seq_len): the tail past the last valid tile
+        tail0 = n_tiles * TILE
+        n_fill = tl.cdiv(tl.maximum(max_seq_len - tail0, 0), FILL)
+        f_off = tl.arange(0, FILL)
+        neg = tl.full((FILL,), float("-inf"), tl.float32)
+        for f in range(pid, n_fill, nprog):
+            pos = tail0 + f * FILL + f_off
+            tl.store(out_row + pos, neg, mask=pos < max_seq_len)

@@ -1,0 +1,266 @@
+"""Benchmark of the indexer logits: check against fp64 and upstream, then time under CUDA-graph replay.
+
+    python -m v4flash_kernels.bench_indexer [--json out.json] [--md out.md] [--batches 1,4,16,64]
+        [--contexts 128K,1M] [--actual 4K,64K,128K,full] [--sweep] [--no-upstream]
+
+Shapes are DeepSeek-V4-Flash decode calls of one c4 layer: a configured context C tokens gives a
+page table of C/256 columns and `max_seq_len` = C/4 compressed positions (what SGLang passes under
+CUDA graphs: `PagedIndexerMetadata.max_c4_seq_len`); an actual length of L tokens gives every row
+`seq_lens` = L/4. Per shape it draws a fresh real-layout pool on the GPU (distinct pages per row,
+random order), runs ours on a NaN-poisoned output, ours without the -inf tail (to show what the
+fill costs) and the pinned upstream `fp8_paged_mqa_logits_torch_sm120` (read from the sglang
+wheel), checks ours and upstream against the fp64 reference and each other, then times each with
+`triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median µs).
+`--sweep` also times every candidate config of `indexer.SWEEP` on a few shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
+BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
+SWEEP_SHAPES = ((1, "1M", "128K"), (16, "1M", "4K"), (16, "128K", "128K"), (64, "128K", "128K"),
+                (64, "1M", "4K"))
+
+
+def parse_tokens(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1024, "M": 1024 * 1024}.get(t[-1:], 1)
+    return int(t[:-1] if t[-1:] in "KM" else t) * mult
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    context: str  # configured context (tokens), e.g. "1M"
+    actual: str  # actual length (tokens) or "full"
+
+    @property
+    def width(self) -> int:
+        return parse_tokens(self.context) // 256
+
+    @property
+    def c4_len(self) -> int:
+        ctx = parse_tokens(self.context)
+        return (ctx if self.actual == "full" else min(ctx, parse_tokens(self.actual))) // 4
+
+
+def shapes_for(batches: List[int], contexts: List[str], actuals: List[str]) -> List[Shape]:
+    """Every (B, context, actual) with actual <= context; "full" is dropped where it repeats one."""
+    out = []
+    for b in batches:
+        for c in contexts:
+            seen = set()
+            for a in actuals:
+                sh = Shape(b, c, a)
+                if a != "full" and parse_tokens(a) > parse_tokens(c):
+                    continue
+                if sh.c4_len in seen:
+                    continue
+                seen.add(sh.c4_len)
+                out.append(sh)
+    return out
+
+
+def bytes_moved(shape: Shape, heads: int = 64) -> int:
+    """Key bytes of the valid pages + the fp32 output row + q/weights/table (the floor's numerator)."""
+    pages = math.ceil(shape.c4_len / 64)
+    msl = shape.width * 64
+    return shape.batch * (pages * 8448 + msl * 4 + heads * (128 + 4) + shape.width * 4)
+
+
+def time_graph(fn: Callable, rep_ms: int = 100) -> float:
+    from v4flash_kernels.bench import time_graph as _tg
+
+    return _tg(fn, rep_ms=rep_ms)
+
+
+def check(out, ref, other=None) -> dict:
+    from v4flash_kernels.reference_indexer import logits_error
+
+    e = logits_error(out, ref)
+    res = dict(rel_err=e["rel_err"], inf_ok=e["inf_ok"], nan=e["nan"])
+    res["ok"] = (not e["nan"]) and e["inf_ok"] and e["rel_err"] <= REL_TOL
+    if other is not None:
+        import torch
+
+        res["vs_upstream"] = logits_error(out, other.to(torch.float64))["rel_err"]
+    return res
+
+
+def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cuda") -> dict:
+    import torch
+
+    from v4flash_kernels import indexer
+    from v4flash_kernels.reference_indexer import IndexerCase, make_indexer_inputs, reference_for
+
+    case = IndexerCase(batch=shape.batch, width=shape.width, lengths=[shape.c4_len])
+    kw = make_indexer_inputs(case, device=device, seed=seed)
+    args = list(kw.values())
+    ref = reference_for(kw)
+    B, msl = shape.batch, kw["max_seq_len"]
+    nbytes = bytes_moved(shape)
+    sms = indexer._num_sms(kw["q_fp8"].device)
+    row = dict(asdict(shape), c4_len=shape.c4_len, max_seq_len=msl, bytes=nbytes,
+               floor_h200_us=nbytes / BW_H200 * 1e6, config=indexer.DEFAULT.name,
+               nprog=indexer.programs_per_row(B, shape.width, sms, indexer.DEFAULT), variants={})
+
+    up_out = None
+    if upstream is not None:
+        up_out = upstream.fp8_paged_mqa_logits_torch_sm120(*args)
+        row["variants"]["upstream"] = check(up_out, ref)
+
+    def ours_fn(cfg=None, write_tail=True, out=None):
+        return lambda: indexer.run(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
+                                   kw["page_table"], msl, config=cfg, write_tail=write_tail, out=out)
+
+    poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
+    row["variants"]["ours"] = check(ours_fn(out=poison)(), ref, up_out)
+    pub = indexer.fp8_paged_mqa_logits(*args)
+    row["variants"]["ours"]["public_entry_ok"] = check(pub, ref)["ok"]
+    del pub, poison
+    row["variants"]["ours"]["us"] = time_graph(ours_fn())
+    row["variants"]["ours_no_tail"] = dict(ok=True, us=time_graph(ours_fn(write_tail=False)))
+    if upstream is not None:
+        row["variants"]["upstream"]["us"] = time_graph(lambda: upstream.fp8_paged_mqa_logits_torch_sm120(*args))
+    del up_out
+    if sweep:
+        for cfg in indexer.SWEEP:
+            poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
+            res = check(ours_fn(cfg, out=poison)(), ref)
+            del poison
+            res["us"] = time_graph(ours_fn(cfg), rep_ms=40) if res["ok"] else float("nan")
+            row["variants"][f"cfg:{cfg.name}"] = res
+    del kw, args, ref
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def _git_commit() -> str:
+    from v4flash_kernels.bench import _git_commit as g
+
+    return g()
+
+
+def format_table(rows: List[dict]) -> str:
+    head = (f"{'B':>3} {'context':>7} {'actual':>6} {'c4 len':>7} {'floorH200':>9} {'ours':>8} {'no-tail':>8} "
+            f"{'upstream':>9} {'x_up':>6} {'err':>8} {'vs_up':>8}  check")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        v = r["variants"]
+        o = v["ours"]
+        up = v.get("upstream", {}).get("us", float("nan"))
+        bad = [k for k, x in v.items() if not x.get("ok", True)]
+        lines.append(
+            f"{r['batch']:>3} {r['context']:>7} {r['actual']:>6} {r['c4_len']:>7} {r['floor_h200_us']:>9.2f} "
+            f"{o['us']:>8.1f} {v['ours_no_tail']['us']:>8.1f} {up:>9.1f} {up / o['us']:>6.1f} "
+            f"{o['rel_err']:>8.1e} {o.get('vs_upstream', float('nan')):>8.1e}  "
+            + ("ok" if not bad else "FAIL:" + ",".join(bad))
+        )
+    return "\n".join(lines)
+
+
+def format_sweep(rows: List[dict]) -> str:
+    swept = [r for r in rows if any(k.startswith("cfg:") for k in r["variants"])]
+    if not swept:
+        return ""
+    names = [k for k in swept[0]["variants"] if k.startswith("cfg:")]
+    cols = ["B%d/%s/%s" % (r["batch"], r["context"], r["actual"]) for r in swept]
+    head = f"{'config':<18}" + "".join(f"{c:>17}" for c in cols) + f"{'geomean':>10}"
+    lines = [head, "-" * len(head)]
+    scored = []
+    for n in names:
+        us = [r["variants"][n]["us"] for r in swept]
+        gm = math.exp(sum(math.log(u) for u in us) / len(us)) if all(u == u for u in us) else float("nan")
+        scored.append((gm, n, us))
+    for gm, n, us in sorted(scored, key=lambda x: (x[0] != x[0], x[0])):
+        lines.append(f"{n[4:]:<18}" + "".join(f"{u:>17.1f}" for u in us) + f"{gm:>10.1f}")
+    return "\n".join(lines)
+
+
+def format_markdown(rows: List[dict]) -> str:
+    lines = [
+        "| B | configured context | actual | c4 positions | floor H200 | **ours** | ours w/o -inf tail | upstream "
+        "| upstream / ours | rel. err vs fp64 | vs upstream |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v = r["variants"]
+        o = v["ours"]
+        up = v.get("upstream", {}).get("us", float("nan"))
+        ok = "" if o["ok"] else " FAIL"
+        lines.append(
+            f"| {r['batch']} | {r['context']} | {r['actual']} | {r['c4_len']} | {r['floor_h200_us']:.1f} | "
+            f"**{o['us']:.1f}** | {v['ours_no_tail']['us']:.1f} | {up:.0f} | {up / o['us']:.0f}x | "
+            f"{o['rel_err']:.1e}{ok} | {o.get('vs_upstream', float('nan')):.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench_indexer", description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--contexts", default="128K,1M")
+    ap.add_argument("--actual", default="4K,64K,128K,full")
+    ap.add_argument("--sweep", action="store_true", help="also time indexer.SWEEP on the sweep shapes")
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="also write the markdown table (for kernels/BENCH.md)")
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs each run")
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("bench_indexer needs a CUDA GPU", file=sys.stderr)
+        return 2
+    upstream = None
+    if not args.no_upstream:
+        from v4flash_kernels.upstream import load_indexer
+
+        upstream = load_indexer()
+    shapes = shapes_for([int(b) for b in args.batches.split(",")], args.contexts.split(","), args.actual.split(","))
+    sweep_set = {Shape(b, c, a) for b, c, a in SWEEP_SHAPES} if args.sweep else set()
+    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    rows: List[dict] = []
+    t0 = time.time()
+    for i, sh in enumerate(shapes + sorted(sweep_set - set(shapes), key=lambda s: (s.batch, s.context))):
+        rows.append(run_shape(sh, upstream, seed + i, sh in sweep_set))
+        r = rows[-1]
+        if args.json:  # rewritten after every shape so a run cut short still leaves its rows
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
+        v = r["variants"]
+        print(f"[{time.time() - t0:6.1f}s] B={sh.batch} ctx={sh.context} actual={sh.actual}: ours "
+              f"{v['ours']['us']:.1f} us (no tail {v['ours_no_tail']['us']:.1f}) err {v['ours']['rel_err']:.1e}"
+              + (f", upstream {v['upstream']['us']:.1f} us" if "upstream" in v else ""), flush=True)
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
+                torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    print(json.dumps(meta))
+    print(format_table(rows))
+    sw = format_sweep(rows)
+    if sw:
+        print("\nconfig sweep (us, graph replay):\n" + sw)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(format_markdown(rows) + "\n")
+    all_ok = all(x.get("ok", True) for r in rows for x in r["variants"].values())
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Host side of the fused lightning-indexer logits: configs, the grid planner, the drop-in entry.
+
+`fp8_paged_mqa_logits` replaces sglang 0.5.13.post1's
+`layers/attention/dsv4/indexer.py::fp8_paged_mqa_logits_torch_sm120`: same positional signature
+and defaults, same checks, same output (`[B, max_seq_len]` fp32 logits, -inf at every position
+>= the row's `seq_lens`, `seq_lens` given as `[B]` or `[B, 1]`, `deep_gemm_metadata` ignored,
+`clean_logits` must be False). Upstream gathers and multiplies *every* page of the table (the
+configured context under CUDA graphs); this kernel reads only the pages below each row's length,
+so its cost follows the real context, and writes -inf over the rest of the row.
+
+Why a shape-only planner: the number of programs per row must not depend on `seq_lens` (device
+data), so a CUDA graph captured once replays correctly for any lengths, and every launchable
+config is known ahead of time so `check_sm120` can prove it fits sm_120.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import triton
+
+from v4flash_kernels import _triton_indexer as _k
+
+PAGE = int(_k.PAGE)
+HEAD_DIM = int(_k.HEAD_DIM)
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """One compiled variant of `indexer_logits_kernel` plus how many programs per SM to aim for."""
+
+    pages: int  # pages (64 positions each) per tile: one tl.dot of [64*pages, 128] x [128, heads]
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int = 4
+    fill: int = 2048  # positions per -inf store in the tail
+    shared_bytes: int = 0  # compiled shared memory on sm_120 (0 = not recorded); check_sm120 verifies
+
+    @property
+    def name(self) -> str:
+        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}"
+
+
+# Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
+CONFIGS = (
+    IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=8),
+    IndexerConfig(pages=1, num_warps=4, num_stages=3, ctas_per_sm=8),
+    IndexerConfig(pages=2, num_warps=8, num_stages=2, ctas_per_sm=4),
+)
+DEFAULT = CONFIGS[0]
+
+# Candidates the benchmark times next to the table (`--sweep`); one may only ship after
+# `check_sm120` passes it.
+SWEEP = tuple(
+    IndexerConfig(pages=p, num_warps=w, num_stages=s, ctas_per_sm=c)
+    for p in (1, 2)
+    for w in (4, 8)
+    for s in (1, 2, 3)
+    for c in (4, 8, 16)
+    if not (p == 2 and w == 4 and s == 3)
+)
+
+
+def programs_per_row(batch: int, max_pages: int, num_sms: int, cfg: IndexerConfig) -> int:
+    """Programs per row: about `ctas_per_sm` per SM over the batch, never more than the row's tiles."""
+    tiles = max(1, math.ceil(max_pages / cfg.pages))
+    return max(1, min(tiles, math.ceil(num_sms * cfg.ctas_per_sm / max(1, batch))))
+
+
+_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """SM count, cached per device; host-only (no sync), so safe during CUDA-graph capture."""
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _check(cond: bool, msg: str) -> None:
+    # Upstream's own asserts, raised even under `python -O` (same exception type as upstream).
+    if not cond:
+        raise AssertionError(msg)
+
+
+def run(
+    q_fp8: torch.Tensor,
+    kvcache_fp8: torch.Tensor,
+    weight: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    max_seq_len: int,
+    config: Optional[IndexerConfig] = None,
+    nprog: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+    write_tail: bool = True,
+) -> torch.Tensor:
+    """The logits with an optional explicit config / programs per row (benchmark and tests).
+
+    `out` ([B, max_seq_len] fp32, last dim contiguous) may be given so tests can poison it and prove
+    every element is written. `write_tail=False` leaves the columns past each row's last valid
+    64-position tile unwritten: only the benchmark uses it, to measure what the -inf fill costs.
+    """
+    batch, _, num_heads, head_dim = q_fp8.shape
+    block_size = kvcache_fp8.shape[1]
+    _check(head_dim == HEAD_DIM, "Vectorized torch impl hardcodes DSV4 indexer head_dim=128")
+    _check(block_size == PAGE, "Vectorized torch impl hardcodes block_size=64 cache layout")
+    _check(q_fp8.shape == (batch, 1, num_heads, head_dim), "q_fp8 must be [B, 1, H, 128]")
+    _check(kvcache_fp8.shape[1:] == (block_size, 1, head_dim + 4), "kvcache_fp8 must be [P, 64, 1, 132]")
+    _check(weight.shape == (batch, num_heads), "weight must be [B, H]")
+    if seq_lens.dim() > 1:
+        seq_lens = seq_lens.squeeze(-1)
+    _check(seq_lens.shape == (batch,), "seq_lens must be [B] or [B, 1]")
+    _check(page_table.shape[0] == batch, "page_table must have B rows")
+    max_seq_len = int(max_seq_len)
+    max_pages = (max_seq_len + PAGE - 1) // PAGE
+    if page_table.shape[1] < max_pages:
+        # Upstream's gather of page_table[:, :max_pages] cannot be viewed as max_pages pages either.
+        raise RuntimeError(
+            f"page_table has {page_table.shape[1]} columns, max_seq_len {max_seq_len} needs {max_pages}"
+        )
+    if kvcache_fp8.element_size() != 1:
+        raise TypeError(f"kvcache_fp8 must be a 1-byte dtype (uint8 / float8), got {kvcache_fp8.dtype}")
+
+    dev = q_fp8.device
+    if out is None:
+        out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=dev)
+    if batch == 0 or max_seq_len == 0:
+        return out
+    num_pages = kvcache_fp8.shape[0]
+    flat = kvcache_fp8.view(-1, block_size * (head_dim + 4)).view(torch.uint8)  # upstream's view
+    k8 = flat.view(torch.float8_e4m3fn)
+    ks = flat.view(torch.float32)
+    q = q_fp8 if q_fp8.stride(3) == 1 else q_fp8.contiguous()
+    dot_fp8 = q.dtype == torch.float8_e4m3fn and os.environ.get("TRITON_INTERPRET") != "1"
+
+    cfg = config or DEFAULT
+    if nprog is None:
+        nprog = programs_per_row(batch, max_pages, _num_sms(dev), cfg)
+    block_h = max(16, triton.next_power_of_2(num_heads))
+    _k.indexer_logits_kernel[(nprog, batch)](
+        q, q.stride(0), q.stride(2),
+        k8, ks, k8.stride(0), ks.stride(0),
+        weight, weight.stride(0), weight.stride(1),
+        seq_lens, seq_lens.stride(0),
+        page_table, page_table.stride(0),
+        out, out.stride(0),
+        num_heads, max_seq_len, num_pages,
+        BLOCK_H=block_h,
+        PAGES=cfg.pages,
+        FILL=cfg.fill,
+        DOT_FP8=dot_fp8,
+        WRITE_TAIL=write_tail,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def fp8_paged_mqa_logits(
+    q_fp8: torch.Tensor,
+    kvcache_fp8: torch.Tensor,
+    weight: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    deep_gemm_metadata: Any,
+    max_seq_len: int,
+    clean_logits: bool = True,
+) -> torch.Tensor:
+    """Indexer logits `[B, max_seq_len]` fp32; cost follows `seq_lens`, not the table width.
+
+    Same contract as sglang 0.5.13.post1 `fp8_paged_mqa_logits_torch_sm120` (which also asserts
+    `clean_logits == False`; SGLang always passes False).
+    """
+    _ = deep_gemm_metadata
+    _check(clean_logits == False, "clean_logits must be False")  # noqa: E712 - upstream's check
+    return run(q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len)
