@@ -7,6 +7,7 @@ Layout: config.json (resolved), plan.json, fingerprint.json, state.json, events.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from v4flash_pd.errors import UserError
+from v4flash_pd.procgroup import Identity, parse_pid_file
 
 
 def runs_root() -> Path:
@@ -65,6 +67,34 @@ class RunDir:
                             "pass the directory `v4flash-pd up` printed as its run dir")
         return cls(path)
 
+    def lock(self) -> int:
+        """Hold an exclusive flock on `<run>/.lock` for the life of this process (the fd is returned
+        and never closed; the kernel drops the lock when the launcher exits, however it exits).
+        Two `up` on one run dir would otherwise interleave pids, state and logs."""
+        path = self.path / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UserError(f"cannot lock run dir {self.path}: {exc.strerror}",
+                            "pass a writable --run-dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
+            raise UserError(f"run dir {self.path} is in use by another `v4flash-pd up` (pid {holder})",
+                            f"stop that run first (`v4flash-pd down --run-dir {self.path}`), or give this one "
+                            "its own --run-dir") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # the lock itself is what matters
+        _HELD_LOCKS.append(fd)
+        return fd
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -84,6 +114,52 @@ class RunDir:
             return self.read_json("state.json")
         except (OSError, json.JSONDecodeError):
             return {}
+
+    def read_state(self) -> tuple[dict[str, Any], str]:
+        """(state, problem): problem is '' when state.json parsed as a JSON object."""
+        try:
+            st = self.read_json("state.json")
+        except OSError as exc:
+            return {}, f"cannot read state.json: {exc.strerror}"
+        except ValueError as exc:
+            return {}, f"state.json is corrupt ({exc})"
+        if not isinstance(st, dict):
+            return {}, "state.json is corrupt (not a JSON object)"
+        return st, ""
+
+    def identities(self) -> tuple[dict[str, Identity], Identity | None, str]:
+        """(process identities by name, the launcher's, where they came from) for `down`/`status`.
+
+        From state.json; when that is unreadable, from the `<name>.pid` files (same identities,
+        written at start). A bare pid without its identity is never returned: it cannot be verified."""
+        st, problem = self.read_state()
+        procs: dict[str, Identity] = {}
+        launcher = None
+        if not problem:
+            for name, d in (st.get("procs") or {}).items():
+                try:
+                    procs[str(name)] = Identity.from_dict(d)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+            if isinstance(st.get("launcher"), dict):
+                try:
+                    launcher = Identity.from_dict(st["launcher"])
+                except (ValueError, TypeError):
+                    launcher = None
+            if procs or launcher:
+                return procs, launcher, "state.json"
+        for f in sorted(self.path.glob("*.pid")):
+            try:
+                ident = parse_pid_file(f.read_text())
+            except OSError:
+                continue
+            if ident is None:
+                continue
+            if f.stem == "launcher":
+                launcher = ident
+            else:
+                procs[f.stem] = ident
+        return procs, launcher, (f"{problem}; used the .pid files" if problem else ".pid files")
 
     def set_state(self, **fields: Any) -> None:
         st = self.state()
@@ -107,10 +183,44 @@ class RunDir:
         return lines[-n:] if n > 0 else []
 
     def patch_status(self) -> list[dict[str, Any]]:
+        """Every worker process's kernel patch report (`patch/patch-<pid>.json`), normalized."""
         out = []
-        for p in sorted((self.path / "patch").glob("*.json")):
+        for p in sorted((self.path / "patch").glob("patch-*.json")):
             try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, json.JSONDecodeError):
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {}, "error": "unreadable"})
                 continue
+            rec = normalize_patch_status(data)
+            if rec["pid"] is None:
+                rec["pid"] = _pid_of(p.name)
+            rec["file"] = p.name
+            out.append(rec)
         return out
+
+
+_HELD_LOCKS: list[int] = []
+
+
+def _pid_of(filename: str) -> int | None:
+    stem = filename[len("patch-"):].split(".", 1)[0]
+    return int(stem) if stem.isdigit() else None
+
+
+def normalize_patch_status(data: Any) -> dict[str, Any]:
+    """{"pid", "patches": {name: {"active": bool, "reason": str, ...}}} from either file format:
+    today's one entry per patch, or the older flat {"pid", "active", "reason"} (sparse decode only)."""
+    if not isinstance(data, dict):
+        return {"pid": None, "patches": {}, "error": "not a JSON object"}
+    pid = data.get("pid") if isinstance(data.get("pid"), int) else None
+    patches = data.get("patches")
+    if isinstance(patches, dict):
+        norm = {}
+        for name, p in patches.items():
+            if isinstance(p, dict):
+                norm[str(name)] = {**p, "active": bool(p.get("active")), "reason": str(p.get("reason") or "")}
+        return {"pid": pid, "patches": norm}
+    if "active" in data:
+        return {"pid": pid, "patches": {"sparse_decode": {"active": bool(data.get("active")),
+                                                          "reason": str(data.get("reason") or "")}}}
+    return {"pid": pid, "patches": {}, "error": "no patch entries"}

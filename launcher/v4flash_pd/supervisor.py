@@ -1,44 +1,59 @@
 """Supervisor: start a Plan, gate readiness, supervise, stop — fail fast, never leave a process behind.
 
-Behaviour from srt-slurm's direct runner and honcho's manager: each process in its own session
-(so its own process group, and a terminal Ctrl-C reaches only us), per-process .log/.command/.pid;
-prefill and decode start together, the router only after every worker's /health is 200, READY only
-after the router reports the expected worker counts and one real generate went through it (that
-request also pays the ~38 s UCX cold start, field-notes 6). Any process exiting on its own stops
-all of them in reverse start order: SIGTERM to the group, grace period, SIGKILL to the group.
+Behaviour from srt-slurm's direct runner and honcho's manager, in three parts with one job each:
+`procgroup.ProcessGroup` spawns, reaps and signals (each process in its own session, so a terminal
+Ctrl-C reaches only us), `readiness` says what READY means (prefill and decode /health 200, then the
+router's worker counts, then one real generate through it, which also pays the ~38 s UCX cold start),
+and `watchdog` notices a process that stops answering. This module wires them to the run dir and the
+terminal. Any process exiting or hanging stops all of them in reverse start order: SIGTERM to the
+group, grace period, SIGKILL to the group. Stopping signals first and writes afterwards, and every
+write on the way out is best effort: a full disk, a read-only run dir or a closed stdout must not
+leave a process behind.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from v4flash_pd.errors import RuntimeFailure
-from v4flash_pd.httpcheck import request
+from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
-from v4flash_pd.procs import group_alive, signal_group
+from v4flash_pd.poll import SYSTEM_CLOCK, Clock
+from v4flash_pd.procgroup import Child, Identity, ProcessGroup, Signaller, describe_state, identify, pid_file_text, read_cmdline
+from v4flash_pd.readiness import (HealthGate, is_miss_when_ready, is_miss_while_loading, router_check,
+                                  smoke_text, worker_counts)
 from v4flash_pd.render import command_line
 from v4flash_pd.rundir import RunDir
+from v4flash_pd.watchdog import Hang, Watchdog
 
 Echo = Callable[[str], None]
+Fetch = Callable[[str, float], Reply]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+__all__ = ["Supervisor", "StopRequested", "worker_counts", "STOP_SIGNALS"]
 
 
 class StopRequested(Exception):
-    """SIGTERM/SIGINT reached the launcher: stop gracefully, exit 0."""
+    """SIGTERM/SIGINT/SIGHUP reached the launcher, or its stdout went away: stop gracefully."""
+
+    def __init__(self, why: str, exit_code: int = 0) -> None:
+        super().__init__(why)
+        self.exit_code = exit_code
 
 
-@dataclass
-class Running:
-    spec: ProcessSpec
-    popen: subprocess.Popen
-    log: TextIO
-    started: float
-    returncode: int | None = None
+def _fetch(url: str, timeout: float) -> Reply:
+    return request(url, timeout=timeout)
+
+
+def _liveness_url(spec: ProcessSpec) -> str:
+    # the router's /readiness drops to 503 when a worker is unhealthy; /liveness is the router itself
+    return spec.health_url.rsplit("/", 1)[0] + "/liveness" if spec.role == "router" else spec.health_url
 
 
 @dataclass
@@ -49,273 +64,340 @@ class Supervisor:
     grace: float = 30.0
     ready_timeout: float = 3600.0
     smoke_prompt: str = "The capital of France is"
-    poll: float = 0.2
+    poll: float = 0.05
     progress_every: float = float(os.environ.get("V4FLASH_PROGRESS_INTERVAL", "10"))
     after_ready: Callable[["Supervisor"], None] | None = None  # e.g. the eval gate
-    procs: dict[str, Running] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)
+    hang_timeout: float = 60.0
+    clock: Clock = SYSTEM_CLOCK
+    fetch: Fetch = _fetch
+    signaller: Signaller = field(default_factory=Signaller)
+    group: ProcessGroup = field(init=False)
+    write_errors: list[str] = field(default_factory=list)
+    output_lost: str = ""
     _stop_signal: int | None = None
+
+    def __post_init__(self) -> None:
+        self.group = ProcessGroup(self.signaller, self.clock)
+
+    # ------------------------------------------------------------ terminal and run dir, best effort
+
+    def say(self, msg: str) -> None:
+        """Echo that survives a closed stdout or a hung-up terminal: the first failure is remembered
+        (and stops the run at the next check, like SIGHUP), later output goes to /dev/null."""
+        if self.output_lost:
+            return
+        try:
+            self.echo(msg)
+        except OSError as exc:
+            self.output_lost = exc.strerror or str(exc)
+            try:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(fd, sys.stdout.fileno())
+                os.close(fd)
+            except (OSError, ValueError):
+                pass
+
+    def _warn_write(self, exc: OSError) -> None:
+        msg = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or self.run.path})"
+        if msg not in self.write_errors:
+            self.write_errors.append(msg)
+            try:
+                print(f"warning: cannot write the run dir: {msg}; carrying on", file=sys.stderr, flush=True)
+            except OSError:
+                pass
+
+    def note(self, kind: str, **fields: Any) -> None:
+        """An event in events.jsonl, best effort (never fails the run or its stop)."""
+        try:
+            self.run.event(kind, **fields)
+        except OSError as exc:
+            self._warn_write(exc)
+
+    def set_state(self, **fields: Any) -> None:
+        try:
+            self.run.set_state(**fields)
+        except OSError as exc:
+            self._warn_write(exc)
 
     # ------------------------------------------------------------ signals
 
     def install_signal_handlers(self) -> None:
+        """SIGHUP (terminal closed, SSH dropped) stops like SIGTERM: our children run in their own
+        sessions, so nobody else tells them."""
+
         def handler(signum: int, _frame: Any) -> None:
             if self._stop_signal is None:
                 self._stop_signal = signum
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, handler)
 
     def _check_stop(self) -> None:
         if self._stop_signal is not None:
             raise StopRequested(signal.Signals(self._stop_signal).name)
+        if self.output_lost:
+            raise StopRequested(f"stdout closed ({self.output_lost})", exit_code=1)
 
     # ------------------------------------------------------------ processes
+
+    @property
+    def procs(self) -> dict[str, Child]:
+        return self.group.children
+
+    @property
+    def order(self) -> list[str]:
+        return self.group.order
 
     def start(self, spec: ProcessSpec) -> None:
         env = dict(os.environ)
         env.update(spec.env)
         env["V4FLASH_PATCH_STATUS_DIR"] = str(self.run.file("patch"))
         env["V4FLASH_RUN_DIR"] = str(self.run.path)
-        self.run.file(f"{spec.name}.command").write_text(command_line(spec) + "\n")
-        log = open(self.run.log(spec.name), "a", buffering=1)
-        log.write(f"# v4flash-pd: starting {spec.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        log.flush()
         try:
-            popen = subprocess.Popen(list(spec.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            self.run.file(f"{spec.name}.command").write_text(command_line(spec) + "\n")
+            log = open(self.run.log(spec.name), "a", buffering=1)
+            log.write(f"# v4flash-pd: starting {spec.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            log.flush()
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write {spec.name}'s files in the run dir: {exc.strerror or exc}",
+                                 f"free space in {self.run.path} or pass a writable --run-dir") from None
+        try:
+            child = self.group.spawn(spec.name, spec.role, list(spec.argv), env, log)
         except OSError as exc:
             log.close()
             raise RuntimeFailure(f"could not start {spec.name}: {exc}",
                                  f"check the command in {self.run.file(spec.name + '.command')}") from None
-        self.run.file(f"{spec.name}.pid").write_text(f"{popen.pid}\n")
-        self.procs[spec.name] = Running(spec, popen, log, time.monotonic())
-        self.order.append(spec.name)
-        self.run.event("start", name=spec.name, pid=popen.pid, argv=list(spec.argv))
-        self._record_pids()
+        self.note("start", name=spec.name, pid=child.ident.pid, argv=list(spec.argv))
+        try:  # without these `down` cannot find the process: refuse to run blind
+            self._record(child.ident, spec.name)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot record {spec.name}'s pid in the run dir: {exc.strerror or exc}",
+                                 f"free space in {self.run.path} or pass a writable --run-dir") from None
 
-    def _record_pids(self) -> None:
-        self.run.set_state(pids={n: r.popen.pid for n, r in self.procs.items()})
+    def _record(self, ident: Identity, name: str) -> None:
+        self.run.file(f"{name}.pid").write_text(pid_file_text(ident))
+        self.run.set_state(pids={n: c.ident.pid for n, c in self.procs.items()},
+                           procs={n: c.ident.to_dict() for n, c in self.procs.items()})
 
-    def _reap(self) -> None:
-        """As PID 1 (a container without tini) orphans are ours to reap, or they stay zombies."""
-        by_pid = {r.popen.pid: r for r in self.procs.values()}
-        for r in self.procs.values():
-            if r.returncode is None:
-                rc = r.popen.poll()
-                if rc is not None:
-                    r.returncode = rc
-        if os.getpid() != 1:
-            return
-        for _ in range(1000):  # bounded
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            r = by_pid.get(pid)
-            if r is not None and r.returncode is None:
-                r.returncode = os.waitstatus_to_exitcode(status)
-                r.popen.returncode = r.returncode
+    def _refresh_identities(self) -> None:
+        """Add each process's current title (the router renames itself) so `down` still recognises it."""
+        for name, c in self.procs.items():
+            live = read_cmdline(c.ident.pid)
+            if live and live not in c.ident.cmdlines:
+                c.ident = c.ident.with_cmdline(live)
+                try:
+                    self._record(c.ident, name)
+                except OSError as exc:
+                    self._warn_write(exc)
 
-    def exited(self) -> Running | None:
-        self._reap()
-        return next((self.procs[n] for n in self.order if self.procs[n].returncode is not None), None)
+    def exited(self) -> Child | None:
+        return self.group.first_exited()
 
-    def _fail_exited(self, r: Running, phase: str) -> None:
-        rc = r.returncode
+    def _fail_exited(self, c: Child, phase: str) -> None:
+        rc = c.returncode
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
-        self.run.event("exit", name=r.spec.name, returncode=rc, phase=phase)
+        self.note("exit", name=c.name, returncode=rc, phase=phase)
         raise RuntimeFailure(
-            f"{r.spec.name} {how} {phase}; stopping everything. Last lines of {self.run.log(r.spec.name)}:\n"
-            + "\n".join("    | " + line for line in self.run.tail(r.spec.name, 30)),
-            f"read the full log with `v4flash-pd logs {r.spec.name} --run-dir {self.run.path}`",
+            f"{c.name} {how} {phase}; stopping everything. Last lines of {self.run.log(c.name)}:\n"
+            + "\n".join("    | " + line for line in self.run.tail(c.name, 30)),
+            f"read the full log with `v4flash-pd logs {c.name} --run-dir {self.run.path}`",
+        )
+
+    def _fail_hung(self, h: Hang, phase: str) -> None:
+        state = describe_state(self.procs[h.name].ident.pid)
+        self.note("hung", name=h.name, silent_for=round(h.silent_for, 3), misses=h.misses, phase=phase)
+        raise RuntimeFailure(
+            f"{h.name} is not answering {phase}: no healthy reply for {h.silent_for:.1f}s ({h.misses} probes "
+            f"missed, last: {h.problem or 'no reply'}{'; process ' + state if state else ''}); stopping everything. "
+            f"Last lines of {self.run.log(h.name)}:\n"
+            + "\n".join("    | " + line for line in self.run.tail(h.name, 30)),
+            f"read `v4flash-pd logs {h.name} --run-dir {self.run.path}`; a deadlock or a GPU stuck in a kernel "
+            "looks like this (py-spy dump --pid PID shows where); raise hang_timeout if the process is only slow",
         )
 
     def stop_all(self) -> None:
-        """Reverse start order: SIGTERM each group, wait up to `grace` in total, SIGKILL the rest."""
+        """Signals first (reverse start order, SIGTERM, grace, SIGKILL), then messages and records."""
         names = list(reversed(self.order))
         if not names:
             return
-        self.echo(f"stopping {', '.join(names)} (SIGTERM, grace {self.grace:g}s)")
-        self.run.set_state(status="stopping")
-        for name in names:
-            r = self.procs[name]
-            signal_group(r.popen.pid, signal.SIGTERM)
-            # give the router a moment to drain before its workers go away
-            if r.spec.role == "router":
-                self._wait_groups([r], min(2.0, self.grace))
-        deadline = time.monotonic() + self.grace
-        self._wait_groups([self.procs[n] for n in names], max(0.0, deadline - time.monotonic()))
-        for name in names:
-            r = self.procs[name]
-            if group_alive(r.popen.pid):
-                self.echo(f"{name} did not stop within {self.grace:g}s: SIGKILL")
-                self.run.event("sigkill", name=name)
-                signal_group(r.popen.pid, signal.SIGKILL)
-        self._wait_groups([self.procs[n] for n in names], 5.0)
-        for name in names:
-            r = self.procs[name]
+        rep = self.group.stop(self.grace, drain=2.0)
+        self.say(f"stopped {', '.join(names)} (SIGTERM, grace {self.grace:g}s)"
+                 + (f"; SIGKILL: {', '.join(rep.killed)}" if rep.killed else ""))
+        for r in rep.refused:
+            self.say(f"not signalled: {r}")
+        for n in rep.survivors:
+            self.say(f"WARNING {n} (process group {self.procs[n].ident.pid}) is still there after SIGKILL")
+        for n in rep.killed:
+            self.note("sigkill", name=n)
+        for n in names:
+            self.note("stopped", name=n, returncode=self.procs[n].returncode)
+
+    # ------------------------------------------------------------ waiting
+
+    def _interruptible(self, fn: Callable[[], Any], phase: str) -> Any:
+        """Run a blocking call (the smoke generate can take minutes) while still reacting to
+        signals, exits and hangs."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
             try:
-                r.popen.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-            r.log.close()
-            self.run.event("stopped", name=name, returncode=r.popen.returncode)
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
 
-    def _wait_groups(self, procs: list[Running], timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            self._reap()
-            if not any(group_alive(r.popen.pid) for r in procs):
-                return
-            time.sleep(0.05)
+        t = threading.Thread(target=run, name="blocking-call", daemon=True)
+        t.start()
+        while t.is_alive():
+            self._check_stop()
+            c = self.exited()
+            if c is not None:
+                self._fail_exited(c, phase)
+            t.join(self.poll)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
-    # ------------------------------------------------------------ readiness
-
-    def _wait(self, what: str, deadline: float, check: Callable[[], tuple[bool, str]]) -> None:
-        """Poll `check` until it passes; fail fast on exits/signals; progress every few seconds."""
-        t0 = time.monotonic()
-        last = t0
+    def _health_gate(self, workers: list[ProcessSpec], deadline: float) -> None:
+        """Until every worker answered /health 200; a worker that went silent for hang_timeout fails."""
+        gate = HealthGate(tuple(w.name for w in workers))
+        dog = Watchdog(self.hang_timeout, every=0.1)
+        probes = Probes(self.fetch)
+        now = self.clock.now()
+        for w in workers:
+            dog.add(w.name, w.health_url, now)
+        t0 = last = now
         while True:
             self._check_stop()
-            r = self.exited()
-            if r is not None:
-                self._fail_exited(r, f"while waiting for {what}")
-            ok, detail = check()
+            c = self.exited()
+            if c is not None:
+                self._fail_exited(c, "while waiting for workers to load")
+            now = self.clock.now()
+            for name, url, timeout in dog.due(now):
+                if name not in gate.healthy:
+                    probes.start(name, url, min(timeout, 5.0), now)
+                else:
+                    dog.observe(name, True, now, now)
+            for name, started, rep in probes.results():
+                state = describe_state(self.procs[name].ident.pid) if name in self.procs else ""
+                state = "" if state == "gone" else state
+                dog.observe(name, not is_miss_while_loading(rep, state), started, self.clock.now(),
+                            problem=state or rep.error or f"HTTP {rep.status}")
+                if gate.observe(name, rep, state, timeout=min(dog.probe_timeout, 5.0)):
+                    self.say(f"{name} is healthy ({self.plan.get(name).health_url})")
+                    self.note("healthy", name=name)
+            if gate.done():
+                return
+            for h in dog.hung(self.clock.now()):
+                if h.name not in gate.healthy:
+                    self._fail_hung(h, "while loading")
+            now = self.clock.now()
+            if now > deadline:
+                raise RuntimeFailure(
+                    f"timed out after {now - t0:.0f}s waiting for workers to load ({gate.detail()})",
+                    f"raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in {self.run.path}",
+                )
+            if now - last >= self.progress_every:
+                self.say(f"[{now - t0:6.0f}s] waiting for workers to load: {gate.detail()}")
+                last = now
+            self.clock.sleep(self.poll)
+
+    def _wait(self, what: str, deadline: float, check: Callable[[], tuple[bool, str]]) -> None:
+        t0 = last = self.clock.now()
+        while True:
+            self._check_stop()
+            c = self.exited()
+            if c is not None:
+                self._fail_exited(c, f"while waiting for {what}")
+            ok, detail = self._interruptible(check, f"while waiting for {what}")
             if ok:
                 return
-            now = time.monotonic()
+            now = self.clock.now()
             if now > deadline:
                 raise RuntimeFailure(
                     f"timed out after {now - t0:.0f}s waiting for {what} ({detail})",
                     f"raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in {self.run.path}",
                 )
             if now - last >= self.progress_every:
-                self.echo(f"[{now - t0:6.0f}s] waiting for {what}: {detail}")
+                self.say(f"[{now - t0:6.0f}s] waiting for {what}: {detail}")
                 last = now
-            time.sleep(self.poll)
-
-    def _health_check(self, workers: list[ProcessSpec]) -> Callable[[], tuple[bool, str]]:
-        healthy: set[str] = set()
-
-        def check() -> tuple[bool, str]:
-            states = []
-            for w in workers:
-                if w.name not in healthy:
-                    rep = request(w.health_url, timeout=5.0)
-                    if rep.status == 200:
-                        healthy.add(w.name)
-                        self.echo(f"{w.name} is healthy ({w.health_url})")
-                        self.run.event("healthy", name=w.name)
-                    else:
-                        states.append(f"{w.name} {'loading (HTTP %d)' % rep.status if rep.status else 'not listening yet'}")
-            return len(healthy) == len(workers), ", ".join(states) or "all healthy"
-
-        return check
+            self.clock.sleep(self.poll)
 
     def _router_check(self, router: ProcessSpec) -> Callable[[], tuple[bool, str]]:
-        base = router.health_url.rsplit("/", 1)[0]
-
-        def check() -> tuple[bool, str]:
-            rep = request(router.health_url, timeout=5.0)
-            if rep.status != 200:
-                return False, f"router /readiness HTTP {rep.status or 'no answer'}"
-            counts = worker_counts(request(base + "/workers", timeout=5.0))
-            missing = [f"{role} {counts.get(role, 0)}/{n}" for role, n in self.plan.expected if counts.get(role, 0) < n]
-            if missing:
-                return False, "router sees " + ", ".join(missing)
-            return True, "ready"
-
-        return check
+        return lambda: router_check(self.fetch, router.health_url, self.plan.expected)
 
     def smoke(self, deadline: float) -> str:
         """One real generate through the front door; retried until the deadline (cold UCX paths)."""
         payload = {"text": self.smoke_prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
         url = self.plan.probe_url + "/generate"
-        last = ""
         while True:
-            self._check_stop()
-            r = self.exited()
-            if r is not None:
-                self._fail_exited(r, "during the smoke request")
-            rep = request(url, payload, timeout=max(5.0, min(600.0, deadline - time.monotonic())))
-            if rep.status == 200:
-                try:
-                    text = rep.json().get("text", "")
-                except ValueError:
-                    text = ""
-                if text:
-                    return text
-                last = f"HTTP 200 without generated text: {rep.body[:200]}"
-            else:
-                last = f"HTTP {rep.status or 'no answer'}: {(rep.body or rep.error)[:300]}"
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"the smoke generate through {url} failed: {last}",
+            timeout = max(5.0, min(600.0, deadline - self.clock.now()))
+            rep = self._interruptible(lambda: request(url, payload, timeout=timeout), "during the smoke request")
+            text, why = smoke_text(rep)
+            if text:
+                return text
+            if self.clock.now() > deadline:
+                raise RuntimeFailure(f"the smoke generate through {url} failed: {why}",
                                      f"check the decode/prefill logs in {self.run.path} (KV transfer, bootstrap port)")
-            time.sleep(1.0)
+            self._interruptible(lambda: time.sleep(0.5), "during the smoke request")
 
     # ------------------------------------------------------------ lifecycle
 
     def start_and_wait_ready(self) -> None:
-        t0 = time.monotonic()
+        self._check_stop()  # a stop (or a closed stdout) before anything started: start nothing
+        t0 = self.clock.now()
         deadline = t0 + self.ready_timeout
-        self.run.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time())
+        me = identify(os.getpid())
+        try:
+            self.run.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time(),
+                               launcher=me.to_dict() if me else None)
+            if me is not None:
+                self.run.file("launcher.pid").write_text(pid_file_text(me))
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write the run dir {self.run.path}: {exc.strerror or exc}",
+                                 "free space there or pass a writable --run-dir") from None
         workers = list(self.plan.workers())
         for w in workers:
             self.start(w)
-        self.echo(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
-        self._wait("workers to load", deadline, self._health_check(workers))
+        self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
+        self._health_gate(workers, deadline)
         router = self.plan.router()
         if router is not None:
             self.start(router)
             self._wait("the router to see all workers", deadline, self._router_check(router))
-        self.echo("sending one generate request through " + self.plan.probe_url)
+        self.say("sending one generate request through " + self.plan.probe_url)
         text = self.smoke(deadline)
-        self.run.event("smoke", text=text)
+        self.note("smoke", text=text)
         if self.after_ready is not None:
-            self.after_ready(self)
-        took = time.monotonic() - t0
-        self.run.set_state(status="ready", ready_seconds=round(took, 3), smoke_text=text)
-        self.run.event("ready", seconds=round(took, 3))
+            self._interruptible(lambda: self.after_ready(self), "during the after-ready gate")  # type: ignore[misc]
+        took = self.clock.now() - t0
+        self._refresh_identities()
+        self.set_state(status="ready", ready_seconds=round(took, 3), smoke_text=text)
+        self.note("ready", seconds=round(took, 3))
 
     def supervise(self) -> None:
-        """Block until a process exits (-> RuntimeFailure) or a signal arrives (-> StopRequested)."""
+        """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
+        dog = Watchdog(self.hang_timeout)
+        probes = Probes(self.fetch)
+        now = self.clock.now()
+        for name in self.order:
+            dog.add(name, _liveness_url(self.plan.get(name)), now)
         while True:
             self._check_stop()
-            r = self.exited()
-            if r is not None:
-                self._fail_exited(r, "unexpectedly")
-            time.sleep(self.poll)
-
-
-def worker_counts(rep: Any) -> dict[str, int]:
-    """Healthy prefill/decode counts from sglang-router 0.3.2's GET /workers."""
-    if rep.status != 200:
-        return {}
-    try:
-        data = rep.json()
-    except ValueError:
-        return {}
-    items = data.get("workers", data) if isinstance(data, dict) else data
-    counts: dict[str, int] = {}
-    if isinstance(items, list):
-        for w in items:
-            if not isinstance(w, dict):
-                continue
-            if w.get("is_healthy", w.get("healthy", True)) is False:
-                continue
-            kind = str(w.get("worker_type", w.get("type", ""))).lower()
-            for role in ("prefill", "decode"):
-                if role in kind:
-                    counts[role] = counts.get(role, 0) + 1
-    stats = data.get("stats") if isinstance(data, dict) else None
-    if isinstance(stats, dict) and not counts:
-        for role in ("prefill", "decode"):
-            n = stats.get(f"{role}_count")
-            if isinstance(n, int):
-                counts[role] = n
-    return counts
+            c = self.exited()
+            if c is not None:
+                self._fail_exited(c, "unexpectedly")
+            now = self.clock.now()
+            for name, url, timeout in dog.due(now):
+                probes.start(name, url, timeout, now)
+            for name, started, rep in probes.results():
+                state = describe_state(self.procs[name].ident.pid)
+                state = "" if state == "gone" else state
+                dog.observe(name, not is_miss_when_ready(rep, state), started, self.clock.now(),
+                            problem=state or rep.error or f"HTTP {rep.status}")
+            hung = dog.hung(self.clock.now())
+            if hung:
+                self._fail_hung(hung[0], "after READY")
+            self.clock.sleep(self.poll)
 
 
 def print_err(msg: str) -> None:

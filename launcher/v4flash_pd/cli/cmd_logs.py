@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
 
 from v4flash_pd.errors import UserError
+from v4flash_pd.poll import poll_until
 from v4flash_pd.rundir import RunDir
+
+
+def _roles(run: RunDir) -> dict[str, str]:
+    """name -> role from the plan the run executed (names are labels, not parsed)."""
+    try:
+        plan = run.read_json("plan.json")
+        return {str(p["name"]): str(p["role"]) for p in plan.get("processes", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def resolve_name(run: RunDir, role: str) -> str:
     names = sorted(p.stem for p in run.path.glob("*.log") if p.stem != "launcher")
     if role in names or role == "launcher" and run.file("launcher.log").exists():
         return role
-    matches = [n for n in names if n.rsplit("-", 1)[0] == role]
+    roles = _roles(run)
+    matches = [n for n in names if roles.get(n) == role]
     if len(matches) == 1:
         return matches[0]
     raise UserError(f"no single log for {role!r} in {run.path}" + (f" (matches: {', '.join(matches)})" if matches else ""),
@@ -36,13 +46,20 @@ def command(role: str, run_dir: Path | None, n: int, follow: bool) -> None:
     if not follow:
         return
     path = run.log(name)
+    stop = b"\0stop"
+
     with open(path, "rb") as f:
         f.seek(0, 2)
-        while True:
+
+        def next_chunk() -> bytes | None:
             chunk = f.readline()
             if chunk:
-                click.echo(chunk.decode("utf-8", "replace").rstrip("\n"))
-                continue
-            if run.state().get("status") in ("stopped", "failed"):
+                return chunk
+            return stop if run.state().get("status") in ("stopped", "failed") else None
+
+        while True:
+            chunk = poll_until(next_chunk, 3600.0, 0.3)
+            if chunk == stop:
                 return
-            time.sleep(0.3)
+            if chunk:
+                click.echo(chunk.decode("utf-8", "replace").rstrip("\n"))

@@ -1,4 +1,9 @@
-"""`v4flash-pd status`: what a run dir says, checked against live pids and /health."""
+"""`v4flash-pd status`: what a run dir says, checked against live processes and their health endpoints.
+
+Liveness comes from the recorded identities (a reused pid is not "up"), health from one short
+probe each: "not listening" (connection refused) and "not answering" (connected, no reply: hung or
+stopped) are different failures and are reported as such.
+"""
 
 from __future__ import annotations
 
@@ -8,47 +13,102 @@ from typing import Any
 
 import click
 
-from v4flash_pd.httpcheck import request
-from v4flash_pd.procs import pid_alive
+from v4flash_pd.httpclient import REFUSED, TIMEOUT, Probes
+from v4flash_pd.poll import poll_until
+from v4flash_pd.procgroup import Identity, Signaller, describe_state, read_stat
 from v4flash_pd.rundir import RunDir
+
+PROBE_TIMEOUT = 1.0
+
+
+def _health_words(alive: bool, status: int, kind: str, proc_state: str) -> str:
+    if not alive:
+        return "-"
+    if proc_state and proc_state != "gone":
+        return f"not answering ({proc_state})"
+    if status == 200:
+        return "healthy"
+    if status:
+        return f"HTTP {status}"
+    if kind == TIMEOUT:
+        return f"not answering (no reply within {PROBE_TIMEOUT:g}s)"
+    if kind == REFUSED:
+        return "not listening"
+    return "no answer"
+
+
+def _worker_of(pid: Any, procs: dict[str, Identity]) -> str | None:
+    if not isinstance(pid, int):
+        return None
+    st = read_stat(pid)
+    by_group = {i.pid: n for n, i in procs.items()}
+    if pid in by_group:
+        return by_group[pid]
+    return by_group.get(st.pgrp) if st is not None else None
 
 
 def collect(run: RunDir) -> dict[str, Any]:
-    st = run.state()
+    st, problem = run.read_state()
+    idents, launcher, source = run.identities()
     try:
         plan = run.read_json("plan.json")
     except (OSError, ValueError):
         plan = {"processes": []}
-    procs = []
+    sig = Signaller()
+    rows = []
+    probes = Probes()
     for p in plan.get("processes", []):
-        pid = (st.get("pids") or {}).get(p["name"])
-        alive = bool(pid) and pid_alive(int(pid))
-        health = request(p["health_url"], timeout=1.0).status if alive else 0
-        procs.append({"name": p["name"], "role": p["role"], "pid": pid, "alive": alive, "health": health,
+        ident = idents.get(p["name"])
+        alive = ident is not None and sig.alive(ident)
+        rows.append((p, ident, alive))
+        if alive:
+            probes.start(p["name"], p["health_url"], PROBE_TIMEOUT, 0.0)
+    poll_until(lambda: not probes.in_flight, PROBE_TIMEOUT + 1.0, 0.02)
+    replies = {name: rep for name, _, rep in probes.results()}
+    procs = []
+    for p, ident, alive in rows:
+        rep = replies.get(p["name"])
+        status = rep.status if rep is not None else 0
+        kind = rep.kind if rep is not None else TIMEOUT
+        proc_state = describe_state(ident.pid) if alive and ident is not None else ""
+        procs.append({"name": p["name"], "role": p["role"], "pid": ident.pid if ident else None, "alive": alive,
+                      "health": status if alive else 0, "answer": _health_words(alive, status, kind, proc_state),
                       "gpus": p["gpus"], "numa": p["binding"]})
-    launcher = int(st.get("launcher_pid") or 0)
+    launcher_alive = launcher is not None and sig.alive(launcher, group=False)
+    patches = run.patch_status()
+    for rec in patches:
+        rec["worker"] = _worker_of(rec.get("pid"), idents)
     return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "url": st.get("url"),
-            "launcher_pid": launcher, "launcher_alive": bool(launcher) and pid_alive(launcher),
+            "state_problem": problem, "identities_from": source,
+            "launcher_pid": launcher.pid if launcher else int(st.get("launcher_pid") or 0),
+            "launcher_alive": launcher_alive,
             "ready_seconds": st.get("ready_seconds"), "reason": st.get("reason"),
-            "processes": procs, "kernel_patch": run.patch_status()}
+            "processes": procs, "kernel_patch": patches}
 
 
 @click.command("status")
 @click.option("--run-dir", type=click.Path(path_type=Path), envvar="V4FLASH_RUN_DIR", help="Run dir (default: latest).")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON")
 def command(run_dir: Path | None, as_json: bool) -> None:
-    """Show run state, each process's pid/liveness/health and the kernel patch status."""
+    """Show run state, each process's pid/liveness/health and each kernel patch per worker."""
     info = collect(RunDir.find(run_dir))
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
     click.echo(f"run     {info['run_dir']}")
-    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or info['status'] in ('stopped', 'failed') else ' (launcher not running!)'}")
+    stopped = info["status"] in ("stopped", "failed")
+    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or stopped else ' (launcher not running!)'}")
+    if info["state_problem"]:
+        click.echo(f"note    {info['state_problem']}; identities from {info['identities_from']}")
     click.echo(f"url     {info['url']}")
     if info.get("reason"):
         click.echo(f"reason  {info['reason']}")
     for p in info["processes"]:
-        health = {200: "healthy", 0: "-"}.get(p["health"], f"HTTP {p['health']}")
-        click.echo(f"  {p['name']:<11} pid {p['pid'] or '-':<8} {'up' if p['alive'] else 'down':<5} {health}")
-    for s in info["kernel_patch"]:
-        click.echo(f"  kernel patch pid {s.get('pid')}: {'active' if s.get('active') else 'inactive'} {s.get('reason', '')}")
+        click.echo(f"  {p['name']:<11} pid {p['pid'] or '-':<8} {'up' if p['alive'] else 'down':<5} {p['answer']}")
+    for rec in info["kernel_patch"]:
+        who = f"{rec.get('worker') or '?'} pid {rec.get('pid')}"
+        if rec.get("error"):
+            click.echo(f"  kernel patches {who}: {rec['error']} ({rec.get('file')})")
+        for name, p in sorted(rec.get("patches", {}).items()):
+            click.echo(f"  kernel patch {name:<14} {who}: {'active' if p.get('active') else 'inactive'}"
+                       + (f" ({p['reason']})" if p.get("reason") else ""))
