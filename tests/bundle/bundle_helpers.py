@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -113,3 +114,32 @@ def flip_byte(path: Path, offset: int | None = None) -> None:
     pos = len(data) // 2 if offset is None else offset
     data[pos] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def reseal(bundle: Path, doc: dict) -> None:
+    """Write `doc` as MANIFEST.json and re-hash consistently, the way a tamperer would.
+
+    Every `files` entry gets the size and sha256 of what is on disk now (kept as recorded when the
+    file is absent), and SHA256SUMS is rewritten to list exactly those files plus MANIFEST.json, so
+    only checks beyond "the two lists agree with the bytes" can catch the change.
+    """
+    for rel, entry in doc["files"].items():
+        path = bundle / rel
+        if path.is_file():
+            entry["size"] = path.stat().st_size
+            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (bundle / "MANIFEST.json").write_text(json.dumps(doc, indent=1) + "\n")
+    digests = {rel: e["sha256"] for rel, e in doc["files"].items()}
+    digests["MANIFEST.json"] = hashlib.sha256((bundle / "MANIFEST.json").read_bytes()).hexdigest()
+    (bundle / "SHA256SUMS").write_text("".join(f"{digests[p]}  {p}\n" for p in sorted(digests)))
+
+
+def ssh_key(dest: Path, name: str) -> Path:
+    """A fresh unencrypted ed25519 key pair (NAME and NAME.pub) made by the real ssh-keygen."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.fail("ssh-keygen (Debian package openssh-client) is needed for the bundle signing tests: "
+                    "apt-get install openssh-client")
+    key = dest / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@test", "-f", str(key)],
+                   check=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    return key

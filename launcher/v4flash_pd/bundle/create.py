@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from v4flash_pd import __version__
-from v4flash_pd.bundle import layout, modelmanifest, sbom, sums
+from v4flash_pd.bundle import layout, modelmanifest, sbom, signing, sums
 from v4flash_pd.bundle.hashing import HashJob, hash_parallel
 from v4flash_pd.bundle.image import ImageRecord, connect, image_id_of, lock_label_mismatches, save_image
 from v4flash_pd.bundle.progress import Progress, human_bytes
@@ -38,6 +38,7 @@ class CreateOptions:
     jobs: int | None = None
     lock_path: Path | None = None
     show_progress: bool = True
+    sign: Path | None = None  # OpenSSH private key (or its .pub, key in ssh-agent): sign SHA256SUMS
 
 
 def _now() -> str:
@@ -157,6 +158,8 @@ def create_bundle(opts: CreateOptions, log: Callable[[str], None] = print) -> Pa
     out = opts.out.absolute()
     _check_out(out)
     lock = load_lock(opts.lock_path)
+    if opts.sign is not None:
+        log(f"will sign SHA256SUMS with {signing.key_fingerprint(opts.sign)}")
     work = layout.partial_dir(out)
     state = work / layout.STATE_DIR
     resumed = work.is_dir()
@@ -207,8 +210,14 @@ def create_bundle(opts: CreateOptions, log: Callable[[str], None] = print) -> Pa
     digests[layout.MANIFEST] = hash_parallel(
         [HashJob(layout.MANIFEST, work / layout.MANIFEST, len(manifest_text))]
     )[layout.MANIFEST].sha256
+    sums_text = sums.format_sums(digests)
+    # Signed before the resume state is dropped: a wrong passphrase costs a rerun, not a re-hash.
+    signature = signing.sign(opts.sign, sums_text.encode("utf-8")) if opts.sign is not None else None
     shutil.rmtree(state, ignore_errors=True)
-    _write(work / layout.SUMS, sums.format_sums(digests))  # last: its presence marks completeness
+    _write(work / layout.SUMS, sums_text)  # last but its signature: its presence marks completeness
+    if signature is not None:
+        _write(work / layout.SIGNATURE, signature)
+        log(f"signed: {layout.SIGNATURE} (namespace {signing.NAMESPACE})")
     _fsync_dir(work)
     os.rename(work, out)
     _fsync_dir(out.parent)

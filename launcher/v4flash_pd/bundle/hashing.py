@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -31,6 +32,9 @@ class HashJob:
     key: str
     path: Path
     size: int
+    # Bundle files must be regular files reached without a final symlink; model files are not
+    # (the Hugging Face cache layout links every file into a blob store).
+    regular_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,24 @@ def sha256_file(
     on_bytes: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
     chunk: int = CHUNK,
+    *,
+    regular_only: bool = False,
 ) -> tuple[str, int]:
-    """(hex digest, bytes read); reads into one reused buffer so memory stays at `chunk`."""
+    """(hex digest, bytes read); reads into one reused buffer so memory stays at `chunk`.
+
+    `regular_only` opens without following a final symlink and without blocking on a FIFO, and
+    refuses anything but a regular file (OSError), so a file swapped after a check is not read.
+    """
     digest = hashlib.sha256()
     buf = bytearray(chunk)
     view = memoryview(buf)
     total = 0
-    with open(path, "rb", buffering=0) as fh:
+    flags = os.O_RDONLY | os.O_CLOEXEC | ((os.O_NOFOLLOW | os.O_NONBLOCK) if regular_only else 0)
+    fd = os.open(path, flags)
+    if regular_only and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    with open(fd, "rb", buffering=0) as fh:
         try:
             os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (AttributeError, OSError):  # pragma: no cover - non-Linux
@@ -79,7 +94,8 @@ def sha256_file(
 
 def _one(job: HashJob, progress: Progress | None, stop: threading.Event) -> HashResult:
     try:
-        hexdigest, size = sha256_file(job.path, progress.advance if progress else None, stop)
+        hexdigest, size = sha256_file(job.path, progress.advance if progress else None, stop,
+                                      regular_only=job.regular_only)
     except HashInterrupted:
         raise
     except OSError as exc:

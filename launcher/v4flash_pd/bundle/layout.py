@@ -7,6 +7,8 @@ from pathlib import Path
 FORMAT = "v4flash-bundle/1"
 MANIFEST = "MANIFEST.json"
 SUMS = "SHA256SUMS"
+# Detached OpenSSH signature over SHA256SUMS (`bundle create --sign`); ssh-keygen's own default name.
+SIGNATURE = "SHA256SUMS.sig"
 LOCK = "stack.lock"
 SBOM = "sbom.cdx.json"
 IMAGE_ARCHIVE = "image/image.tar.zst"

@@ -4,6 +4,11 @@ SHA256SUMS uses coreutils' format (`<hex>  <path>`), so the far side can check a
 `sha256sum -c SHA256SUMS` even before v4flash-pd is installed. It covers every file but itself,
 MANIFEST.json included; MANIFEST.json repeats each file's size and sha256, so a damaged SHA256SUMS
 line is caught by the cross-check rather than trusted.
+
+Every name either file carries is untrusted (it crossed the air gap): both parsers refuse any
+path that is absolute, climbs with `..`, or is not normalized (see `contain.rel_problem`), and
+MANIFEST.json's declared paths (image, model manifest, lock, SBOM, wheelhouse) are collected in
+one place so `verify` can require each to be covered by SHA256SUMS.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from v4flash_pd.bundle import layout
+from v4flash_pd.bundle.contain import rel_problem, walk
 
 _LINE = re.compile(r"^(?P<hex>[0-9a-f]{64}) [ *](?P<path>.+)$")
 
@@ -39,8 +45,11 @@ def parse_sums(text: str) -> dict[str, str]:
         if m is None:
             raise ValueError(f"line {lineno} is not `<sha256>  <path>`: {line[:100]!r}")
         path = m.group("path")
-        if path.startswith("/") or ".." in path.split("/") or path == layout.SUMS:
-            raise ValueError(f"line {lineno} names a path outside the bundle: {path!r}")
+        problem = rel_problem(path)
+        if problem is not None:
+            raise ValueError(f"line {lineno} names a path outside the bundle: {path!r} {problem}")
+        if path in (layout.SUMS, layout.SIGNATURE):
+            raise ValueError(f"line {lineno} lists {path}, which cannot cover itself")
         if path in out:
             raise ValueError(f"line {lineno} lists {path} twice")
         out[path] = m.group("hex")
@@ -60,13 +69,39 @@ class BundleManifest:
     wheelhouse: dict[str, Any] | None = None
     sbom: dict[str, Any] = field(default_factory=dict)
     fmt: str = layout.FORMAT
+    lock_path: str = layout.LOCK
+
+    def declared(self) -> dict[str, str]:
+        """Every file MANIFEST.json points at outside `files`, by its JSON key (defaults filled in)."""
+        out = {"lock": self.lock_path, "sbom": self.sbom_path}
+        if self.image:
+            out["image"] = self.image_path
+        if self.model:
+            out["model"] = self.model_path
+        return out
+
+    @property
+    def image_path(self) -> str:
+        return str((self.image or {}).get("path") or layout.IMAGE_ARCHIVE)
+
+    @property
+    def model_path(self) -> str:
+        return str((self.model or {}).get("path") or layout.MODEL_MANIFEST)
+
+    @property
+    def sbom_path(self) -> str:
+        return str(self.sbom.get("path") or layout.SBOM)
+
+    @property
+    def wheelhouse_path(self) -> str:
+        return str((self.wheelhouse or {}).get("path") or layout.WHEELHOUSE)
 
     def to_json(self) -> str:
         doc = {
             "format": self.fmt,
             "created": self.created,
             "tool": {"name": "v4flash-pd", "version": self.tool_version},
-            "lock": {"path": layout.LOCK, "sha256": self.lock_sha256},
+            "lock": {"path": self.lock_path, "sha256": self.lock_sha256},
             "sbom": self.sbom,
             "image": self.image,
             "model": self.model,
@@ -90,24 +125,49 @@ def parse_manifest(text: str) -> BundleManifest:
         files = {
             str(p): FileEntry(int(e["size"]), str(e["sha256"])) for p, e in dict(doc["files"]).items()
         }
-        return BundleManifest(
+        sections = {}
+        for key in ("image", "model", "wheelhouse", "sbom"):
+            value = doc.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"{key} is a {type(value).__name__}, expected an object")
+            if value is not None and not isinstance(value.get("path", ""), str):
+                raise ValueError(f"{key}.path is not a string: {value['path']!r}")
+            sections[key] = value
+        lock_path = doc["lock"].get("path", layout.LOCK)
+        if not isinstance(lock_path, str):
+            raise ValueError(f"lock.path is not a string: {lock_path!r}")
+        manifest = BundleManifest(
             created=str(doc["created"]),
             tool_version=str(doc["tool"]["version"]),
             lock_sha256=str(doc["lock"]["sha256"]),
             files=files,
-            image=doc.get("image"),
-            model=doc.get("model"),
-            wheelhouse=doc.get("wheelhouse"),
-            sbom=dict(doc.get("sbom") or {}),
+            image=sections["image"],
+            model=sections["model"],
+            wheelhouse=sections["wheelhouse"],
+            sbom=dict(sections["sbom"] or {}),
+            lock_path=lock_path,
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"missing or malformed field ({exc})") from exc
+    _check_paths(manifest)
+    return manifest
+
+
+def _check_paths(manifest: BundleManifest) -> None:
+    """Every path MANIFEST.json names must be a plain relative path inside the bundle."""
+    named = [(f"files[{p!r}]", p) for p in manifest.files]
+    named += [(f"{key}.path", p) for key, p in manifest.declared().items()]
+    if manifest.wheelhouse:
+        named.append(("wheelhouse.path", manifest.wheelhouse_path))
+    for where, path in named:
+        problem = rel_problem(path)
+        if problem is not None:
+            raise ValueError(f"{where} = {path!r} {problem}; every path must stay inside the bundle")
+        if path in (layout.SUMS, layout.SIGNATURE, layout.MANIFEST) and where.startswith("files"):
+            raise ValueError(f"{where} lists {path}, which `files` never covers")
 
 
 def list_files(root: Path) -> list[str]:
-    """Every file under `root` as a relative POSIX path (symlinks count as files: refused later)."""
-    out = []
-    for path in root.rglob("*"):
-        if path.is_file() or path.is_symlink():
-            out.append(path.relative_to(root).as_posix())
-    return sorted(out)
+    """Every entry under `root` that is not a directory (links and special files included)."""
+    tree = walk(root)
+    return sorted(tree.files | {rel for rel, _kind in tree.refused})

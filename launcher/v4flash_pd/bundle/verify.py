@@ -1,9 +1,12 @@
 """`bundle verify`: prove a copied bundle is exactly what `create` wrote, offline.
 
-Order matters for the messages: first the file set (missing / unexpected files), then every
-checksum (in parallel), then the cross-checks that need intact files (MANIFEST.json vs
-SHA256SUMS, lock hash, SBOM vs lock, image archive read end to end, wheelhouse vs lock), then the
-model dir against the bundled model manifest. Every failing row names the file it is about.
+Order matters for the messages: first what is on disk (symlinks and special files are refused
+before anything is opened), then SHA256SUMS and, with --trust, its signature (an untrusted bundle
+is not worth hashing), then the file set (missing / unexpected files), then every checksum (in
+parallel), then the cross-checks that need intact files (MANIFEST.json vs SHA256SUMS, every path
+MANIFEST.json declares listed in SHA256SUMS, lock hash, SBOM vs lock, image archive read end to
+end, wheelhouse vs lock), then the model dir against the bundled model manifest. Every failing
+row names the file it is about.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from v4flash_pd.bundle import layout, modelmanifest, sbom, sums
+from v4flash_pd.bundle import contain, layout, modelmanifest, sbom, signing, sums
 from v4flash_pd.bundle.hashing import HashJob, hash_parallel
 from v4flash_pd.bundle.progress import Progress, human_bytes
 from v4flash_pd.errors import RuntimeFailure, UserError
@@ -52,16 +55,27 @@ def render_table(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
+_SIGNATURE_HINT = (
+    "have the bundle signed by its creator (`bundle create --sign KEY`), or copy it and its SHA256SUMS.sig "
+    "again from them, and check that --trust names the public half of that KEY (KEY.pub); do not use a "
+    "bundle whose signature does not verify"
+)
+
+
 def raise_if_failed(report: VerifyReport, loading: bool = False) -> None:
     if report.ok:
         return
     named = "; ".join(f"{c.subject}: {c.detail or c.what}" for c in report.failures[:12])
     more = f" (and {len(report.failures) - 12} more)" if len(report.failures) > 12 else ""
+    if any(c.what.startswith("signature") for c in report.failures):
+        hint = _SIGNATURE_HINT
+    else:
+        hint = ("copy the named files again from the connected side (compare with `sha256sum -c SHA256SUMS` "
+                "there), remove anything that is not part of the bundle, or recreate the bundle with "
+                "`v4flash-pd bundle create`")
     raise RuntimeFailure(
         f"bundle {report.bundle} failed verification: {named}{more}",
-        "copy the named files again from the connected side (compare with `sha256sum -c SHA256SUMS` "
-        "there), or recreate the bundle with `v4flash-pd bundle create`"
-        + ("; nothing was loaded into the engine" if loading else ""),
+        hint + ("; nothing was loaded into the engine" if loading else ""),
     )
 
 
@@ -77,6 +91,30 @@ def _check_dir(bundle: Path) -> None:
     raise UserError(f"bundle dir {bundle} does not exist", "pass the directory `bundle create --out` wrote")
 
 
+def _check_signature(
+    root: Path, tree: contain.Tree, sums_bytes: bytes, trust: signing.TrustedKeys, checks: list[Check]
+) -> bool:
+    """True when SHA256SUMS.sig is a good signature over exactly the SHA256SUMS bytes parsed."""
+    sig = layout.SIGNATURE
+    if sig not in tree.files:
+        if tree.kind_of(sig) is None:  # a link or FIFO in its place is already a failed row
+            checks.append(Check(sig, "signature", False,
+                                "missing: the bundle is not signed, and --trust requires a signature"))
+        return False
+    try:
+        data = contain.read_regular(root / sig)
+    except (OSError, ValueError) as exc:
+        checks.append(Check(sig, "signature", False, f"cannot read: {getattr(exc, 'strerror', None) or exc}"))
+        return False
+    try:
+        line = signing.verify(sums_bytes, data, trust)
+    except signing.SignatureInvalid as exc:
+        checks.append(Check(sig, "signature over SHA256SUMS", False, str(exc)))
+        return False
+    checks.append(Check(sig, "signature over SHA256SUMS", True, line))
+    return True
+
+
 def verify_bundle(
     bundle: Path,
     model: Path | None = None,
@@ -84,50 +122,80 @@ def verify_bundle(
     jobs: int | None = None,
     show_progress: bool = True,
     log: Callable[[str], None] = lambda _m: None,
+    trust: signing.TrustedKeys | None = None,
 ) -> VerifyReport:
+    """Every check in docs/bundle.md's order; with `trust`, an unsigned or badly signed bundle fails."""
     bundle = Path(bundle)
     _check_dir(bundle)
+    root = bundle.resolve()
     checks: list[Check] = []
+    manifest: sums.BundleManifest | None = None
 
     def done() -> VerifyReport:
         return VerifyReport(bundle, tuple(checks), manifest)
 
-    manifest: sums.BundleManifest | None = None
-    sums_path = bundle / layout.SUMS
+    # Nothing is opened before the walk has said what it is: a FIFO named SHA256SUMS would block.
+    tree = contain.walk(root)
+    refused = {rel for rel, _kind in tree.refused}
+    for rel, kind in tree.refused:
+        checks.append(Check(rel, "regular file", False, f"is {kind} (refused: a bundle holds only regular files)"))
+
+    if layout.SUMS not in tree.files:
+        if layout.SUMS not in refused:
+            checks.append(Check(layout.SUMS, "present", False, "missing (not a complete bundle)"))
+        return done()
     try:
-        listed = sums.parse_sums(sums_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        checks.append(Check(layout.SUMS, "present", False, "missing (not a complete bundle)"))
+        sums_bytes = contain.read_regular(root / layout.SUMS)
+        listed = sums.parse_sums(sums_bytes.decode("utf-8"))
+    except OSError as exc:
+        checks.append(Check(layout.SUMS, "parse", False, f"cannot read: {exc.strerror}"))
         return done()
     except (ValueError, UnicodeDecodeError) as exc:
         checks.append(Check(layout.SUMS, "parse", False, f"damaged: {exc}"))
         return done()
     checks.append(Check(layout.SUMS, "parse", True, f"{len(listed)} entries"))
 
+    if trust is not None:
+        if not _check_signature(root, tree, sums_bytes, trust, checks):
+            return done()  # nothing else in an untrusted bundle is worth hashing
+    elif layout.SIGNATURE in tree.files:
+        checks.append(Check(layout.SIGNATURE, "signature", True, "present, not checked (pass --trust PUBKEY)"))
+
     # MANIFEST.json is parsed before its hash is checked only to give better messages (sizes);
     # nothing from it is trusted until the hash row below passes.
-    try:
-        manifest = sums.parse_manifest((bundle / layout.MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        manifest = None
+    manifest_error = "not a v4flash bundle manifest"
+    if layout.MANIFEST in tree.files:
+        try:
+            manifest = sums.parse_manifest(contain.read_regular(root / layout.MANIFEST).decode("utf-8"))
+        except (OSError, UnicodeDecodeError):
+            manifest = None
+        except ValueError as exc:
+            manifest, manifest_error = None, str(exc)
 
-    on_disk = set(sums.list_files(bundle))
-    expected = set(listed) | {layout.SUMS}
-    for rel in sorted(expected - on_disk):
+    on_disk = set(tree.files)
+    expected = set(listed) | {layout.SUMS} | ({layout.SIGNATURE} & on_disk)
+    missing = sorted(expected - on_disk - refused)
+    extra = sorted(on_disk - expected)
+    for rel in missing:
         checks.append(Check(rel, "present", False, "missing"))
-    for rel in sorted(on_disk - expected):
+    for rel in extra:
         checks.append(Check(rel, "expected", False, "unexpected file (not in SHA256SUMS): remove it"))
-    links = sorted(r for r in on_disk & set(listed) if (bundle / r).is_symlink())
-    for rel in links:
-        checks.append(Check(rel, "regular file", False, "is a symlink (refused)"))
-    if not (expected - on_disk) and not (on_disk - expected):
+    if not missing and not extra and not refused:
         checks.append(Check("*", "file set", True, f"{len(on_disk)} files, none missing or unexpected"))
 
-    present = sorted((set(listed) & on_disk) - set(links))
-    total = sum((bundle / r).stat().st_size for r in present)
+    present = []
+    for rel in sorted(set(listed) & on_disk):
+        try:
+            contain.inside(root, rel)
+        except ValueError as exc:
+            checks.append(Check(rel, "inside the bundle", False, str(exc)))
+            continue
+        present.append(rel)
+    sizes = {r: (root / r).stat().st_size for r in present}
+    total = sum(sizes.values())
     progress = Progress("checksums", enabled=show_progress)
     progress.start(total)
-    results = hash_parallel([HashJob(r, bundle / r, (bundle / r).stat().st_size) for r in present], jobs, progress)
+    results = hash_parallel([HashJob(r, root / r, sizes[r], regular_only=True) for r in present], jobs, progress)
     progress.finish()
     good: set[str] = set()
     for rel in present:
@@ -149,13 +217,11 @@ def verify_bundle(
         checks.append(Check("*", "sha256", True, f"{len(good)} files, {human_bytes(total)} match SHA256SUMS"))
 
     if layout.MANIFEST not in good:
-        if layout.MANIFEST in on_disk and layout.MANIFEST in listed:
-            pass  # already reported as a hash failure
-        elif layout.MANIFEST not in listed:
+        if layout.MANIFEST not in listed:
             checks.append(Check(layout.MANIFEST, "listed", False, "not in SHA256SUMS"))
-        return done()
+        return done()  # otherwise already reported (missing, refused or a hash failure)
     if manifest is None:
-        checks.append(Check(layout.MANIFEST, "parse", False, "not a v4flash bundle manifest"))
+        checks.append(Check(layout.MANIFEST, "parse", False, manifest_error))
         return done()
 
     cross = sorted(
@@ -166,42 +232,59 @@ def verify_bundle(
         checks.append(Check(rel, "MANIFEST.json vs SHA256SUMS", False, "the two lists disagree about this file"))
     if not cross:
         checks.append(Check(layout.MANIFEST, "agrees with SHA256SUMS", True))
+    uncovered = {key: rel for key, rel in manifest.declared().items() if rel not in listed}
+    for key, rel in sorted(uncovered.items()):
+        checks.append(Check(rel, f"{key}.path in SHA256SUMS", False,
+                            f"MANIFEST.json declares the {key} here, but SHA256SUMS does not list it"))
+    if not uncovered:
+        checks.append(Check(layout.MANIFEST, "declared paths in SHA256SUMS", True, ", ".join(sorted(manifest.declared()))))
 
-    lock = _check_lock(bundle, manifest, good, checks)
+    lock = _check_lock(root, manifest, good, checks)
     if manifest.image:
-        _check_image(bundle, manifest, good, checks, show_progress)
+        _check_image(root, manifest, good, checks, show_progress)
     if manifest.wheelhouse and lock is not None:
-        from v4flash_pd.bundle.wheelhouse import check_wheels
-
-        wheels = {r.split("/", 1)[1]: listed[r] for r in listed if r.startswith(layout.WHEELHOUSE + "/")}
-        problems = check_wheels(lock, wheels)
-        for p in problems:
-            checks.append(Check(f"{layout.WHEELHOUSE}/{p.split(':', 1)[0]}", "wheel vs stack.lock", False, p.split(": ", 1)[-1]))
-        if not problems:
-            checks.append(Check(layout.WHEELHOUSE, "hashes in stack.lock", True, f"{len(wheels)} files"))
-    _check_model(bundle, manifest, good, checks, model, full, show_progress)
+        _check_wheelhouse(manifest, listed, lock, checks)
+    _check_model(root, manifest, good, checks, model, full, show_progress)
     return done()
 
 
+def _check_wheelhouse(manifest: sums.BundleManifest, listed: dict[str, str], lock: StackLock, checks: list[Check]) -> None:
+    from v4flash_pd.bundle.wheelhouse import check_wheels
+
+    prefix = manifest.wheelhouse_path + "/"
+    wheels = {r[len(prefix):]: listed[r] for r in listed if r.startswith(prefix)}
+    problems = check_wheels(lock, wheels)
+    for p in problems:
+        checks.append(Check(f"{prefix}{p.split(':', 1)[0]}", "wheel vs stack.lock", False, p.split(": ", 1)[-1]))
+    declared = (manifest.wheelhouse or {}).get("files")
+    if isinstance(declared, int) and declared != len(wheels):
+        checks.append(Check(manifest.wheelhouse_path, "wheel count", False,
+                            f"MANIFEST.json says {declared} files, SHA256SUMS lists {len(wheels)}"))
+    elif not problems:
+        checks.append(Check(manifest.wheelhouse_path, "hashes in stack.lock", True, f"{len(wheels)} files"))
+
+
 def _check_lock(bundle: Path, manifest: sums.BundleManifest, good: set[str], checks: list[Check]) -> StackLock | None:
-    if layout.LOCK not in good:
+    rel = manifest.lock_path
+    if rel not in good:
         return None
-    actual = hashlib.sha256((bundle / layout.LOCK).read_bytes()).hexdigest()
+    actual = hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
     if actual != manifest.lock_sha256:
-        checks.append(Check(layout.LOCK, "sha256 vs MANIFEST.json", False, f"{actual[:12]} != {manifest.lock_sha256[:12]}"))
+        checks.append(Check(rel, "sha256 vs MANIFEST.json", False, f"{actual[:12]} != {manifest.lock_sha256[:12]}"))
         return None
     try:
-        lock = load_lock(bundle / layout.LOCK)
+        lock = load_lock(bundle / rel)
     except UserError as exc:
-        checks.append(Check(layout.LOCK, "parse", False, exc.message))
+        checks.append(Check(rel, "parse", False, exc.message))
         return None
-    checks.append(Check(layout.LOCK, "sha256 vs MANIFEST.json", True, f"{len(lock.packages)} packages"))
-    if layout.SBOM in good:
-        problems = sbom.check_sbom((bundle / layout.SBOM).read_text(encoding="utf-8"), lock)
+    checks.append(Check(rel, "sha256 vs MANIFEST.json", True, f"{len(lock.packages)} packages"))
+    sbom_rel = manifest.sbom_path
+    if sbom_rel in good:
+        problems = sbom.check_sbom((bundle / sbom_rel).read_text(encoding="utf-8"), lock)
         for p in problems:
-            checks.append(Check(layout.SBOM, "describes stack.lock", False, p))
+            checks.append(Check(sbom_rel, "describes stack.lock", False, p))
         if not problems:
-            checks.append(Check(layout.SBOM, "describes stack.lock", True, f"{len(lock.packages)} components"))
+            checks.append(Check(sbom_rel, "describes stack.lock", True, f"{len(lock.packages)} components"))
     return lock
 
 
@@ -209,7 +292,7 @@ def _check_image(bundle: Path, manifest: sums.BundleManifest, good: set[str], ch
     from v4flash_pd.bundle.image import read_archive
 
     img = manifest.image or {}
-    rel = str(img.get("path") or layout.IMAGE_ARCHIVE)
+    rel = manifest.image_path
     if rel not in good:
         return  # already failed (missing / checksum); reading it would only repeat that
     progress = Progress("read image archive", enabled=show)
@@ -241,20 +324,20 @@ def _check_model(
 
     if model is None:
         if manifest.model:
-            checks.append(Check(layout.MODEL_MANIFEST, "model dir", True, "not checked (pass --model PATH)"))
+            checks.append(Check(manifest.model_path, "model dir", True, "not checked (pass --model PATH)"))
         return
     if not manifest.model:
         checks.append(Check(str(model), "model manifest", False, "this bundle was created without --model"))
         return
-    if layout.MODEL_MANIFEST not in good:
+    if manifest.model_path not in good:
         return
     if not Path(model).is_dir():
         checks.append(Check(str(model), "model dir", False, "does not exist or is not a directory"))
         return
     try:
-        mm = modelmanifest.load_manifest(bundle / layout.MODEL_MANIFEST)
+        mm = modelmanifest.load_manifest(bundle / manifest.model_path)
     except UserError as exc:
-        checks.append(Check(layout.MODEL_MANIFEST, "parse", False, exc.message))
+        checks.append(Check(manifest.model_path, "parse", False, exc.message))
         return
     progress = Progress("hash model", enabled=show) if full else None
     problems = check_against(mm, Path(model), full=full, progress=progress)

@@ -33,6 +33,7 @@ def command() -> None:
 
     Connected side: `bundle create --out DIR`. Copy DIR (and the model dir) across.
     Disconnected side: `bundle verify DIR --model PATH`, then `bundle load DIR`.
+    Signed bundles: `create --sign KEY`, then `verify/load --trust KEY.pub`.
     """
 
 
@@ -40,6 +41,9 @@ _jobs = click.option("--jobs", type=click.IntRange(1, 1024), default=None, envva
                      help="Hashing threads (default: every core this process may use).")
 _quiet = click.option("--no-progress", is_flag=True, envvar="V4FLASH_BUNDLE_NO_PROGRESS",
                       help="No progress bars (summary lines are still printed).")
+_trust = click.option("--trust", "trust", metavar="PUBKEY", type=click.Path(path_type=Path), default=None,
+                      envvar="V4FLASH_BUNDLE_TRUST",
+                      help="Require a good signature over SHA256SUMS by this OpenSSH public key (.pub file).")
 _engine = click.option("--engine", metavar="URL", default=None, envvar="V4FLASH_ENGINE",
                        help="Engine API endpoint, e.g. unix:///run/podman/podman.sock (default: DOCKER_HOST).")
 
@@ -59,11 +63,14 @@ _engine = click.option("--engine", metavar="URL", default=None, envvar="V4FLASH_
               envvar="V4FLASH_STACK_LOCK", help="Stack lock to bundle [default: the one v4flash-pd ships].")
 @click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True,
               envvar="V4FLASH_BUNDLE_ZSTD_LEVEL", help="zstd level for the image archive (19 = smallest, slow).")
+@click.option("--sign", "sign", metavar="KEY", type=click.Path(path_type=Path), default=None,
+              envvar="V4FLASH_BUNDLE_SIGN",
+              help="Sign SHA256SUMS with this OpenSSH private key (ssh-keygen -Y; or its .pub with the key in ssh-agent).")
 @_engine
 @_jobs
 @_quiet
 def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None, wheelhouse: str | None,
-               lock_path: Path | None, zstd_level: int, engine: str | None, jobs: int | None,
+               lock_path: Path | None, zstd_level: int, sign: Path | None, engine: str | None, jobs: int | None,
                no_progress: bool) -> None:
     """Write a bundle: image (zstd), stack lock, SBOM, [wheelhouse], [model manifest], checksums."""
     from v4flash_pd.errors import UserError
@@ -83,6 +90,7 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
         jobs=jobs,
         lock_path=lock_path,
         show_progress=not no_progress,
+        sign=sign,
     )
     path = create_bundle(opts, log=_log)
     click.echo(str(path))
@@ -94,14 +102,19 @@ def create_cmd(out: Path, image: str | None, no_image: bool, model: Path | None,
               help="Check this model dir against the bundled manifest.")
 @click.option("--full", is_flag=True, envvar="V4FLASH_BUNDLE_FULL",
               help="Hash every model file (default: sizes only).")
+@_trust
 @_jobs
 @_quiet
-def verify_cmd(bundle_dir: Path, model: Path | None, full: bool, jobs: int | None, no_progress: bool) -> None:
+def verify_cmd(bundle_dir: Path, model: Path | None, full: bool, trust: Path | None, jobs: int | None,
+               no_progress: bool) -> None:
     """Check every checksum, the image archive, SBOM/lock and (with --model) the model. No network."""
     _require("zstandard")
+    from v4flash_pd.bundle.signing import load_trust
     from v4flash_pd.bundle.verify import raise_if_failed, render_table, verify_bundle
 
-    report = verify_bundle(bundle_dir, model=model, full=full, jobs=jobs, show_progress=not no_progress)
+    trusted = load_trust(trust) if trust is not None else None
+    report = verify_bundle(bundle_dir, model=model, full=full, jobs=jobs, show_progress=not no_progress,
+                           trust=trusted)
     click.echo(render_table(report))
     raise_if_failed(report)
     click.echo(f"bundle {bundle_dir}: all checks passed")
@@ -112,15 +125,18 @@ def verify_cmd(bundle_dir: Path, model: Path | None, full: bool, jobs: int | Non
 @click.option("--model", type=click.Path(path_type=Path), default=None, envvar="V4FLASH_BUNDLE_MODEL",
               help="Also check this model dir, then install the manifest into it for `up`.")
 @click.option("--full", is_flag=True, envvar="V4FLASH_BUNDLE_FULL", help="Hash every model file.")
+@_trust
 @_engine
 @_jobs
 @_quiet
-def load_cmd(bundle_dir: Path, model: Path | None, full: bool, engine: str | None, jobs: int | None,
-             no_progress: bool) -> None:
+def load_cmd(bundle_dir: Path, model: Path | None, full: bool, trust: Path | None, engine: str | None,
+             jobs: int | None, no_progress: bool) -> None:
     """Verify the bundle, then load its image and check the loaded image ID. Nothing loads on failure."""
     _require("zstandard", "docker")
     from v4flash_pd.bundle.load import load_bundle
+    from v4flash_pd.bundle.signing import load_trust
 
+    trusted = load_trust(trust) if trust is not None else None
     result = load_bundle(bundle_dir, engine=engine, model=model, full=full, jobs=jobs,
-                         show_progress=not no_progress, log=click.echo)
+                         show_progress=not no_progress, log=click.echo, trust=trusted)
     click.echo(f"loaded {result.image_id}")
