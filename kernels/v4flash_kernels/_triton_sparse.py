@@ -155,6 +155,13 @@ def split_kernel(
     NS,
     CHUNK,  # tokens per split, multiple of BLOCK_T
     qk_scale,  # softmax_scale * log2(e)
+    OUT,  # bf16, row (b, h) at OUT + b*stride_ob + h*stride_oh (EPILOGUE 1 / 2)
+    stride_ob,
+    stride_oh,
+    LSE,  # fp32, (b, h) at LSE + b*stride_lb + h
+    stride_lb,
+    SINK,  # fp32 [H] or dummy
+    CNT,  # int32 [B * head_blocks] arrival counters, zero between calls (EPILOGUE 1)
     HAS_LEN_A: tl.constexpr,
     HAS_LEN_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -162,6 +169,9 @@ def split_kernel(
     PREFETCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     KSPLIT: tl.constexpr = 1,  # 4: the latent as four 128-wide parts (wide head blocks)
+    EPILOGUE: tl.constexpr = 0,  # 0: partials only (combine_kernel merges); 1: last arrival merges; 2: NS == 1
+    HAS_SINK: tl.constexpr = False,
+    MERGE_SB: tl.constexpr = 4,  # splits per merge load (EPILOGUE 1)
 ):
     sid = tl.program_id(0)
     hb = tl.program_id(1)
@@ -285,18 +295,103 @@ def split_kernel(
 
     has = l_i > 0.0
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (b * H + offs_h).to(tl.int64) * NS + sid
-    if KSPLIT == 4:
-        inv = 1.0 / tl.where(has, l_i, 1.0)
-        o_ptrs = WS_O + row[:, None] * 512 + offs_d2[None, :]
-        tl.store(o_ptrs, acc_0 * inv[:, None], mask=hmask[:, None])
-        tl.store(o_ptrs + 128, acc_1 * inv[:, None], mask=hmask[:, None])
-        tl.store(o_ptrs + 256, acc_2 * inv[:, None], mask=hmask[:, None])
-        tl.store(o_ptrs + 384, acc_3 * inv[:, None], mask=hmask[:, None])
+    if EPILOGUE == 2:
+        # One split covers the row: finish here (sink, bf16 out, natural-log lse), no workspace.
+        lse_n, factor = _finish_scale(lse2, tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0), SINK, offs_h,
+                                      hmask, HAS_SINK)
+        o_row = OUT + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh
+        if KSPLIT == 4:
+            tl.store(o_row + offs_d2[None, :], (acc_0 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+            tl.store(o_row + 128 + offs_d2[None, :], (acc_1 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+            tl.store(o_row + 256 + offs_d2[None, :], (acc_2 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+            tl.store(o_row + 384 + offs_d2[None, :], (acc_3 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        else:
+            tl.store(o_row + offs_d[None, :], (acc * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        tl.store(LSE + b.to(tl.int64) * stride_lb + offs_h, lse_n, mask=hmask)
     else:
-        o = acc / tl.where(has, l_i, 1.0)[:, None]
-        tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
-    tl.store(WS_L + row, lse2, mask=hmask)
+        row = (b * H + offs_h).to(tl.int64) * NS + sid
+        if KSPLIT == 4:
+            inv = 1.0 / tl.where(has, l_i, 1.0)
+            o_ptrs = WS_O + row[:, None] * 512 + offs_d2[None, :]
+            tl.store(o_ptrs, acc_0 * inv[:, None], mask=hmask[:, None])
+            tl.store(o_ptrs + 128, acc_1 * inv[:, None], mask=hmask[:, None])
+            tl.store(o_ptrs + 256, acc_2 * inv[:, None], mask=hmask[:, None])
+            tl.store(o_ptrs + 384, acc_3 * inv[:, None], mask=hmask[:, None])
+        else:
+            o = acc / tl.where(has, l_i, 1.0)[:, None]
+            tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
+        tl.store(WS_L + row, lse2, mask=hmask)
+        if EPILOGUE == 1:
+            # Last program of this (batch, head block) to arrive merges every split. The barrier puts
+            # all of this CTA's partial stores before the counter's release; the acquire (and .cg
+            # loads, which skip the non-coherent L1) make the other programs' partials visible. The
+            # winner puts the counter back to 0, so the buffer is ready for the next call or graph
+            # replay with no reset kernel.
+            tl.debug_barrier()
+            cnt_ptr = CNT + b * tl.num_programs(1) + hb
+            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == NS - 1:
+                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+                _merge_rows(WS_O, WS_L, (b * H + offs_h).to(tl.int64) * NS, hmask, NS, OUT, stride_ob, stride_oh,
+                            LSE, stride_lb, SINK, b, offs_h, HAS_SINK, BLOCK_H, MERGE_SB)
+
+
+@triton.jit
+def _finish_scale(lse2, factor, SINK, offs_h, hmask, HAS_SINK: tl.constexpr):
+    """Base-2 lse of the merged row and the output's scale -> (natural-log lse with the sink, scale)."""
+    lse = lse2 * 0.6931471805599453  # -inf stays -inf
+    if HAS_SINK:
+        sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+        top = tl.maximum(lse, sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        lse_f = top + tl.log(tl.exp(lse - top) + tl.exp(sink - top))
+        factor = factor * tl.where(lse == float("-inf"), 0.0, tl.exp(lse - lse_f))
+        lse = lse_f
+    return lse, factor
+
+
+@triton.jit
+def _merge_rows(WS_O, WS_L, row0, hmask, NS, OUT, stride_ob, stride_oh, LSE, stride_lb, SINK, b, offs_h,
+                HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, MERGE_SB: tl.constexpr):
+    """Merge the NS partials of BLOCK_H heads by LSE, apply the sink, write bf16 out and lse.
+
+    Loads MERGE_SB splits x 128 columns per step so several L2 requests are in flight at once.
+    """
+    offs_s = tl.arange(0, MERGE_SB)
+    offs_c = tl.arange(0, 128)
+    mx = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for s0 in range(0, NS, MERGE_SB):
+        sm = (s0 + offs_s) < NS
+        lv = tl.load(WS_L + row0[:, None] + s0 + offs_s[None, :], mask=hmask[:, None] & sm[None, :],
+                     other=float("-inf"), cache_modifier=".cg")
+        mx = tl.maximum(mx, tl.max(lv, axis=1))
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+    tot = tl.zeros([BLOCK_H], tl.float32)
+    for s0 in range(0, NS, MERGE_SB):
+        sm = (s0 + offs_s) < NS
+        lv = tl.load(WS_L + row0[:, None] + s0 + offs_s[None, :], mask=hmask[:, None] & sm[None, :],
+                     other=float("-inf"), cache_modifier=".cg")
+        tot += tl.sum(tl.where(lv == float("-inf"), 0.0, tl.math.exp2(lv - mx_safe[:, None])), axis=1)
+    has = tot > 0.0
+    safe_tot = tl.where(has, tot, 1.0)
+    lse_n, factor = _finish_scale(tl.where(has, mx_safe + tl.math.log2(safe_tot), float("-inf")),
+                                  tl.where(has, 1.0 / safe_tot, 0.0), SINK, offs_h, hmask, HAS_SINK)
+    o_row = OUT + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh
+    for c0 in tl.static_range(0, 512, 128):
+        acc = tl.zeros([BLOCK_H, 128], tl.float32)
+        for s0 in range(0, NS, MERGE_SB):
+            sm = (s0 + offs_s) < NS
+            m2 = hmask[:, None] & sm[None, :]
+            lv = tl.load(WS_L + row0[:, None] + s0 + offs_s[None, :], mask=m2, other=float("-inf"),
+                         cache_modifier=".cg")
+            w = tl.where(lv == float("-inf"), 0.0, tl.math.exp2(lv - mx_safe[:, None]))  # [H, SB]
+            part = tl.load(
+                WS_O + ((row0[:, None] + s0 + offs_s[None, :]) * 512)[:, :, None] + c0 + offs_c[None, None, :],
+                mask=(m2 & (w > 0.0))[:, :, None], other=0.0, cache_modifier=".cg",
+            )
+            acc += tl.sum(w[:, :, None] * part, axis=1)
+        tl.store(o_row + c0 + offs_c[None, :], (acc * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+    tl.store(LSE + b.to(tl.int64) * stride_lb + offs_h, lse_n, mask=hmask)
 
 
 @triton.jit
@@ -306,7 +401,8 @@ def combine_kernel(
     OUT,  # bf16 [B, 1, H, 512]
     stride_ob,
     stride_oh,
-    LSE,  # fp32 [B, H] (contiguous)
+    LSE,  # fp32, (b, h) at LSE + b*stride_lb + h
+    stride_lb,
     SINK,  # fp32 [H] or dummy
     H,
     NS,
@@ -353,4 +449,4 @@ def combine_kernel(
         out = out * tl.where(has, tl.exp(lse - lse_f), 0.0)
         lse = lse_f
     tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(tl.bfloat16))
-    tl.store(LSE + row, lse)
+    tl.store(LSE + b.to(tl.int64) * stride_lb + h, lse)

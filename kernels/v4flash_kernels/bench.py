@@ -1,7 +1,7 @@
 """Benchmark: check every variant against the fp64 reference, then time it under CUDA-graph replay.
 
     python -m v4flash_kernels.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
-                                    [--heads 64,16] [--sweep] [--no-upstream]
+                                    [--modes tp4,full64,h16] [--rank 1] [--sweep] [--no-upstream]
 
 Per shape (DeepSeek-V4-Flash decode: SWA-only, c4 = 128 SWA + 512 c4, c128 at 128K / 256K) it
 draws fresh random real-layout caches, runs ours (the dispatcher's plan, plus every config/plan in
@@ -9,6 +9,13 @@ the sweep with `--sweep`) and the pinned upstream wrapper (loaded from the sglan
 each against the fp64 reference with NaN-poisoned outputs, then times each with
 `triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median) and
 prints µs per call next to the bytes floor on the H200 and the RTX PRO 6000.
+
+Modes: `tp4` is the call SGLang makes on attention-TP rank `--rank` of 4: a 64-head q whose 16 real
+heads are this rank's and whose other 48 hold NaN/Inf/huge values, through `tp_heads.make_tp_aware`
+(ours computes 16 heads; upstream, which cannot know the rank, computes all 64 as it does today);
+only the rank's slice is checked. `full64` = 64 real heads (TP1), `h16` = a 16-head q. With the
+B=1 rows of swa, c4 and c128@128K in `tp4` mode it also prints the attention time of one decode
+step at 128K context: 2 SWA + 21 c4 + 20 c128 layers.
 """
 
 from __future__ import annotations
@@ -44,11 +51,34 @@ KINDS = {
 }
 
 
+MODES = {"tp4": 64, "full64": 64, "h16": 16}  # -> heads of q
+TP4 = 4
+STEP_LAYERS = (("swa", 2), ("c4", 21), ("c128@128K", 20))  # DeepSeek-V4-Flash: 43 attention layers
+
+
 @dataclass(frozen=True)
 class Shape:
     kind: str
     batch: int
     heads: int
+    mode: str = "full64"
+    rank: int = 0
+
+    @property
+    def head_slice(self) -> slice:
+        """The heads that are real (checked); all of q's except in tp4 mode."""
+        if self.mode != "tp4":
+            return slice(0, self.heads)
+        n = self.heads // TP4
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+
+def poison_other_heads(q, keep: slice) -> None:
+    """Fill q's heads outside `keep` like SGLang's uninitialised pad: NaN, +Inf, -Inf, 3e38 in turn."""
+    vals = (float("nan"), float("inf"), float("-inf"), 3.0e38)
+    for h in range(q.shape[2]):
+        if not keep.start <= h < keep.stop:
+            q[:, :, h] = vals[h % len(vals)]
 
 
 def floor_bytes(kw: dict, tokens: int) -> int:
@@ -59,19 +89,30 @@ def floor_bytes(kw: dict, tokens: int) -> int:
     return tokens * TOKEN_BYTES + 2 * B * H * D * 2 + idx + B * H * 4
 
 
-def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool) -> dict:
-    """Run `fn(**kw)` once on NaN-poisoned outputs (when it accepts them) and compare to the ref."""
+def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: Optional[slice] = None) -> dict:
+    """Run `fn(**kw)` once on NaN-poisoned outputs (when it accepts them) and compare to the ref.
+
+    With `heads`, the reference holds only those heads and only they are compared; with `poison`
+    the other heads of out / lse must still be NaN afterwards (never written).
+    """
     import torch
 
     from v4flash_kernels.reference import rel_err
 
     extra = {}
+    B, _, H, D = kw["q"].shape
     if poison:
-        B, _, H, D = kw["q"].shape
         extra["out"] = torch.full((B, 1, H, D), float("nan"), dtype=torch.bfloat16, device=kw["q"].device)
         extra["lse"] = torch.full((B, 1, H), float("nan"), dtype=torch.float32, device=kw["q"].device)
     out, lse = fn(**kw, **extra)
     torch.cuda.synchronize() if out.is_cuda else None
+    untouched = True
+    if heads is not None:
+        if poison:
+            rest = torch.ones(H, dtype=torch.bool, device=out.device)
+            rest[heads] = False
+            untouched = bool(torch.isnan(out[:, :, rest].float()).all() and torch.isnan(lse[:, rest]).all())
+        out, lse = out[:, :, heads], lse[:, heads]
     o = out.double()
     lse_d = lse.reshape(ref_lse.shape).double()
     nan = bool(torch.isnan(o).any() or torch.isnan(lse_d).any())
@@ -81,9 +122,9 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool) -> dict:
     lse_inf_ok = bool((lse_d[~fin] == ref_lse[~fin]).all())
     empty = ref_out.abs().amax(dim=(-1, -2, -3)) == 0  # rows with no valid token
     empty_zero = bool((o[empty] == 0).all()) if empty.any() else True
-    ok = (not nan) and err <= REL_TOL and lse_err <= 1e-2 and lse_inf_ok and empty_zero
+    ok = (not nan) and err <= REL_TOL and lse_err <= 1e-2 and lse_inf_ok and empty_zero and untouched
     return dict(ok=ok, rel_err=err, lse_abs_err=lse_err, nan=nan, lse_inf_ok=lse_inf_ok,
-                empty_rows_zero=empty_zero)
+                empty_rows_zero=empty_zero, other_heads_untouched=untouched)
 
 
 def time_graph(fn: Callable, warmup_ms: int = 25, rep_ms: int = 100) -> float:
@@ -113,7 +154,7 @@ def cache_widths(kw: dict) -> tuple:
     return kw["indices"].shape[-1], w_b
 
 
-def bind_plan(plan) -> Callable:
+def bind_plan(plan, heads: Optional[tuple] = None) -> Callable:
     """`fn(out=None, lse=None, **inputs)` that runs the decode with this explicit plan (for A/B runs)."""
     from v4flash_kernels import decode
 
@@ -122,23 +163,51 @@ def bind_plan(plan) -> Callable:
             kwargs["q"], kwargs["k_cache"], kwargs["indices"], kwargs["topk_length"],
             kwargs["attn_sink"], kwargs["softmax_scale"], kwargs.get("extra_k_cache"),
             kwargs.get("extra_indices"), kwargs.get("extra_topk_length"), plan=plan, out=out, lse=lse,
+            head_range=heads,
         )
     return call
+
+
+def production_call(shape: Shape) -> Callable:
+    """What SGLang runs with the patch: the TP-aware adapter around the public entry (fake rank in tp4)."""
+    from v4flash_kernels import decode
+    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+
+    tp = AttnTp(shape.rank, TP4) if shape.mode == "tp4" else AttnTp(0, 1)
+    fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: tp)
+
+    def call(out=None, lse=None, **kwargs):
+        if out is not None:  # the adapter has upstream's signature; poison through the plan path
+            sl = shape.head_slice
+            return bind_plan(plan_for(shape, kwargs), (sl.start, sl.stop))(out=out, lse=lse, **kwargs)
+        return fn(**_upstream_kwargs(kwargs))
+    return call
+
+
+def plan_for(shape: Shape, kw: dict, smem_per_sm: Optional[int] = None):
+    from v4flash_kernels import decode
+
+    w_a, w_b = cache_widths(kw)
+    sms, smem = decode._device_info(kw["q"].device)
+    n = shape.head_slice.stop - shape.head_slice.start
+    return decode.make_plan(shape.batch, n, w_a, w_b, sms, smem_per_sm=smem_per_sm or smem)
 
 
 def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
     from v4flash_kernels import decode
 
-    B, H = shape.batch, shape.heads
+    B = shape.batch
+    H = shape.head_slice.stop - shape.head_slice.start
+    heads = (shape.head_slice.start, shape.head_slice.stop) if shape.mode == "tp4" else None
     w_a, w_b = cache_widths(kw)
     sms = decode._num_sms(kw["q"].device)
 
-    default = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=decode._device_info(kw["q"].device)[1])
-    out = {"ours": bind_plan(default)}
+    default = plan_for(shape, kw)
+    out = {"ours": production_call(shape)}
     seen = {default}
     # What the dispatcher would launch on sm_120 (100 KB shared memory per SM), timed here too.
-    sm120 = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=102400)
-    out[SM120_VARIANT] = bind_plan(sm120)
+    sm120 = plan_for(shape, kw, smem_per_sm=102400)
+    out[SM120_VARIANT] = bind_plan(sm120, heads)
     seen.add(sm120)
     if sweep:
         explore = tuple(decode.KernelConfig(**c) for c in EXPLORE_CONFIGS)
@@ -149,17 +218,22 @@ def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
                     if p in seen:
                         continue
                     seen.add(p)
-                    out[f"{cfg.name}/c{p.chunk}/s{p.num_splits}"] = bind_plan(p)
+                    out[f"{cfg.name}/c{p.chunk}/s{p.num_splits}"] = bind_plan(p, heads)
     return out
 
 
 def plan_desc(shape: Shape, kw: dict) -> str:
-    from v4flash_kernels import decode
+    p = plan_for(shape, kw)
+    return (f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}"
+            f"{'' if p.num_splits == 1 else ' fused' if p.fused else ' +combine'}")
 
-    w_a, w_b = cache_widths(kw)
-    sms, smem = decode._device_info(kw["q"].device)
-    p = decode.make_plan(shape.batch, shape.heads, w_a, w_b, sms, smem_per_sm=smem)
-    return f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}"
+
+def ref_inputs(kw: dict, keep: slice) -> dict:
+    """The inputs restricted to the real heads (the fp64 reference then costs 1/4 at tp4)."""
+    out = dict(kw, q=kw["q"][:, :, keep])
+    if kw.get("attn_sink") is not None:
+        out["attn_sink"] = kw["attn_sink"][keep]
+    return out
 
 
 def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
@@ -169,9 +243,12 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
 
     case = Case(batch=shape.batch, heads=shape.heads, hole_frac=0.01, **KINDS[shape.kind])
     kw = make_inputs(case, device="cuda", seed=seed)
+    keep = shape.head_slice
+    if shape.mode == "tp4":
+        poison_other_heads(kw["q"], keep)
     tokens = valid_tokens(kw)
-    nbytes = floor_bytes(kw, tokens)
-    ref_out, ref_lse = sparse_mla_decode_ref(**kw)
+    nbytes = floor_bytes(ref_inputs(kw, keep), tokens)
+    ref_out, ref_lse = sparse_mla_decode_ref(**ref_inputs(kw, keep))
     row = dict(asdict(shape), tokens=tokens, bytes=nbytes, floor_h200_us=nbytes / BW_H200 * 1e6,
                floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6, plan=plan_desc(shape, kw), variants={})
     fns = variants_for(shape, kw, sweep)
@@ -179,8 +256,12 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
         def up(out=None, lse=None, **kwargs):
             return upstream.flash_mla_sparse_decode_triton(**_upstream_kwargs(kwargs))
         fns["upstream"] = up
+    sl = keep if shape.mode == "tp4" else None
     for name, fn in fns.items():
-        chk = check_call(fn, kw, ref_out, ref_lse, poison=name != "upstream")
+        chk = check_call(fn, kw, ref_out, ref_lse, poison=name != "upstream", heads=sl)
+        if name == "ours":  # the poisoned check above ran the same plan; now the real adapter call too
+            direct = check_call(fn, kw, ref_out, ref_lse, poison=False, heads=sl)
+            chk = dict(chk, ok=chk["ok"] and direct["ok"], rel_err=max(chk["rel_err"], direct["rel_err"]))
         us = time_graph(lambda: fn(**kw))
         row["variants"][name] = dict(chk, us=us)
     del kw, ref_out, ref_lse
@@ -206,7 +287,7 @@ def _git_commit() -> str:
 
 
 def format_table(rows: List[dict]) -> str:
-    head = (f"{'kind':<10} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} {'sm120cfg':>8} "
+    head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} {'sm120cfg':>8} "
             f"{'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -220,7 +301,7 @@ def format_table(rows: List[dict]) -> str:
         s120 = v.get(SM120_VARIANT, {}).get("us", float("nan"))
         bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
         lines.append(
-            f"{r['kind']:<10} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} {r['floor_h200_us']:>9.2f} "
+            f"{r['kind']:<10} {r.get('mode', ''):<6} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} {r['floor_h200_us']:>9.2f} "
             f"{r['floor_rtx6000_us']:>8.2f} {ours:>8.1f} {s120:>8.1f} {best:>8.1f} {up:>9.1f} {up / ours:>6.1f} {err:>8.1e}  "
             f"{r['plan']} / {best_name}{bad}"
         )
@@ -230,8 +311,8 @@ def format_table(rows: List[dict]) -> str:
 def format_markdown(rows: List[dict]) -> str:
     """The BENCH.md table: µs per call (graph replay, L2 flushed, median) and the floors."""
     lines = [
-        "| kind | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | sm_120 choice | upstream | ours vs upstream | rel. err | plan |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | mode | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | sm_120 choice | upstream | ours vs upstream | rel. err | plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         v = r["variants"]
@@ -239,7 +320,7 @@ def format_markdown(rows: List[dict]) -> str:
         up = v.get("upstream", {}).get("us", float("nan"))
         ok = "" if ours["ok"] else " FAIL"
         lines.append(
-            f"| {r['kind']} | {r['batch']} | {r['heads']} | {r['tokens']} | {r['floor_h200_us']:.2f} | "
+            f"| {r['kind']} | {r.get('mode', '')} | {r['batch']} | {r['heads']} | {r['tokens']} | {r['floor_h200_us']:.2f} | "
             f"{r['floor_rtx6000_us']:.2f} | **{ours['us']:.1f}** | {v.get(SM120_VARIANT, {}).get('us', float('nan')):.1f} | "
             f"{up:.0f} | {up / ours['us']:.1f}x | "
             f"{ours['rel_err']:.1e}{ok} | {r['plan']} |"
@@ -247,11 +328,24 @@ def format_markdown(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def step_time_us(rows: List[dict], variant: str = "ours") -> Optional[float]:
+    """Sum of one decode step's attention calls at B=1, 128K, from the tp4 rows; None if any is missing."""
+    by = {(r["kind"], r.get("mode"), r["batch"]): r for r in rows}
+    total = 0.0
+    for kind, n in STEP_LAYERS:
+        r = by.get((kind, "tp4", 1))
+        if r is None or variant not in r["variants"]:
+            return None
+        total += n * r["variants"][variant]["us"]
+    return total
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--batches", default="1,4,16,64")
-    ap.add_argument("--heads", default="64,16")
+    ap.add_argument("--modes", default="tp4,full64,h16", help=f"any of {','.join(MODES)}")
+    ap.add_argument("--rank", type=int, default=1, help="attention-TP rank of the tp4 mode (0-3)")
     ap.add_argument("--sweep", action="store_true", help="also time every config/plan in the table")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--json", default=None)
@@ -270,8 +364,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         from v4flash_kernels.upstream import load_upstream
 
         upstream = load_upstream()
-    shapes = [Shape(k, b, h) for k in args.kinds.split(",") for h in map(int, args.heads.split(","))
-              for b in map(int, args.batches.split(","))]
+    modes = args.modes.split(",")
+    if any(m not in MODES for m in modes) or not 0 <= args.rank < TP4:
+        print(f"error: --modes must be from {','.join(MODES)} and --rank 0-{TP4 - 1}\n"
+              f"fix: e.g. --modes tp4,full64 --rank 1", file=sys.stderr)
+        return 2
+    shapes = [Shape(k, b, MODES[m], m, args.rank if m == "tp4" else 0) for k in args.kinds.split(",")
+              for m in modes for b in map(int, args.batches.split(","))]
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     rows = []
     t0 = time.time()
@@ -281,7 +380,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
                 json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
-        print(f"[{time.time() - t0:6.1f}s] {sh.kind} B={sh.batch} H={sh.heads}: ours {r['variants']['ours']['us']:.1f} us"
+        print(f"[{time.time() - t0:6.1f}s] {sh.kind} {sh.mode} B={sh.batch} H={sh.heads}: ours {r['variants']['ours']['us']:.1f} us"
               f" err {r['variants']['ours']['rel_err']:.2e}"
               + (f", upstream {r['variants']['upstream']['us']:.1f} us" if upstream else ""), flush=True)
     table = format_table(rows)
@@ -289,8 +388,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
                 torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
                 upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    step = step_time_us(rows)
+    if step is not None:
+        meta["tp4_step_b1_128k_us"] = step
     print(json.dumps(meta))
     print(table)
+    if step is not None:
+        print(f"attention per decode step, TP4 production call, B=1, 128K context "
+              f"(2 SWA + 21 c4 + 20 c128 layers): {step / 1000:.3f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

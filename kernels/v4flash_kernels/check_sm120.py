@@ -87,24 +87,30 @@ def _split_signature() -> dict:
             f"LEN_{c}": "*i32", f"W_{c}": "i32", f"PS_{c}": "i32", f"PB_{c}": "i32", f"SI_{c}": "i32",
         })
     sig.update({"WS_O": "*fp32", "WS_L": "*fp32", "H": "i32", "S_A": "i32", "NS": "i32",
-                "CHUNK": "i32", "qk_scale": "fp32"})
+                "CHUNK": "i32", "qk_scale": "fp32", "OUT": "*bf16", "stride_ob": "i32", "stride_oh": "i32",
+                "LSE": "*fp32", "stride_lb": "i32", "SINK": "*fp32", "CNT": "*i32"})
     return sig
 
 
-def compile_split(cfg, arch: int) -> CompileResult:
+def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
+    """One split-kernel binary; `epilogue` 1 = the last split program merges, 2 = one split finishes
+    the row (0, partials for the separate combine kernel, is launched only by A/B runs)."""
     import triton.language as tl
 
     from v4flash_kernels import _triton_sparse as k
+    from v4flash_kernels.decode import merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
              "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
-             "KSPLIT": cfg.ksplit, "DOT_DTYPE": tl.bfloat16}
+             "KSPLIT": cfg.ksplit, "DOT_DTYPE": tl.bfloat16, "EPILOGUE": epilogue, "HAS_SINK": True,
+             "MERGE_SB": merge_splits_per_load(cfg)}
     sig = _split_signature()
-    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK"]
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK", "stride_ob",
+                                                                 "stride_oh", "stride_lb"]
     ck = _compile(k.split_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     expected = cfg.shared_bytes_sm90 if arch == 90 and cfg.shared_bytes_sm90 else cfg.shared_bytes
-    return CompileResult("split_kernel", cfg.name, arch, int(ck.metadata.shared), regs, st, ld,
+    return CompileResult("split_kernel", f"{cfg.name}/e{epilogue}", arch, int(ck.metadata.shared), regs, st, ld,
                          SMEM_LIMIT[arch], expected)
 
 
@@ -113,7 +119,7 @@ def compile_combine(arch: int) -> CompileResult:
     from v4flash_kernels.decode import COMBINE_NUM_WARPS, COMBINE_SPLIT_BLOCK
 
     sig = {"WS_O": "*fp32", "WS_L": "*fp32", "OUT": "*bf16", "stride_ob": "i32", "stride_oh": "i32",
-           "LSE": "*fp32", "SINK": "*fp32", "H": "i32", "NS": "i32"}
+           "LSE": "*fp32", "stride_lb": "i32", "SINK": "*fp32", "H": "i32", "NS": "i32"}
     const = {"HAS_SINK": True, "SPLIT_BLOCK": COMBINE_SPLIT_BLOCK}
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_ob", "stride_oh"]
     ck = _compile(k.combine_kernel, sig, const, hinted, arch, COMBINE_NUM_WARPS, 1)
@@ -125,23 +131,24 @@ def compile_combine(arch: int) -> CompileResult:
 
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
-    from v4flash_kernels.decode import SPLIT_CONFIGS
+    from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
 
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="v4flash-triton-"))
     results = []
     for arch in archs:
         for cfg in configs if configs is not None else SPLIT_CONFIGS:
-            results.append(compile_split(cfg, arch))
+            for epilogue in launchable_epilogues(cfg):
+                results.append(compile_split(cfg, arch, epilogue))
         results.append(compile_combine(arch))
     return results
 
 
 def format_table(results: Sequence[CompileResult]) -> str:
-    head = f"{'kernel':<15} {'config':<16} {'arch':>5} {'smem B':>8} {'limit':>7} {'regs':>5} {'spill st/ld':>12}  ok"
+    head = f"{'kernel':<15} {'config':<19} {'arch':>5} {'smem B':>8} {'limit':>7} {'regs':>5} {'spill st/ld':>12}  ok"
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.kernel:<15} {r.config:<16} {'sm_' + str(r.arch):>5} {r.shared_bytes:>8} {r.smem_limit:>7} "
+            f"{r.kernel:<15} {r.config:<19} {'sm_' + str(r.arch):>5} {r.shared_bytes:>8} {r.smem_limit:>7} "
             f"{r.registers:>5} {f'{r.spill_stores}/{r.spill_loads}':>12}  {'yes' if r.ok else 'NO'}"
         )
     return "\n".join(lines)

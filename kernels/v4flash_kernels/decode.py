@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -101,6 +101,7 @@ class Plan:
     chunk: int  # tokens per split (multiple of block_t)
     splits_main: int
     splits_extra: int
+    fused: bool = True  # the last split program to finish merges (one launch); False: combine kernel
 
     @property
     def num_splits(self) -> int:
@@ -234,15 +235,20 @@ def run(
     plan: Optional[Plan] = None,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
+    head_range: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The decode with an optional explicit plan (the benchmark sweeps plans through this).
 
-    `out` ([B,1,H,512] bf16) and `lse` ([B,1,H] fp32, contiguous) may be given so tests can poison
-    them and prove every element is written.
+    `out` ([B,1,H,512] bf16) and `lse` ([B,1,H] fp32, last dim contiguous) may be given so tests can
+    poison them and prove every element is written. `head_range=(start, stop)` computes only those heads:
+    q and the sink are read, and out / lse written, only there (the rest of out / lse is left as
+    it was); the plan is made for `stop - start` heads.
     """
-    B, s_q, H, D = q.shape
+    B, s_q, H_all, D = q.shape
     if s_q != 1 or D != _k.HEAD_DIM:
         raise ValueError(f"q must be [B, 1, H, 512], got {tuple(q.shape)}")
+    h0, h1 = check_head_range(head_range, H_all)
+    H = h1 - h0
     if q.stride(3) != 1:
         q = q.contiguous()
     dev = q.device
@@ -268,23 +274,38 @@ def run(
     ns = plan.num_splits
 
     if out is None:
-        out = torch.empty((B, 1, H, _k.HEAD_DIM), dtype=torch.bfloat16, device=dev)
+        out = torch.empty((B, 1, H_all, _k.HEAD_DIM), dtype=torch.bfloat16, device=dev)
     if lse is None:
-        lse = torch.empty((B, 1, H), dtype=torch.float32, device=dev)
+        lse = torch.empty((B, 1, H_all), dtype=torch.float32, device=dev)
     if B == 0 or H == 0:
         return out, lse.permute(0, 2, 1)
-    ws_o = torch.empty((B, H, ns, _k.HEAD_DIM), dtype=torch.float32, device=dev)
-    ws_l = torch.empty((B, H, ns), dtype=torch.float32, device=dev)
+    # This rank's heads as views: the kernels only ever address rows [0, H) of them.
+    q_v, out_v, lse_v = q[:, :, h0:h1], out[:, :, h0:h1], lse[:, :, h0:h1]
+    sink = attn_sink
+    if sink is not None:
+        sink = sink.reshape(-1)[h0:h1]
+        if sink.dtype != torch.float32:
+            sink = sink.float()
+    epilogue = epilogue_for(cfg, ns, plan.fused)
+    hblocks = triton.cdiv(H, cfg.block_h)
+    if epilogue == 2:
+        ws_o = ws_l = cnt = lse_v  # unused (typed dummies)
+    else:
+        ws_o = torch.empty((B, H, ns, _k.HEAD_DIM), dtype=torch.float32, device=dev)
+        ws_l = torch.empty((B, H, ns), dtype=torch.float32, device=dev)
+        cnt = arrival_counters(dev, B * hblocks) if epilogue == 1 else ws_l
 
-    grid = (ns, triton.cdiv(H, cfg.block_h), B)
+    grid = (ns, hblocks, B)
     _k.split_kernel[grid](
-        q, q.stride(0), q.stride(2),
+        q_v, q_v.stride(0), q_v.stride(2),
         k8_a, ks_a, kbf_a, idx_a, len_a if len_a is not None else idx_a,
         w_a, ps_a, pb_a, idx_a.stride(0),
         k8_b, ks_b, kbf_b, idx_b, len_b if len_b is not None else idx_b,
         w_b, ps_b, pb_b, idx_b.stride(0),
         ws_o, ws_l,
         H, plan.splits_main, ns, plan.chunk, float(softmax_scale) * LOG2E,
+        out_v, out_v.stride(0), out_v.stride(2), lse_v, lse_v.stride(0),
+        sink if sink is not None else lse_v, cnt,
         HAS_LEN_A=len_a is not None,
         HAS_LEN_B=len_b is not None,
         BLOCK_H=cfg.block_h,
@@ -292,21 +313,73 @@ def run(
         PREFETCH=cfg.prefetch,
         KSPLIT=cfg.ksplit,
         DOT_DTYPE=_dot_dtype(),
+        EPILOGUE=epilogue,
+        HAS_SINK=sink is not None,
+        MERGE_SB=merge_splits_per_load(cfg),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    sink = attn_sink
-    if sink is not None and sink.dtype != torch.float32:
-        sink = sink.float()
-    _k.combine_kernel[(H, B)](
-        ws_o, ws_l, out, out.stride(0), out.stride(2), lse,
-        sink if sink is not None else ws_l,
-        H, ns,
-        HAS_SINK=sink is not None,
-        SPLIT_BLOCK=COMBINE_SPLIT_BLOCK,
-        num_warps=COMBINE_NUM_WARPS,
-    )
+    if epilogue == 0:
+        _k.combine_kernel[(H, B)](
+            ws_o, ws_l, out_v, out_v.stride(0), out_v.stride(2), lse_v, lse_v.stride(0),
+            sink if sink is not None else ws_l,
+            H, ns,
+            HAS_SINK=sink is not None,
+            SPLIT_BLOCK=COMBINE_SPLIT_BLOCK,
+            num_warps=COMBINE_NUM_WARPS,
+        )
     return out, lse.permute(0, 2, 1)
+
+
+def epilogue_for(cfg: KernelConfig, num_splits: int, fused: bool) -> int:
+    """How the split kernel ends: 2 = one split finishes the row, 1 = last arrival merges, 0 = partials only.
+
+    The wide block (ksplit 4) never takes 2: with four accumulators live that path spills on sm_120
+    (check_sm120), and the planner only uses it with an extra cache, i.e. >= 2 splits anyway.
+    """
+    if num_splits == 1 and cfg.ksplit == 1:
+        return 2
+    return 1 if fused else 0
+
+
+def launchable_epilogues(cfg: KernelConfig) -> Tuple[int, ...]:
+    """The epilogues `run` can launch for `cfg` with a planner-made (fused) plan: what check_sm120 compiles."""
+    return (1, 2) if cfg.ksplit == 1 else (1,)
+
+
+def check_head_range(heads: Optional[Tuple[int, int]], total: int) -> Tuple[int, int]:
+    """Validate `head_range=(start, stop)` against q's head count; None = all heads."""
+    if heads is None:
+        return 0, total
+    h0, h1 = (int(heads[0]), int(heads[1]))
+    if not 0 <= h0 <= h1 <= total:
+        raise ValueError(f"head_range={tuple(heads)} is not a range inside q's {total} heads")
+    return h0, h1
+
+
+def merge_splits_per_load(cfg: KernelConfig) -> int:
+    """Splits the fused merge loads per step: [block_h, n, 128] fp32 stays at 64 registers a thread."""
+    return max(1, (64 * 32 * cfg.num_warps) // (cfg.block_h * 128))
+
+
+# Arrival counters of the fused merge, one int32 per (batch row, head block), per device and
+# stream. Zeroed once when allocated; every call leaves them at zero again (the last program of a
+# row resets its counter), so CUDA graphs replay with no reset kernel. Buffers are never freed:
+# a captured graph keeps the pointer it was captured with.
+_COUNTERS: Dict[tuple, torch.Tensor] = {}
+_OLD_COUNTERS: List[torch.Tensor] = []
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OLD_COUNTERS.append(buf)
+        buf = torch.zeros(max(1024, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def sparse_mla_decode(
@@ -320,15 +393,20 @@ def sparse_mla_decode(
     extra_k_cache: Optional[torch.Tensor] = None,
     extra_indices: Optional[torch.Tensor] = None,
     extra_topk_length: Optional[torch.Tensor] = None,
+    *,
+    head_range: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over the SWA cache plus an optional extra (c4/c128) cache, one softmax.
 
     Same contract as sglang 0.5.13.post1 `flash_mla_sparse_decode_triton`; `head_dim_v` is
-    accepted for compatibility (the latent is always 512 wide: K = V).
+    accepted for compatibility (the latent is always 512 wide: K = V). `head_range=(start, stop)`
+    (keyword only) computes just those heads of q: q and `attn_sink` are read, and out / lse
+    written, only there; the other heads of the returned tensors are left unwritten (the caller
+    slices, as SGLang does at attention-TP > 1; see tp_heads).
     """
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     return run(
         q, k_cache, indices, topk_length, attn_sink, softmax_scale,
-        extra_k_cache, extra_indices, extra_topk_length,
+        extra_k_cache, extra_indices, extra_topk_length, head_range=head_range,
     )

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from v4flash_kernels.decode import SPLIT_CONFIGS
+from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
 
 
 def _env(tmp_path):
@@ -33,7 +33,7 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert "OK:" in proc.stdout
     rows = json.loads(out.read_text())
     split = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "split_kernel"}
-    assert split == {(c.name, a) for c in SPLIT_CONFIGS for a in (120, 90)}
+    assert split == {(f"{c.name}/e{e}", a) for c in SPLIT_CONFIGS for e in launchable_epilogues(c) for a in (120, 90)}
     assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0

@@ -152,14 +152,20 @@ def test_plan_depends_only_on_shapes_and_covers_widths():
     assert decode.make_plan(64, 64, 128, 512, 132).num_splits <= 6
 
 
+def _params(fn):
+    return [(p.name, p.default, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
 def test_signature_matches_upstream():
+    """Upstream's parameters exactly, then only keyword-only extras with defaults; the TP adapter exactly."""
+    from v4flash_kernels.tp_heads import make_tp_aware
     from v4flash_kernels.upstream import load_upstream
 
-    up = inspect.signature(load_upstream().flash_mla_sparse_decode_triton)
-    ours = inspect.signature(decode.sparse_mla_decode)
-    assert [(p.name, p.default, p.kind) for p in ours.parameters.values()] == [
-        (p.name, p.default, p.kind) for p in up.parameters.values()
-    ]
+    up = _params(load_upstream().flash_mla_sparse_decode_triton)
+    ours = _params(decode.sparse_mla_decode)
+    assert ours[: len(up)] == up
+    assert [(n, d, k) for n, d, k in ours[len(up):]] == [("head_range", None, inspect.Parameter.KEYWORD_ONLY)]
+    assert _params(make_tp_aware(decode.sparse_mla_decode)) == up
     import v4flash_kernels
 
     lazy = inspect.signature(v4flash_kernels.sparse_mla_decode)
@@ -244,3 +250,169 @@ def test_wide_block_chosen_by_the_planner_matches_reference(heads):
     assert plan.config == decode.WIDE and plan.num_splits >= 2
     out, lse = _call(kw, plan)
     _assert_matches(kw, out, lse)
+
+
+# ------------------------------------------------------------------ head slicing (attention TP > 1)
+
+GARBAGE = (float("nan"), float("inf"), float("-inf"), 3.0e38)
+
+
+def _poison_q_outside(q, h0, h1):
+    for h in range(q.shape[2]):
+        if not h0 <= h < h1:
+            q[:, :, h] = GARBAGE[h % len(GARBAGE)]
+
+
+def _ref_on(kw, h0, h1):
+    sub = dict(kw, q=kw["q"][:, :, h0:h1])
+    if kw.get("attn_sink") is not None:
+        sub["attn_sink"] = kw["attn_sink"][h0:h1]
+    return sub
+
+
+@pytest.mark.parametrize("h0,h1,fused", [(48, 64, True), (8, 16, False), (16, 32, True)],
+                         ids=["tp4_rank3_fused", "tp8_rank1_2kernel", "tp4_rank1_fused"])
+def test_head_range_reads_and_writes_only_its_heads(h0, h1, fused):
+    """64-head q with NaN/Inf/3e38 outside [h0, h1) (SGLang's uninitialised pad) and a garbage sink
+    there: the slice matches the fp64 reference on the clean heads; nothing else is written."""
+    case = Case(batch=3, heads=64, width=64, page_size=64, extra_width=64, extra_page_size=64, hole_frac=0.1)
+    kw = make_inputs(case)
+    ref_out, ref_lse = sparse_mla_decode_ref(**_ref_on(kw, h0, h1))
+    _poison_q_outside(kw["q"], h0, h1)
+    kw["attn_sink"][:h0] = float("nan")
+    kw["attn_sink"][h1:] = float("inf")
+    p = decode.make_plan(3, h1 - h0, 64, 64, num_sms=4)
+    plan = decode.Plan(p.config, p.chunk, p.splits_main, p.splits_extra, fused)
+    assert plan.num_splits > 1
+    out = torch.full((3, 1, 64, 512), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((3, 1, 64), float("nan"), dtype=torch.float32)
+    o, l = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
+                      kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices"], kw["extra_topk_length"],
+                      plan=plan, out=out, lse=lse, head_range=(h0, h1))
+    mine, ml = o[:, :, h0:h1], l[:, h0:h1]
+    assert not torch.isnan(mine.float()).any() and not torch.isnan(ml).any()
+    assert rel_err(mine, ref_out) <= 1e-2
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(ml), fin)
+    assert (ml.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+    rest = torch.ones(64, dtype=torch.bool)
+    rest[h0:h1] = False
+    assert torch.isnan(o[:, :, rest].float()).all() and torch.isnan(l[:, rest]).all()  # never written
+
+
+def test_public_entry_takes_heads_keyword():
+    case = Case(batch=2, heads=32, width=64, page_size=64, sink=True)
+    kw = make_inputs(case)
+    ref_out, _ = sparse_mla_decode_ref(**_ref_on(kw, 16, 32))
+    _poison_q_outside(kw["q"], 16, 32)
+    out, lse = decode.sparse_mla_decode(**kw, head_range=(16, 32))
+    assert out.shape == (2, 1, 32, 512) and lse.shape == (2, 32, 1)
+    assert rel_err(out[:, :, 16:], ref_out) <= 1e-2
+    for bad in ((-1, 16), (16, 33), (20, 10)):
+        with pytest.raises(ValueError, match="head_range="):
+            decode.sparse_mla_decode(**kw, head_range=bad)
+
+
+def test_wide_block_with_a_head_range():
+    """The 64-head block on heads 64..127 of a 128-head q (explicit plan, B=2): garbage elsewhere stays out."""
+    case = Case(batch=2, heads=128, width=64, page_size=64, extra_width=64, extra_page_size=64)
+    kw = make_inputs(case)
+    ref_out, _ = sparse_mla_decode_ref(**_ref_on(kw, 64, 128))
+    _poison_q_outside(kw["q"], 64, 128)
+    plan = decode.Plan(decode.WIDE, 64, 1, 1)
+    o, l = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
+                      kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices"], kw["extra_topk_length"],
+                      plan=plan, head_range=(64, 128))
+    assert not torch.isnan(o[:, :, 64:].float()).any()
+    assert rel_err(o[:, :, 64:], ref_out) <= 1e-2
+
+
+# ------------------------------------------------------------------ one launch: fused merge / single split
+
+
+def test_fused_merge_resets_its_counters_and_matches_two_kernel_path():
+    """Last-arrival merge: same result as split + combine, and every arrival counter is 0 again after
+    the call (so a replayed CUDA graph starts clean)."""
+    case = Case(batch=3, heads=16, width=64, page_size=64, extra_width=128, extra_page_size=2, extra_dense=True)
+    kw = make_inputs(case)
+    p = decode.make_plan(3, 16, 64, 128, num_sms=4)
+    assert p.fused and p.num_splits >= 3
+    outs = []
+    for fused in (True, False, True):
+        o, l = _call(kw, decode.Plan(p.config, p.chunk, p.splits_main, p.splits_extra, fused))
+        _assert_matches(kw, o, l)
+        outs.append(o)
+        cnt = decode.arrival_counters(o.device, 1)
+        assert int(cnt.abs().sum()) == 0
+    assert torch.equal(outs[0], outs[2])
+    assert rel_err(outs[0], outs[1]) < 1e-3
+
+
+def test_single_split_finishes_in_the_split_kernel():
+    """One split per row (SWA-only, chunk >= width): no workspace, sink and empty rows still exact."""
+    kw = make_inputs(Case(batch=3, heads=16, width=64, page_size=64))
+    plan = decode.make_plan(3, 16, 64, 0, num_sms=4, min_tiles=8)
+    assert plan.num_splits == 1 and decode.epilogue_for(plan.config, 1, plan.fused) == 2
+    out, lse = _call(kw, plan)
+    _assert_matches(kw, out, lse)
+
+
+# ------------------------------------------------------------------ the TP-aware adapter
+
+
+def test_heads_for_tp_sizes_and_dp_attention():
+    from v4flash_kernels.tp_heads import AttnTp, heads_for
+
+    assert heads_for(64, None) is None
+    assert heads_for(64, AttnTp(0, 1)) is None  # TP1, or DP attention with attn-TP 1: all heads
+    assert heads_for(64, AttnTp(1, 2)) == (32, 64)
+    assert [heads_for(64, AttnTp(r, 4)) for r in range(4)] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert heads_for(64, AttnTp(7, 8)) == (56, 64)
+    assert heads_for(128, AttnTp(3, 4)) == (96, 128)  # V4-Pro width
+    assert heads_for(48, AttnTp(0, 32)) is None  # does not divide: all heads (always correct)
+    assert heads_for(64, AttnTp(4, 4)) is None  # nonsense rank: all heads
+
+
+def test_adapter_reads_the_rank_once_and_passes_heads():
+    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+
+    seen, reads = [], []
+
+    def ours(*args, head_range=None):
+        seen.append((len(args), head_range))
+        return "out", "lse"
+
+    answers = [None, AttnTp(2, 4), AttnTp(0, 1)]
+
+    def read():
+        reads.append(1)
+        return answers[len(reads) - 1]
+
+    fn = make_tp_aware(ours, read=read)
+    q = torch.empty(1, 1, 64, 512)
+    assert fn(q, None, None, None, None, 512, 0.1) == ("out", "lse")  # rank unknown yet: all heads
+    fn(q, None, None, None, None, 512, 0.1, None, None, None)
+    fn(q=q, k_cache=None, indices=None, topk_length=None, attn_sink=None, head_dim_v=512, softmax_scale=0.1)
+    assert seen == [(10, None), (10, (32, 48)), (10, (32, 48))]
+    assert len(reads) == 2  # retried once after "unknown", then cached for the process
+
+
+def test_adapter_end_to_end_matches_reference_on_the_rank_slice():
+    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+
+    case = Case(batch=2, heads=64, width=64, page_size=64, extra_width=64, extra_page_size=64)
+    kw = make_inputs(case)
+    ref_out, ref_lse = sparse_mla_decode_ref(**_ref_on(kw, 16, 32))
+    _poison_q_outside(kw["q"], 16, 32)
+    fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(1, 4))
+    out, lse = fn(**kw)
+    assert out.shape == (2, 1, 64, 512) and lse.shape == (2, 64, 1)
+    assert rel_err(out[:, :, 16:32], ref_out) <= 1e-2
+    fin = torch.isfinite(ref_lse)
+    assert (lse[:, 16:32].double()[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+
+
+def test_read_attn_tp_without_sglang_process_groups_means_all_heads():
+    from v4flash_kernels.tp_heads import read_attn_tp
+
+    assert read_attn_tp() is None  # sglang absent or its groups not initialised here

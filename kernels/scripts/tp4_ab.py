@@ -1,0 +1,175 @@
+"""H200 A/B for issue 12: the TP4 production call (64-head q, 16 real heads, rest poisoned), plans and epilogues.
+
+Run on a GPU from the repo root (V4FLASH_SGLANG_WHEEL points at the carried sglang sources):
+
+    PYTHONPATH=kernels python kernels/scripts/tp4_ab.py [--budget-s 200]   # writes $OUT/tp4_ab.json
+
+1. Correctness first: every shape through `tp_heads.make_tp_aware` with a fake rank (0-3), the other
+   48 heads of q holding NaN/Inf/3e38, against the fp64 reference on the rank's slice and against
+   upstream on the same heads; every plan variant is checked the same way (NaN-poisoned out/lse,
+   the other heads must stay unwritten) before it is timed.
+2. Race check of the fused merge: one graph replayed 300 times must give bit-identical outputs.
+3. Timings (CUDA-graph replay, L2 flushed, median): the two-kernel path (split + combine) vs the fused
+   single launch, over configs x split sizes; plus an empty-kernel graph as the launch floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from v4flash_kernels import bench, decode
+from v4flash_kernels.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
+from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+
+SHAPES = [("c4", 1), ("c128@128K", 1), ("swa", 1), ("c128@256K", 1), ("c4", 4), ("c4", 16), ("c4", 64),
+          ("c128@128K", 64), ("c128@256K", 64), ("c128@128K", 16), ("swa", 64)]
+CONFIGS = [decode.SPLIT_CONFIGS[0], decode.SPLIT_CONFIGS[1], decode.SPLIT_CONFIGS[2]]
+EXTRA_CONFIGS = [dict(block_h=16, block_t=16, num_warps=4, ksplit=4), dict(block_h=16, block_t=32, num_warps=4, ksplit=4)]
+
+
+@triton.jit
+def _empty(X):
+    pass
+
+
+def plans(B, H, w_a, w_b, sms, smem):
+    out = {"planner": decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=smem)}
+    p = out["planner"]
+    out["planner/2kernel"] = decode.Plan(p.config, p.chunk, p.splits_main, p.splits_extra, fused=False)
+    out["sm120"] = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=102400)
+    cfgs = CONFIGS + [decode.KernelConfig(**c) for c in EXTRA_CONFIGS]
+    for cfg in cfgs:
+        for mt in (1, 2, 4, 8):
+            for cps in (2, 4, 8):
+                q = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=mt, ctas_per_sm=cps)
+                if q not in out.values():
+                    out[f"{cfg.name}/mt{mt}/cps{cps}"] = q
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=200)
+    args = ap.parse_args()
+    out_path = os.path.join(os.environ.get("OUT", "."), "tp4_ab.json")
+    from v4flash_kernels.upstream import load_upstream
+
+    up = load_upstream()
+    t0 = time.time()
+    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               correctness=[], race=[], rows=[])
+
+    def dump():
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    x = torch.zeros(1, device="cuda")
+    res["empty_kernel_us"] = bench.time_graph(lambda: _empty[(1,)](x))
+    print("empty kernel graph", round(res["empty_kernel_us"], 2), flush=True)
+
+    # 1. correctness of the production call, every rank, vs fp64 and upstream on the rank's heads
+    for i, (kind, B) in enumerate(SHAPES[:8]):
+        for rank in (0, 1, 2, 3):
+            sh = bench.Shape(kind, B, 64, "tp4", rank)
+            kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda",
+                             seed=900 + 10 * i + rank)
+            keep = sh.head_slice
+            bench.poison_other_heads(kw["q"], keep)
+            ref_o, ref_l = sparse_mla_decode_ref(**bench.ref_inputs(kw, keep))
+            fn = make_tp_aware(decode.sparse_mla_decode, read=lambda r=rank: AttnTp(r, 4))
+            o, l = fn(**bench._upstream_kwargs(kw))
+            uo, ul = up.flash_mla_sparse_decode_triton(**bench._upstream_kwargs(bench.ref_inputs(kw, keep)))
+            torch.cuda.synchronize()
+            mine, ml = o[:, :, keep], l[:, keep]
+            fin = torch.isfinite(ref_l)
+            rec = dict(kind=kind, B=B, rank=rank, rel_err_ref=rel_err(mine, ref_o), rel_err_up=rel_err(mine, uo),
+                       nan=bool(torch.isnan(mine.float()).any() or torch.isnan(ml).any()),
+                       lse_err=float((ml.double()[fin] - ref_l[fin]).abs().max()) if fin.any() else 0.0,
+                       lse_inf_ok=bool(torch.equal(torch.isfinite(ml), fin)))
+            rec["ok"] = (not rec["nan"]) and rec["rel_err_ref"] <= 1e-2 and rec["rel_err_up"] <= 1e-2 and \
+                rec["lse_err"] < 1e-2 and rec["lse_inf_ok"]
+            res["correctness"].append(rec)
+            if not rec["ok"] or rank == 1:
+                print("check", rec, flush=True)
+    n_ok = sum(r["ok"] for r in res["correctness"])
+    print(f"correctness: {n_ok}/{len(res['correctness'])} ok", flush=True)
+    dump()
+
+    # 2. race check: graph replays of the fused path must be bit-identical
+    for kind, B in (("c4", 1), ("c4", 64), ("c128@256K", 16)):
+        kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda", seed=77)
+        bench.poison_other_heads(kw["q"], slice(16, 32))
+        fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(1, 4))
+        fn(**bench._upstream_kwargs(kw))
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            o, l = fn(**bench._upstream_kwargs(kw))
+        g.replay()
+        torch.cuda.synchronize()
+        first_o, first_l = o[:, :, 16:32].clone(), l[:, 16:32].clone()
+        bad = 0
+        for _ in range(300):
+            o[:, :, 16:32].fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            bad += int(not (torch.equal(o[:, :, 16:32], first_o) and torch.equal(l[:, 16:32], first_l)))
+        res["race"].append(dict(kind=kind, B=B, replays=300, mismatches=bad))
+        print("race", kind, B, "mismatches", bad, flush=True)
+    dump()
+
+    # 3. timings of plan variants, TP4 production call (rank 1), and full-64 at B=1
+    for i, (kind, B) in enumerate(SHAPES):
+        for mode in (("tp4", "full64") if B == 1 and kind in ("c4", "c128@128K") else ("tp4",)):
+            if time.time() - t0 > args.budget_s:
+                break
+            sh = bench.Shape(kind, B, 64, mode, 1 if mode == "tp4" else 0)
+            kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda",
+                             seed=500 + i)
+            keep = sh.head_slice
+            if mode == "tp4":
+                bench.poison_other_heads(kw["q"], keep)
+            heads = (keep.start, keep.stop) if mode == "tp4" else None
+            ref_o, ref_l = sparse_mla_decode_ref(**bench.ref_inputs(kw, keep))
+            w_a, w_b = bench.cache_widths(kw)
+            sms, smem = decode._device_info(kw["q"].device)
+            H = keep.stop - keep.start
+            row = dict(kind=kind, B=B, mode=mode, variants={})
+            for name, p in plans(B, H, w_a, w_b, sms, smem).items():
+                if time.time() - t0 > args.budget_s:
+                    break
+                fn = bench.bind_plan(p, heads)
+                desc = f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra} fused={p.fused}"
+                try:
+                    chk = bench.check_call(fn, kw, ref_o, ref_l, poison=True, heads=keep if heads else None)
+                    us = bench.time_graph(lambda: fn(**kw)) if chk["ok"] else float("nan")
+                    v = dict(ok=chk["ok"], rel_err=chk["rel_err"], us=round(us, 2), plan=desc)
+                except Exception as exc:
+                    v = dict(error=repr(exc)[:300], plan=desc)
+                row["variants"][name] = v
+            good = {k: v for k, v in row["variants"].items() if v.get("ok")}
+            best = min(good, key=lambda k: good[k]["us"]) if good else None
+            pv = row["variants"].get("planner", {})
+            p2 = row["variants"].get("planner/2kernel", {})
+            print(f"[{time.time() - t0:5.0f}s] {kind} {mode} B={B}: planner {pv.get('us')} ({pv.get('plan')}) "
+                  f"2kernel {p2.get('us')} best {best} {good[best]['us'] if best else None} "
+                  f"({good[best]['plan'] if best else ''}) bad={[k for k, v in row['variants'].items() if not v.get('ok')]}",
+                  flush=True)
+            res["rows"].append(row)
+            dump()
+            del kw, ref_o, ref_l
+            torch.cuda.empty_cache()
+    print("done", round(time.time() - t0, 1), "s")
+    return 0 if all(r["ok"] for r in res["correctness"]) and not any(r["mismatches"] for r in res["race"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
