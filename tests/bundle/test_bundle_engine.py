@@ -239,3 +239,54 @@ def test_image_built_from_another_lock_is_refused(engine: Engine, built_image: s
     res = run_cli("bundle", "create", "--out", str(tmp_path / "right"), "--image", "localhost/v4flash-bundle-rightlock:1",
                   "--lock", str(lock), "--engine", engine.url)
     assert res.returncode == 0, res.stderr
+
+
+def test_image_path_outside_the_bundle_loads_nothing(engine: Engine, good, tmp_path: Path) -> None:
+    """The real archive moved out of the bundle, image.path pointed at it, checksums re-hashed:
+    load must not stream a file from outside the bundle into the engine."""
+    from bundle_helpers import reseal
+
+    _, _, image_id = good
+    b, _m = _copy(good, tmp_path)
+    (tmp_path / "evil").mkdir()
+    shutil.move(b / "image/image.tar.zst", tmp_path / "evil/image.tar.zst")
+    (b / "image").rmdir()
+    doc = json.loads((b / "MANIFEST.json").read_text())
+    del doc["files"]["image/image.tar.zst"]
+    doc["image"]["path"] = "../evil/image.tar.zst"
+    reseal(b, doc)
+    _remove_image(engine, image_id)
+    res = run_cli("bundle", "load", str(b), "--engine", engine.url)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "image.path = '../evil/image.tar.zst' climbs out of the bundle" in res.stderr, res.stderr
+    assert _image_id(engine, image_id) is None, "a file outside the bundle reached the engine"
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from bundle_helpers import ssh_key
+
+    d = tmp_path_factory.mktemp("keys")
+    return ssh_key(d, "signer"), ssh_key(d, "stranger")
+
+
+@pytest.mark.parametrize("case", ["signed", "unsigned", "wrong-key"])
+def test_load_with_trust_needs_a_good_signature(engine: Engine, good, signer, tmp_path: Path, case: str) -> None:
+    from v4flash_pd.bundle import signing
+
+    _, _, image_id = good
+    b, _m = _copy(good, tmp_path)
+    if case != "unsigned":
+        (b / "SHA256SUMS.sig").write_bytes(signing.sign(signer[0], (b / "SHA256SUMS").read_bytes()))
+    trusted = signer[1] if case == "wrong-key" else signer[0]
+    _remove_image(engine, image_id)
+    res = run_cli("bundle", "load", str(b), "--engine", engine.url, "--trust", f"{trusted}.pub")
+    if case == "signed":
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert 'Good "v4flash-bundle" signature' in res.stdout
+        assert _image_id(engine, TEST_IMAGE) == image_id
+        return
+    assert res.returncode == 1, res.stdout + res.stderr
+    expected = "SHA256SUMS.sig: missing" if case == "unsigned" else "SHA256SUMS.sig: signed by ED25519 key"
+    assert expected in res.stderr and "nothing was loaded into the engine" in res.stderr, res.stderr
+    assert _image_id(engine, image_id) is None and _image_id(engine, TEST_IMAGE) is None
