@@ -317,12 +317,12 @@ class ProcessGroup:
         names = list(reversed(self.order))
         first = [n for n in names if self.children[n].role == "router"]
         for n in first:
-            self._send(n, signal.SIGTERM, rep)
+            self._term(n, rep)
         if first and drain > 0:
             self._wait_gone(first, min(drain, grace))
         for n in names:
             if n not in first:
-                self._send(n, signal.SIGTERM, rep)
+                self._term(n, rep)
         left = self._wait_gone(names, grace)
         for n in left:
             if self._send(n, signal.SIGKILL, rep) == "sent":
@@ -341,6 +341,11 @@ class ProcessGroup:
                 except OSError:
                     pass
         return rep
+
+    def _term(self, name: str, rep: StopReport) -> None:
+        # a stopped (SIGSTOP) group only sees its SIGTERM once continued: let it stop gracefully
+        if self._send(name, signal.SIGTERM, rep) == "sent":
+            self.signal(name, signal.SIGCONT)
 
     def _send(self, name: str, sig: int, rep: StopReport) -> str:
         res = self.signal(name, sig)

@@ -1,0 +1,312 @@
+"""What operators do to a running launcher, end to end on 127.0.0.1: the real CLI as a subprocess, the
+real sglang-router, stand-in engines. Closed stdout, SIGHUP, SIGSTOP (hangs), `down` on a run whose
+pids were reused or whose state.json is corrupt, two `up` on one run dir. Every test checks that no
+process group is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fakebox
+
+pytestmark = pytest.mark.timeout(180)
+
+PY = sys.executable
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait(cond: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Box:
+    """A 1P1D rehearsal config on fresh ports, and the environment `up` runs in."""
+
+    def __init__(self, tmp: Path, **env: str) -> None:
+        self.tmp = tmp
+        self.ports = fakebox.free_ports(7)
+        self.cfg = fakebox.write_pd_config(tmp, self.ports)
+        self.topology = fakebox.write_topology(tmp, fakebox.BOX_8GPU_2NODE)
+        self.env = fakebox.clean_env()
+        self.env.update({"V4FLASH_RUNS_ROOT": str(tmp / "runs"), "V4FLASH_REHEARSAL_LOAD_SECONDS": "0.5",
+                         "V4FLASH_PROGRESS_INTERVAL": "0.5", "V4FLASH_GRACE": "5"})
+        self.env.update(env)
+        self.started: list[subprocess.Popen] = []
+
+    def up_argv(self, *extra: str) -> list[str]:
+        return [PY, "-m", "v4flash_pd", "up", "--rehearse", "--config", str(self.cfg),
+                "--topology", str(self.topology), *extra]
+
+    def up(self, *extra: str, out: str = "up.out") -> subprocess.Popen:
+        self.out = self.tmp / out
+        with open(self.out, "w") as f:
+            p = subprocess.Popen(self.up_argv(*extra), env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        self.started.append(p)
+        return p
+
+    def text(self) -> str:
+        return self.out.read_text()
+
+    def wait_text(self, needle: str, p: subprocess.Popen, timeout: float = 60) -> None:
+        _wait(lambda: needle in self.text() or p.poll() is not None, timeout, needle)
+        assert needle in self.text(), f"{needle!r} not seen (rc={p.poll()}):\n{self.text()}"
+
+    def cli(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "v4flash_pd", *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def run_dir(self) -> Path:
+        return (self.tmp / "runs" / "latest").resolve()
+
+    def state(self, run: Path | None = None) -> dict:
+        return json.loads(((run or self.run_dir()) / "state.json").read_text())
+
+    def pids(self, run: Path | None = None) -> dict[str, int]:
+        return {k: int(v) for k, v in self.state(run)["pids"].items()}
+
+    def cleanup(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        for run in (self.tmp / "runs").glob("2*"):
+            for f in run.glob("*.pid"):
+                try:
+                    pid = int(f.read_text().split()[0])
+                    os.killpg(pid, signal.SIGCONT)
+                    os.killpg(pid, signal.SIGKILL)
+                except (ValueError, IndexError, ProcessLookupError, PermissionError):
+                    pass
+
+
+@pytest.fixture
+def box(tmp_path: Path):
+    b = Box(tmp_path)
+    yield b
+    b.cleanup()
+
+
+def _assert_all_gone(pids: dict[str, int]) -> None:
+    for name, pid in pids.items():
+        _wait(lambda: _gone(pid), 10, f"{name} (pgid {pid}) to go")
+
+
+# ------------------------------------------------------------------ closed stdout, SIGHUP
+
+
+def test_up_piped_into_head_stops_everything_when_stdout_closes(box: Box) -> None:
+    """`up --rehearse | head -n 15`: head exits, the next line fails with EPIPE; that must stop the trio."""
+    cmd = " ".join(f"'{a}'" for a in box.up_argv()) + " | head -n 15"
+    box.out = box.tmp / "pipe.out"
+    with open(box.out, "w") as f:
+        sh = subprocess.Popen(["sh", "-c", cmd], env=box.env, stdout=f, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    box.started.append(sh)
+    _, err = sh.communicate(timeout=90)
+    run = box.run_dir()
+    pids = box.pids(run)
+    assert set(pids) >= {"prefill-0", "decode-0"}, pids
+    _assert_all_gone(pids)
+    assert "Traceback" not in err, err
+    assert "stdout closed" in err, err
+    assert box.state(run)["status"] == "stopped"
+    assert len(box.text().splitlines()) == 15
+
+
+def test_sighup_stops_the_trio_like_sigterm(box: Box) -> None:
+    p = box.up()
+    box.wait_text("READY", p)
+    pids = box.pids()
+    os.kill(p.pid, signal.SIGHUP)
+    assert p.wait(30) == 0, box.text()
+    assert "received SIGHUP; stopped cleanly" in box.text()
+    _assert_all_gone(pids)
+    st = box.state()
+    assert st["status"] == "stopped" and st["reason"] == "SIGHUP"
+
+
+# ------------------------------------------------------------------ hangs
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("victim", ["decode-0", "router"])
+def test_a_process_that_stops_answering_after_ready_is_noticed_within_its_window(box: Box, victim: str) -> None:
+    window = 2.0
+    p = box.up("--set", f"hang_timeout={window}")
+    box.wait_text("READY", p)
+    run = box.run_dir()
+    pids = box.pids()
+    t_stop = time.time()
+    os.killpg(pids[victim], signal.SIGSTOP)
+    rc = p.wait(60)
+    out = box.text()
+    assert rc == 1, out
+    assert f"{victim} is not answering after READY" in out, out
+    assert "stopped by a signal" in out, out
+    hung = [e for e in _events(run) if e["event"] == "hung"]
+    assert hung and hung[0]["name"] == victim, _events(run)
+    took = hung[0]["t"] - t_stop
+    assert took <= window + 1.0, f"hang noticed {took:.2f}s after SIGSTOP (window {window}s)"
+    _assert_all_gone(pids)
+    assert box.state(run)["status"] == "failed"
+
+
+def test_a_worker_that_hangs_while_loading_is_reported_hung_not_not_listening(box: Box) -> None:
+    box.env["V4FLASH_REHEARSAL_LOAD_SECONDS"] = "60"
+    p = box.up("--set", "hang_timeout=3")
+    box.wait_text("waiting for workers to load", p)
+    run = box.run_dir()
+    pids = box.pids()
+    plan = json.loads((run / "plan.json").read_text())
+    decode_port = next(x for x in plan["processes"] if x["name"] == "decode-0")["health_url"]
+    import urllib.error
+    import urllib.request
+
+    def answers_503() -> bool:
+        try:
+            urllib.request.urlopen(decode_port, timeout=1)
+        except urllib.error.HTTPError as exc:
+            return exc.code == 503
+        except OSError:
+            return False
+        return False
+
+    _wait(answers_503, 30, "decode to listen (503 while loading)")
+    before = len(box.text())
+    os.killpg(pids["decode-0"], signal.SIGSTOP)
+    rc = p.wait(60)
+    out = box.text()
+    assert rc == 1, out
+    progress = [line for line in out[before:].splitlines() if "waiting for workers to load" in line]
+    assert any("decode-0 not answering" in line for line in progress), progress
+    assert not any("decode-0 not listening" in line for line in progress), progress
+    assert "decode-0 is not answering while loading" in out, out
+    _assert_all_gone(pids)
+
+
+def test_status_says_not_answering_for_a_stopped_worker(box: Box) -> None:
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology),
+                  "--set", "hang_timeout=120")
+    assert res.returncode == 0, res.stdout + res.stderr
+    pids = box.pids()
+    os.killpg(pids["decode-0"], signal.SIGSTOP)
+    try:
+        st = box.cli("status")
+        assert st.returncode == 0, st.stderr
+        line = next(x for x in st.stdout.splitlines() if x.strip().startswith("decode-0"))
+        assert "up" in line and "not answering" in line, st.stdout
+        info = json.loads(box.cli("status", "--json").stdout)
+        by = {p["name"]: p for p in info["processes"]}
+        assert by["decode-0"]["answer"].startswith("not answering")
+        assert by["prefill-0"]["answer"] == "healthy"
+    finally:
+        os.killpg(pids["decode-0"], signal.SIGCONT)
+    down = box.cli("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    _assert_all_gone(pids)
+
+
+# ------------------------------------------------------------------ down never signals what is not ours
+
+
+def _foreign() -> subprocess.Popen:
+    return subprocess.Popen([PY, "-c", "import time; time.sleep(120)"], start_new_session=True)
+
+
+def test_down_never_signals_reused_pids_init_or_its_own_group(box: Box) -> None:
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = box.run_dir()
+    st = box.state()
+    pids = box.pids()
+    # the launcher and its processes die without cleaning up (OOM killer, kill -9)
+    os.kill(int(st["launcher_pid"]), signal.SIGKILL)
+    for pid in pids.values():
+        os.killpg(pid, signal.SIGKILL)
+    _assert_all_gone(pids)
+    reused, retitled = _foreign(), _foreign()
+    try:
+        _wait(lambda: Path(f"/proc/{retitled.pid}/cmdline").read_bytes().count(b"\0") >= 3, 10, "foreign exec")
+        stat = Path(f"/proc/{retitled.pid}/stat").read_text()
+        retitled_start = int(stat[stat.rfind(")") + 2:].split()[19])
+        procs = st["procs"]
+        # decode's pid now belongs to someone else (a different start time)
+        procs["decode-0"] = dict(procs["decode-0"], pid=reused.pid)
+        # prefill's record matches a live process's start time but not its command line
+        procs["prefill-0"] = dict(procs["prefill-0"], pid=retitled.pid, start_time=retitled_start)
+        procs["router"] = dict(procs["router"], pid=1)
+        st["launcher"] = dict(st["launcher"], pid=os.getpgrp())
+        st.update(procs=procs, pids={"decode-0": reused.pid, "prefill-0": retitled.pid, "router": 1},
+                  launcher_pid=os.getpgrp())
+        (run / "state.json").write_text(json.dumps(st))
+        down = box.cli("down")
+        time.sleep(0.5)
+        assert reused.poll() is None and retitled.poll() is None, "down signalled a process that is not ours"
+        assert "not what we started" in down.stdout, down.stdout
+        assert "refusing to signal process group 1" in down.stdout, down.stdout
+    finally:
+        for p in (reused, retitled):
+            p.kill()
+            p.wait(10)
+
+
+def test_down_with_a_corrupt_state_json_uses_the_pid_files(box: Box) -> None:
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = box.run_dir()
+    pids = box.pids()
+    launcher = int(box.state()["launcher_pid"])
+    (run / "state.json").write_text('{"status": "ready", "pids": {"decode-0": ')
+    down = box.cli("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "state.json is corrupt" in down.stdout and ".pid files" in down.stdout, down.stdout
+    _assert_all_gone(pids)
+    _wait(lambda: not Path(f"/proc/{launcher}").exists() or "Z" in Path(f"/proc/{launcher}/stat").read_text().split()[2],
+          10, "launcher to exit")
+
+
+# ------------------------------------------------------------------ one run dir, one `up`
+
+
+def test_a_second_up_on_the_same_run_dir_is_refused(box: Box, tmp_path: Path) -> None:
+    run = tmp_path / "shared-run"
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology),
+                  "--run-dir", str(run))
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = box.pids(run)
+    other = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7), name="other.toml")
+    second = box.cli("up", "--rehearse", "--config", str(other), "--topology", str(box.topology),
+                     "--run-dir", str(run), timeout=60)
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "in use by another `v4flash-pd up`" in second.stderr and "fix:" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert box.pids(run) == first and box.state(run)["status"] == "ready"
+    down = box.cli("down", "--run-dir", str(run))
+    assert down.returncode == 0
+    _assert_all_gone(first)
