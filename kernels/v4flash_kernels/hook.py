@@ -1,11 +1,11 @@
-"""Put `v4flash_kernels.sparse_mla_decode` into SGLang: decide, patch, say so once, record it.
+"""Put our kernels (`patches.PATCHES`) into SGLang: decide, patch, say so once, record it.
 
-SGLang 0.5.13.post1's dispatcher `flash_mla_sm120.flash_mla_with_kvcache_sm120` imports
-`flash_mla_sparse_decode_triton` from TARGET_MODULE *at call time*, so replacing that module
-attribute (right after the module executes, via the finder in `hook_boot`) reroutes every decode
-call of every worker without touching site-packages. The decision is all-or-nothing: the patch is
-applied only when the switch is on, the installed sglang is the pinned version and upstream's
-signature equals ours; otherwise nothing is changed and one warning says why.
+Each upstream function we replace is looked up by its SGLang caller as a module attribute *at call
+time* (e.g. the sm_120 sparse-MLA dispatcher imports `flash_mla_sparse_decode_triton` inside the
+call), so replacing that attribute right after the module executes (via the finder in `hook_boot`)
+reroutes every call of every worker without touching site-packages. Each patch decides on its own
+and all-or-nothing: applied only when its switch is on, the installed sglang is the pinned version
+and upstream's signature equals ours; otherwise that module is left alone and one warning says why.
 
 The core (`parse_switch`, `signature_mismatch`, `decide`) is pure; the edges (finding the module,
 setting attributes, logging, the status file) are the small functions at the bottom.
@@ -21,21 +21,21 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels import hook_boot
-from v4flash_kernels.hook_boot import TARGET_MODULE, installed as _finder_installed
+from v4flash_kernels.hook_boot import installed as _finder_installed
+from v4flash_kernels.patches import PATCHES, SPARSE_DECODE, PatchSpec, by_name
 
 PINNED_SGLANG = "0.5.13.post1"
-TARGET_ATTR = "flash_mla_sparse_decode_triton"
-OURS_MODULE = "v4flash_kernels.decode"
-OURS_ATTR = "sparse_mla_decode"
-ENV_SWITCH = "V4FLASH_SPARSE_DECODE"
 ENV_STATUS_DIR = "V4FLASH_PATCH_STATUS_DIR"
 # sglang 0.5.13.post1's own switch: "1" (default) = Triton path (the one we replace), else torch.
 SGLANG_BACKEND_ENV = "SGLANG_SM120_TRITON_FLASHMLA"
-UPSTREAM_KEEP_ATTR = "_v4flash_upstream_" + TARGET_ATTR  # upstream function, kept for A/B debugging
+# The sparse-decode patch's names, kept for callers written before the registry.
+TARGET_MODULE = SPARSE_DECODE.target_module
+TARGET_ATTR = SPARSE_DECODE.target_attr
+ENV_SWITCH = SPARSE_DECODE.switch_env
 
 _ON = {"", "1", "on", "true", "yes"}
 _OFF = {"0", "off", "false", "no"}
@@ -43,12 +43,17 @@ _OFF = {"0", "off", "false", "no"}
 log = logging.getLogger("v4flash_kernels.hook")
 
 
+def upstream_keep_attr(spec: PatchSpec) -> str:
+    """Module attribute that keeps upstream's function next to ours, for A/B debugging and rollback."""
+    return "_v4flash_upstream_" + spec.target_attr
+
+
 # ----------------------------------------------------------------------------- pure core
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What the hook decided for this process; `active` is True only when the patch is complete."""
+    """What the hook decided for one patch in this process; `active` only when the patch is complete."""
 
     active: bool
     reason: str
@@ -57,7 +62,7 @@ class Decision:
 
 
 def parse_switch(value: Optional[str]) -> Optional[bool]:
-    """`V4FLASH_SPARSE_DECODE` -> True (on, the default), False (off), None (unrecognised)."""
+    """A patch switch's value -> True (on, the default), False (off), None (unrecognised)."""
     if value is None:
         return True
     v = value.strip().lower()
@@ -74,9 +79,14 @@ def signature_params(fn: Callable[..., Any]) -> tuple:
 
 
 def signature_mismatch(upstream: Callable[..., Any], ours: Callable[..., Any]) -> Optional[str]:
-    """None when both take the same parameters (names, kinds, defaults), else what differs."""
+    """None when ours accepts exactly upstream's calls, else what differs.
+
+    Names, kinds and defaults must match one for one; ours may add keyword-only parameters with
+    defaults after them (extra options no upstream caller can pass by accident).
+    """
     a, b = signature_params(upstream), signature_params(ours)
-    if a == b:
+    extra = b[len(a):]
+    if b[: len(a)] == a and all(k == "KEYWORD_ONLY" and d is not inspect.Parameter.empty for _, k, d in extra):
         return None
 
     def fmt(params: tuple) -> str:
@@ -96,14 +106,15 @@ def decide(
     ours: Any,
     ours_error: Optional[str],
     pinned: str = PINNED_SGLANG,
+    spec: PatchSpec = SPARSE_DECODE,
 ) -> Decision:
     """The whole policy, in order: switch, version, upstream present, ours importable, signature."""
     on = parse_switch(switch)
     if on is False:
-        return Decision(False, f"disabled by {ENV_SWITCH}={switch}", False, sglang_version)
+        return Decision(False, f"disabled by {spec.switch_env}={switch}", False, sglang_version)
     if on is None:
         return Decision(
-            False, f"{ENV_SWITCH}={switch!r} is not one of 1/0/on/off/true/false", True, sglang_version
+            False, f"{spec.switch_env}={switch!r} is not one of 1/0/on/off/true/false", True, sglang_version
         )
     if sglang_version != pinned:
         return Decision(
@@ -114,9 +125,9 @@ def decide(
             sglang_version,
         )
     if not callable(upstream):
-        return Decision(False, f"{TARGET_MODULE}.{TARGET_ATTR} not found", True, sglang_version)
+        return Decision(False, f"{spec.upstream_function} not found", True, sglang_version)
     if ours_error is not None or not callable(ours):
-        return Decision(False, f"{OURS_MODULE}.{OURS_ATTR} failed to import: {ours_error}", True, sglang_version)
+        return Decision(False, f"{spec.ours_function} failed to import: {ours_error}", True, sglang_version)
     try:
         diff = signature_mismatch(upstream, ours)
     except (TypeError, ValueError) as exc:
@@ -134,100 +145,121 @@ def decide(
 # ----------------------------------------------------------------------------- process state
 
 _lock = threading.RLock()
-_decision: Optional[Decision] = None
+_decisions: Dict[str, Decision] = {}
+_installed: Dict[str, Any] = {}  # patch name -> the function we put into the target module
 
 
 def status(probe: bool = False) -> dict:
-    """Whether the patch is active in *this* process, and why (for `doctor` and the run dir).
+    """This process's view of every patch (for `doctor`, `status` and the run dir's patch/ files).
 
-    With `probe=True` the SGLang module is imported first (heavy: imports sglang, torch, triton)
-    so the hook decides now instead of reporting "not decided".
+    With `probe=True` each target module not yet imported is imported first (heavy: sglang, torch,
+    triton), so every patch decides now instead of reporting "not decided".
     """
-    if probe and _decision is None:
-        try:
-            importlib.import_module(TARGET_MODULE)
-        except Exception as exc:  # sglang missing or broken: report, don't raise
-            return _status_dict(None, f"cannot import {TARGET_MODULE}: {type(exc).__name__}: {exc}")
-    return _status_dict(_decision, None)
-
-
-def _status_dict(d: Optional[Decision], why_undecided: Optional[str]) -> dict:
+    undecided: Dict[str, str] = {}
+    if probe:
+        for spec in PATCHES:
+            if spec.name in _decisions:
+                continue
+            try:
+                importlib.import_module(spec.target_module)
+            except Exception as exc:  # sglang missing or broken: report, don't raise
+                undecided[spec.name] = f"cannot import {spec.target_module}: {type(exc).__name__}: {exc}"
     return {
-        "active": bool(d and d.active) and _really_patched(),
-        "decided": d is not None,
-        "reason": d.reason if d else (why_undecided or f"{TARGET_MODULE} not imported in this process"),
-        "switch": os.environ.get(ENV_SWITCH, "1"),
         "pid": os.getpid(),
-        "ours_function": f"{OURS_MODULE}.{OURS_ATTR}",
         "ours_version": OURS_VERSION,
-        "upstream_function": f"{TARGET_MODULE}.{TARGET_ATTR}",
-        "sglang_version": d.sglang_version if d else None,
         "pinned_sglang_version": PINNED_SGLANG,
-        "sglang_sm120_triton_flashmla": _sglang_backend(),
         "hook_installed": _finder_installed(),
         "hook_booted_by_pth": hook_boot.booted,
+        "patches": {s.name: patch_status(s.name, undecided.get(s.name)) for s in PATCHES},
     }
 
 
+def patch_status(name: str, why_undecided: Optional[str] = None) -> dict:
+    """One patch's record: decided?, active (the attribute really is ours right now), why."""
+    spec = by_name(name)
+    d = _decisions.get(name)
+    rec = {
+        "active": bool(d and d.active) and _really_patched(spec),
+        "decided": d is not None,
+        "reason": d.reason if d else (why_undecided or f"{spec.target_module} not imported in this process"),
+        "switch_env": spec.switch_env,
+        "switch": os.environ.get(spec.switch_env, "1"),
+        "ours_function": spec.ours_function,
+        "upstream_function": spec.upstream_function,
+        "sglang_version": d.sglang_version if d else None,
+    }
+    if spec is SPARSE_DECODE:
+        rec["sglang_sm120_triton_flashmla"] = _sglang_backend()
+    return rec
+
+
 def apply() -> dict:
-    """Patch SGLang's module now if it is already imported, else make sure the finder will.
+    """Patch every target module already imported, and make sure the finder will patch the rest.
 
     Idempotent; returns `status()`.
     """
     with _lock:
         _install_finder_only()
-        mod = sys.modules.get(TARGET_MODULE)
-        if mod is not None:
-            on_module_executed(mod)
+        for name in {s.target_module for s in PATCHES}:
+            mod = sys.modules.get(name)
+            if mod is not None:
+                on_module_executed(mod, name)
     return status()
 
 
 def _install_finder_only() -> None:
-    # Not hook_boot.install(): that calls apply() when the module is already in; we are that call.
+    # Not hook_boot.install(): that calls apply() when a module is already in; we are that call.
     if not _finder_installed():
         sys.meta_path.insert(0, hook_boot.SglangKernelFinder())
 
 
-def on_module_executed(module: Any) -> None:
-    """Decide once per process, then (re)apply the patch to `module`; never raises.
+def on_module_executed(module: Any, fullname: Optional[str] = None) -> None:
+    """Decide once per patch per process, then (re)apply each patch that targets `module`; never raises.
 
-    A failure while patching rolls the module back to upstream's function and records the error,
-    so the process never runs with a half-applied patch.
+    A failure while patching rolls that patch back to upstream's function and records the error, so
+    the process never runs with a half-applied patch; other patches are unaffected.
     """
-    global _decision
+    name = fullname or getattr(module, "__name__", None)
     with _lock:
-        first = _decision is None
-        try:
-            if first:
-                _decision = _decide_for(module)
-            if _decision.active:
-                _patch(module)
-        except Exception as exc:  # a bug here must not take SGLang down with it
-            _rollback(module)
-            was_active = bool(_decision and _decision.active)
-            version = _decision.sglang_version if _decision else None
-            _decision = Decision(False, f"hook error: {type(exc).__name__}: {exc}", True, version)
-            first = first or was_active
+        for spec in PATCHES:
+            if spec.target_module == name:
+                _apply_one(spec, module)
+
+
+def _apply_one(spec: PatchSpec, module: Any) -> None:
+    first = spec.name not in _decisions
+    try:
         if first:
-            try:
-                _announce(_decision)
-            except Exception:  # logging/status file must not break the import either
-                pass
+            _decisions[spec.name] = _decide_for(spec, module)
+        if _decisions[spec.name].active:
+            _patch(spec, module)
+    except Exception as exc:  # a bug here must not take SGLang down with it
+        _rollback(spec, module)
+        prior = _decisions.get(spec.name)
+        was_active = bool(prior and prior.active)
+        version = prior.sglang_version if prior else None
+        _decisions[spec.name] = Decision(False, f"hook error: {type(exc).__name__}: {exc}", True, version)
+        first = first or was_active
+    if first:
+        try:
+            _announce(spec, _decisions[spec.name])
+        except Exception:  # logging/status file must not break the import either
+            pass
 
 
-def _decide_for(module: Any) -> Decision:
-    switch = os.environ.get(ENV_SWITCH)
-    if parse_switch(switch) is False:
-        return decide(switch, _sglang_version(), None, None, None)
+def _decide_for(spec: PatchSpec, module: Any) -> Decision:
+    switch = os.environ.get(spec.switch_env)
     version = _sglang_version()
-    upstream = getattr(module, TARGET_ATTR, None)
+    if parse_switch(switch) is False:
+        return decide(switch, version, None, None, None, spec=spec)
+    upstream = getattr(module, spec.target_attr, None)
     ours, err = None, None
     if version == PINNED_SGLANG and parse_switch(switch):
         try:
-            ours = getattr(importlib.import_module(OURS_MODULE), OURS_ATTR)
+            ours = getattr(importlib.import_module(spec.ours_module), spec.ours_attr)
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
-    return decide(switch, version, upstream, ours, err)
+    return decide(switch, version, upstream, ours, err, spec=spec)
 
 
 def _sglang_backend() -> str:
@@ -248,63 +280,73 @@ def _sglang_version() -> Optional[str]:
     return dist_version or mod_version
 
 
-def _patch(module: Any) -> None:
-    ours = getattr(importlib.import_module(OURS_MODULE), OURS_ATTR)
-    upstream = getattr(module, TARGET_ATTR)
+def _replacement(spec: PatchSpec) -> Any:
+    """The function to install: ours, or what the patch's adapter makes of it (built once)."""
+    if spec.name in _installed:
+        return _installed[spec.name]
+    ours = getattr(importlib.import_module(spec.ours_module), spec.ours_attr)
+    if spec.adapter:
+        mod_name, _, fn_name = spec.adapter.partition(":")
+        ours = getattr(importlib.import_module(mod_name), fn_name)(ours)
+    _installed[spec.name] = ours
+    return ours
+
+
+def _patch(spec: PatchSpec, module: Any) -> None:
+    ours = _replacement(spec)
+    upstream = getattr(module, spec.target_attr)
     if upstream is ours:
         return
-    setattr(module, UPSTREAM_KEEP_ATTR, upstream)
-    setattr(module, TARGET_ATTR, ours)
-    # Modules that did `from <target> import flash_mla_sparse_decode_triton` at import time hold
-    # their own reference (none in 0.5.13.post1, whose dispatcher imports at call time).
+    setattr(module, upstream_keep_attr(spec), upstream)
+    setattr(module, spec.target_attr, ours)
+    # Modules that did `from <target> import <attr>` at import time hold their own reference.
     for name, other in list(sys.modules.items()):
-        if name.startswith("sglang.") and other is not module and _own_attr(other) is upstream:
-            setattr(other, TARGET_ATTR, ours)
+        if name.startswith("sglang.") and other is not module and _own_attr(other, spec.target_attr) is upstream:
+            setattr(other, spec.target_attr, ours)
 
 
-def _own_attr(mod: Any) -> Any:
+def _own_attr(mod: Any, attr: str) -> Any:
     """The module's own binding, without running a module-level `__getattr__` (lazy imports)."""
     d = getattr(mod, "__dict__", None)
-    return d.get(TARGET_ATTR) if isinstance(d, dict) else None
+    return d.get(attr) if isinstance(d, dict) else None
 
 
-def _rollback(module: Any) -> None:
-    upstream = getattr(module, UPSTREAM_KEEP_ATTR, None)
+def _rollback(spec: PatchSpec, module: Any) -> None:
+    upstream = getattr(module, upstream_keep_attr(spec), None)
     if upstream is None:
         return
-    ours = getattr(sys.modules.get(OURS_MODULE), OURS_ATTR, None)
+    ours = _installed.get(spec.name)
     for name, other in list(sys.modules.items()):
-        if (other is module or name.startswith("sglang.")) and ours is not None and _own_attr(other) is ours:
+        if (other is module or name.startswith("sglang.")) and ours is not None and _own_attr(other, spec.target_attr) is ours:
             try:
-                setattr(other, TARGET_ATTR, upstream)
+                setattr(other, spec.target_attr, upstream)
             except Exception:
                 pass
 
 
-def _really_patched() -> bool:
-    """The module attribute is ours right now (not just "we decided to")."""
-    mod = sys.modules.get(TARGET_MODULE)
-    ours = getattr(sys.modules.get(OURS_MODULE), OURS_ATTR, None)
-    return mod is not None and ours is not None and getattr(mod, TARGET_ATTR, None) is ours
+def _really_patched(spec: PatchSpec) -> bool:
+    """The module attribute is our installed function right now (not just "we decided to")."""
+    mod = sys.modules.get(spec.target_module)
+    ours = _installed.get(spec.name)
+    return mod is not None and ours is not None and getattr(mod, spec.target_attr, None) is ours
 
 
-def _announce(d: Decision) -> None:
+def _announce(spec: PatchSpec, d: Decision) -> None:
     _ensure_handler()
     if d.active:
-        unused = _sglang_backend() != "1"
+        unused = spec is SPARSE_DECODE and _sglang_backend() != "1"
         (log.warning if unused else log.info)(
-            "sparse-MLA decode patch ACTIVE: %s.%s (sglang %s) -> %s.%s (v4flash-kernels %s) [pid %d]%s",
-            TARGET_MODULE, TARGET_ATTR, d.sglang_version, OURS_MODULE, OURS_ATTR, OURS_VERSION, os.getpid(),
+            "%s patch ACTIVE: %s (sglang %s) -> %s (v4flash-kernels %s) [pid %d]%s",
+            spec.title, spec.upstream_function, d.sglang_version, spec.ours_function, OURS_VERSION, os.getpid(),
             f"; but {SGLANG_BACKEND_ENV}={_sglang_backend()} makes SGLang use its torch fallback, "
             "so neither Triton kernel runs" if unused else "",
         )
     elif d.warn:
         log.warning(
-            "sparse-MLA decode patch NOT applied, SGLang's own kernel is used: %s [pid %d]",
-            d.reason, os.getpid(),
+            "%s patch NOT applied, SGLang's own kernel is used: %s [pid %d]", spec.title, d.reason, os.getpid(),
         )
     else:
-        log.info("sparse-MLA decode patch off (%s): SGLang's own kernel is used [pid %d]", d.reason, os.getpid())
+        log.info("%s patch off (%s): SGLang's own kernel is used [pid %d]", spec.title, d.reason, os.getpid())
     _write_status_file()
 
 
@@ -319,6 +361,7 @@ def _ensure_handler() -> None:
 
 
 def _write_status_file() -> None:
+    """`patch-<pid>.json`: every patch of this process, rewritten as each one decides."""
     out_dir = os.environ.get(ENV_STATUS_DIR)
     if not out_dir:
         return
@@ -348,7 +391,7 @@ class _PatchingLoader:
 
     def exec_module(self, module: Any) -> None:
         self._inner.exec_module(module)
-        on_module_executed(module)
+        on_module_executed(module, getattr(getattr(module, "__spec__", None), "name", None))
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, path, ... for inspect/linecache
         return getattr(self._inner, name)
@@ -374,17 +417,22 @@ def find_spec_after(finder: Any, fullname: str, path: Any, target: Any) -> Any:
 
 
 __all__ = [
-    "Decision", "PINNED_SGLANG", "TARGET_MODULE", "TARGET_ATTR", "apply", "decide", "parse_switch",
+    "Decision", "PINNED_SGLANG", "PATCHES", "apply", "decide", "parse_switch", "patch_status",
     "signature_mismatch", "status",
 ]
 
 
 def _main() -> None:
-    """`python -m v4flash_kernels.hook`: import SGLang's module here and print this process's status."""
+    """`python -m v4flash_kernels.hook`: import SGLang's modules here and print every patch's status.
+
+    Exit 0 when every patch whose switch is on is active, 1 otherwise.
+    """
     from v4flash_kernels import hook as this  # the imported module, not this __main__ copy
 
-    print(json.dumps(this.status(probe=True), indent=2, sort_keys=True))
-    sys.exit(0 if this.status()["active"] else 1)
+    st = this.status(probe=True)
+    print(json.dumps(st, indent=2, sort_keys=True))
+    wanted = [p for p in st["patches"].values() if this.parse_switch(p["switch"]) is not False]
+    sys.exit(0 if all(p["active"] for p in wanted) else 1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The .pth runs in *every* Python process of the environment (pip, the router, each SGLang TP rank),
 so this module imports nothing but `sys` and only puts a meta-path finder in front of the import
-system. The finder reacts to exactly one module name; everything that costs anything (`inspect`,
+system. The finder reacts to the few module names in TARGET_MODULES; everything that costs anything (`inspect`,
 `logging`, `importlib.metadata`, torch, our kernel) lives in `v4flash_kernels.hook` and is loaded
 only when SGLang imports that module.
 """
@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import sys
 
-# The sglang 0.5.13.post1 module that defines `flash_mla_sparse_decode_triton`.
+# The sglang 0.5.13.post1 modules whose functions `v4flash_kernels.patches.PATCHES` replace; a
+# literal here (this module imports nothing), checked against the registry by the hook tests.
 TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
+TARGET_MODULES = frozenset({TARGET_MODULE})
 
 
 class SglangKernelFinder:
-    """Meta-path finder: wraps the loader of TARGET_MODULE so the patch runs right after it loads.
+    """Meta-path finder: wraps the loaders of TARGET_MODULES so the patches run right after they load.
 
-    It never finds a module itself; for TARGET_MODULE it asks the finders behind it and hands back
+    It never finds a module itself; for a target it asks the finders behind it and hands back
     their spec with a loader that patches after `exec_module`.
     """
 
     _v4flash_hook = True  # marker: one finder per interpreter, whatever imported this module
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 - finder protocol
-        if fullname != TARGET_MODULE:
+        if fullname not in TARGET_MODULES:
             return None
         from v4flash_kernels import hook
 
@@ -41,10 +43,10 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Put the finder first on `sys.meta_path` (once); patch now if SGLang's module is already in."""
+    """Put the finder first on `sys.meta_path` (once); patch now if a target module is already in."""
     if not installed():
         sys.meta_path.insert(0, SglangKernelFinder())
-    if TARGET_MODULE in sys.modules:
+    if any(m in sys.modules for m in TARGET_MODULES):
         from v4flash_kernels import hook
 
         hook.apply()

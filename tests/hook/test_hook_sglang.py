@@ -49,16 +49,17 @@ def test_import_gives_our_function_logs_once_and_records(hook_env, tmp_path):
     res = run.result
     assert res["is_ours"] and res["fn"] == OURS
     assert res["booted"] is True
-    st = res["status"]
+    st = res["status"]["patches"]["sparse_decode"]
     assert st["active"] is True and st["decided"] is True
-    assert st["sglang_version"] == PINNED and st["ours_version"] == OURS_VERSION
+    assert st["sglang_version"] == PINNED and res["status"]["ours_version"] == OURS_VERSION
     assert len(run.hook_lines) == 1, run.stderr
     line = run.hook_lines[0]
     assert "WARNING" not in line
     for part in ("ACTIVE", UPSTREAM, OURS, f"sglang {PINNED}", f"v4flash-kernels {OURS_VERSION}"):
         assert part in line, line
     rec = json.loads((tmp_path / "st" / f"patch-{res['pid']}.json").read_text())
-    assert rec["active"] is True and rec["pid"] == res["pid"] and rec["sglang_version"] == PINNED
+    sd = rec["patches"]["sparse_decode"]
+    assert sd["active"] is True and rec["pid"] == res["pid"] and sd["sglang_version"] == PINNED
     assert [p.name for p in (tmp_path / "st").iterdir()] == [f"patch-{res['pid']}.json"]
 
 
@@ -66,17 +67,17 @@ def test_switch_off_leaves_sglang_untouched(hook_env, tmp_path):
     run = hook_env.run("identity", env={"V4FLASH_SPARSE_DECODE": "0", "V4FLASH_PATCH_STATUS_DIR": str(tmp_path)})
     assert run.rc == 0, run.stderr
     assert not run.result["is_ours"] and run.result["fn"] == UPSTREAM
-    st = run.result["status"]
+    st = run.result["status"]["patches"]["sparse_decode"]
     assert st["active"] is False and "V4FLASH_SPARSE_DECODE=0" in st["reason"]
     assert len(run.hook_lines) == 1 and "WARNING" not in run.hook_lines[0]
     rec = json.loads((tmp_path / f"patch-{run.result['pid']}.json").read_text())
-    assert rec["active"] is False and rec["switch"] == "0"
+    assert rec["patches"]["sparse_decode"]["active"] is False and rec["patches"]["sparse_decode"]["switch"] == "0"
 
 
 def test_sglang_torch_backend_is_flagged(hook_env):
     run = hook_env.run("identity", env={"SGLANG_SM120_TRITON_FLASHMLA": "0"})
     assert run.rc == 0, run.stderr
-    assert run.result["is_ours"] and run.result["status"]["sglang_sm120_triton_flashmla"] == "0"
+    assert run.result["is_ours"] and run.result["status"]["patches"]["sparse_decode"]["sglang_sm120_triton_flashmla"] == "0"
     assert len(run.hook_lines) == 1
     assert "WARNING" in run.hook_lines[0] and "SGLANG_SM120_TRITON_FLASHMLA=0" in run.hook_lines[0]
 
@@ -84,16 +85,17 @@ def test_sglang_torch_backend_is_flagged(hook_env):
 def test_unrecognised_switch_value_refuses_and_warns(hook_env):
     run = hook_env.run("identity", env={"V4FLASH_SPARSE_DECODE": "maybe"})
     assert run.rc == 0, run.stderr
-    assert run.result["fn"] == UPSTREAM and run.result["status"]["active"] is False
+    assert run.result["fn"] == UPSTREAM and run.result["status"]["patches"]["sparse_decode"]["active"] is False
     assert len(run.hook_lines) == 1 and "WARNING" in run.hook_lines[0] and "'maybe'" in run.hook_lines[0]
 
 
-@pytest.mark.parametrize("switch,rc,active", [("1", 0, True), ("0", 1, False)])
+@pytest.mark.parametrize("switch,rc,active", [("1", 0, True), ("0", 0, False), ("maybe", 1, False)])
 def test_status_cli_reports_this_interpreter(hook_env, switch, rc, active):
     p = hook_env.python_args("-m", "v4flash_kernels.hook", env={"V4FLASH_SPARSE_DECODE": switch})
     assert p.returncode == rc, p.stderr
-    st = json.loads(p.stdout)
-    assert st["active"] is active and st["decided"] is True and st["hook_booted_by_pth"] is True
+    out = json.loads(p.stdout)
+    st = out["patches"]["sparse_decode"]
+    assert st["active"] is active and st["decided"] is True and out["hook_booted_by_pth"] is True
     assert st["sglang_version"] == PINNED
 
 
@@ -103,7 +105,7 @@ def test_module_imported_before_the_hook_is_patched(hook_env, mode):
     assert run.rc == 0, run.stderr
     res = run.result
     assert res["before"] == "sglang.srt.layers.attention.flash_mla_sm120_triton"
-    assert res["is_ours"] and res["status"]["active"] is True
+    assert res["is_ours"] and res["status"]["patches"]["sparse_decode"]["active"] is True
     assert len(run.hook_lines) == 1 and "ACTIVE" in run.hook_lines[0]
 
 
@@ -115,7 +117,7 @@ def test_spawned_child_gets_the_patch(hook_env, tmp_path):
     child = res["child"]
     assert "error" not in child, child
     assert child["pid"] != res["parent_pid"]
-    assert child["is_ours"] and child["booted"] and child["status"]["active"] is True
+    assert child["is_ours"] and child["booted"] and child["status"]["patches"]["sparse_decode"]["active"] is True
     assert [p.name for p in tmp_path.iterdir()] == [f"patch-{child['pid']}.json"]
     assert len(run.hook_lines) == 1 and f"[pid {child['pid']}]" in run.hook_lines[0]
 
@@ -138,8 +140,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _check_equivalence(hook_env, tmp_path, seed, batch, heads, extra):
     on, res_on = _dispatch(hook_env, tmp_path, "1", seed, batch, heads, extra)
     off, res_off = _dispatch(hook_env, tmp_path, "0", seed, batch, heads, extra)
-    assert on.result["entered"] == ["ours"] and on.result["status"]["active"] is True
-    assert off.result["entered"] == ["upstream"] and off.result["status"]["active"] is False
+    assert on.result["entered"] == ["ours"] and on.result["status"]["patches"]["sparse_decode"]["active"] is True
+    assert off.result["entered"] == ["upstream"] and off.result["status"]["patches"]["sparse_decode"]["active"] is False
     kw = res_on["kw"]
     for k, v in res_off["kw"].items():  # same seed -> the same inputs in both interpreters
         if isinstance(v, torch.Tensor):
@@ -182,7 +184,7 @@ def test_other_sglang_version_no_patch_one_warning_sglang_works(tmp_path, hook_w
                   env={"TRITON_INTERPRET": "1", "V4FLASH_PATCH_STATUS_DIR": str(st_dir)}, timeout=600)
     assert run.rc == 0, run.stderr[-4000:]
     assert run.result["entered"] == ["upstream"]
-    st = run.result["status"]
+    st = run.result["status"]["patches"]["sparse_decode"]
     assert st["active"] is False and st["sglang_version"] == "0.5.99"
     assert len(run.hook_lines) == 1, run.stderr
     line = run.hook_lines[0]
@@ -192,7 +194,7 @@ def test_other_sglang_version_no_patch_one_warning_sglang_works(tmp_path, hook_w
     ref_out, _ = R.sparse_mla_decode_ref(**res["kw"])
     assert R.rel_err(res["out"], ref_out) < 1e-2  # SGLang's own path still computes correctly
     rec = json.loads((st_dir / f"patch-{run.result['pid']}.json").read_text())
-    assert rec["active"] is False and "0.5.99" in rec["reason"]
+    assert rec["patches"]["sparse_decode"]["active"] is False and "0.5.99" in rec["patches"]["sparse_decode"]["reason"]
 
 
 def test_changed_upstream_signature_no_patch_one_warning(tmp_path, hook_wheel, sglang_layer):
@@ -205,7 +207,7 @@ def test_changed_upstream_signature_no_patch_one_warning(tmp_path, hook_wheel, s
     run = env.run("identity")
     assert run.rc == 0, run.stderr
     assert run.result["fn"] == UPSTREAM and not run.result["is_ours"]
-    assert run.result["status"]["active"] is False
+    assert run.result["status"]["patches"]["sparse_decode"]["active"] is False
     assert len(run.hook_lines) == 1, run.stderr
     line = run.hook_lines[0]
     assert "WARNING" in line and "signature differs" in line and "out=None" in line

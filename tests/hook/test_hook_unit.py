@@ -68,7 +68,9 @@ def test_our_kernel_has_upstreams_signature():
     """Upstream's parameter list as of 0.5.13.post1, spelled out: a drift in ours must show here."""
     from v4flash_kernels.decode import sparse_mla_decode
 
-    assert hook.signature_params(sparse_mla_decode) == hook.signature_params(upstream_like)
+    assert hook.signature_mismatch(upstream_like, sparse_mla_decode) is None
+    n = len(hook.signature_params(upstream_like))
+    assert hook.signature_params(sparse_mla_decode)[:n] == hook.signature_params(upstream_like)
     assert inspect.signature(sparse_mla_decode).parameters["extra_indices"].default is None
 
 
@@ -108,9 +110,43 @@ def test_version_is_checked_before_the_signature():
 
 def test_status_before_any_decision_is_inactive():
     st = hook.status()
-    assert st["active"] is False and st["decided"] is False
     assert st["pinned_sglang_version"] == hook.PINNED_SGLANG
-    assert st["ours_function"] == "v4flash_kernels.decode.sparse_mla_decode"
+    assert set(st["patches"]) == {p.name for p in hook.PATCHES}
+    sd = st["patches"]["sparse_decode"]
+    assert sd["active"] is False and sd["decided"] is False
+    assert sd["ours_function"] == "v4flash_kernels.decode.sparse_mla_decode"
+
+
+def kw_only_extra(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                  extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, head_range=None):
+    return None
+
+
+def kw_only_required(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                     extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, head_range):
+    return None
+
+
+def test_ours_may_add_keyword_only_options_with_defaults_only():
+    assert hook.signature_mismatch(upstream_like, kw_only_extra) is None
+    assert hook.signature_mismatch(upstream_like, kw_only_required) is not None
+    assert hook.signature_mismatch(upstream_like, extra_param) is not None  # positional extra: refused
+
+
+def test_boot_finder_watches_exactly_the_registry_modules():
+    from v4flash_kernels import hook_boot, patches
+
+    assert hook_boot.TARGET_MODULES == {p.target_module for p in patches.PATCHES}
+    assert len({p.name for p in patches.PATCHES}) == len(patches.PATCHES)
+    assert len({p.switch_env for p in patches.PATCHES}) == len(patches.PATCHES)
+
+
+def test_reasons_name_the_patch_switch():
+    from v4flash_kernels.patches import PatchSpec
+
+    spec = PatchSpec("x", "x", "V4FLASH_X", "sglang.m", "f", "v4flash_kernels.decode", "sparse_mla_decode")
+    d = hook.decide("off", hook.PINNED_SGLANG, upstream_like, same_annotated, None, spec=spec)
+    assert not d.active and "V4FLASH_X=off" in d.reason
 
 
 # ------------------------------------------------------------------ process state, in a fresh interpreter
@@ -152,10 +188,10 @@ def _fresh(code: str, env_extra: Optional[dict] = None) -> dict:
 
 def test_apply_patches_module_and_from_imports_then_status_tracks_reality():
     res = _fresh(r'''
-st = hook.apply()
+st = hook.apply()["patches"]["sparse_decode"]
 patched = mod.flash_mla_sparse_decode_triton is ours and holder.flash_mla_sparse_decode_triton is ours
 mod.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton  # someone undoes it later
-print(json.dumps({"st": st, "patched": patched, "after": hook.status()["active"]}))
+print(json.dumps({"st": st, "patched": patched, "after": hook.patch_status("sparse_decode")["active"]}))
 ''')
     assert res["patched"] and res["st"]["active"] is True
     assert res["after"] is False  # status reports the attribute's truth, not just the decision
@@ -164,11 +200,11 @@ print(json.dumps({"st": st, "patched": patched, "after": hook.status()["active"]
 def test_failure_while_patching_rolls_back_and_warns():
     res = _fresh(r'''
 real_patch = hook._patch
-def failing(module):
-    real_patch(module)
+def failing(spec, module):
+    real_patch(spec, module)
     raise RuntimeError("boom")
 hook._patch = failing
-st = hook.apply()
+st = hook.apply()["patches"]["sparse_decode"]
 print(json.dumps({"st": st, "fn": mod.flash_mla_sparse_decode_triton(*[None] * 7),
                   "holder": holder.flash_mla_sparse_decode_triton is ours}))
 ''')
@@ -185,7 +221,7 @@ def _ga(name):
     raise RuntimeError("lazy import triggered: " + name)
 lazy.__getattr__ = _ga
 sys.modules["sglang.lazy_thing"] = lazy
-st = hook.apply()
+st = hook.apply()["patches"]["sparse_decode"]
 print(json.dumps({"st": st}))
 ''')
     assert res["st"]["active"] is True, res["st"]["reason"]
@@ -195,8 +231,53 @@ def test_unwritable_status_dir_warns_but_still_patches(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     res = _fresh(r'''
-st = hook.apply()
+st = hook.apply()["patches"]["sparse_decode"]
 print(json.dumps({"st": st, "ours": mod.flash_mla_sparse_decode_triton is ours}))
 ''', {"V4FLASH_PATCH_STATUS_DIR": str(blocker / "sub")})
     assert res["ours"] and res["st"]["active"] is True
     assert "cannot write patch status" in res["stderr"]
+
+
+def test_adapter_output_is_installed_and_status_tracks_it():
+    res = _fresh(r"""
+import dataclasses
+from v4flash_kernels import patches
+def adapter(fn):
+    def wrapped(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                extra_k_cache=None, extra_indices=None, extra_topk_length=None):
+        return "adapted"
+    return wrapped
+sys.modules["fake_adapter_mod"] = types.ModuleType("fake_adapter_mod")
+sys.modules["fake_adapter_mod"].adapter = adapter
+spec = dataclasses.replace(patches.SPARSE_DECODE, adapter="fake_adapter_mod:adapter")
+hook.PATCHES = (spec,)
+hook.SPARSE_DECODE = spec
+hook.by_name = lambda name: spec
+st = hook.apply()["patches"]["sparse_decode"]
+print(json.dumps({"st": st, "out": mod.flash_mla_sparse_decode_triton(*[None] * 7),
+                  "holder": holder.flash_mla_sparse_decode_triton(*[None] * 7)}))
+""")
+    assert res["st"]["active"] is True and res["out"] == "adapted" and res["holder"] == "adapted"
+
+
+def test_one_failing_patch_leaves_the_others_applied():
+    res = _fresh(r"""
+from v4flash_kernels import patches
+other_mod = types.ModuleType("sglang.other_target")
+def other_fn(x):
+    return "other-upstream"
+other_mod.other_fn = other_fn
+sys.modules["sglang.other_target"] = other_mod
+broken = patches.PatchSpec("other", "other", "V4FLASH_OTHER", "sglang.other_target", "other_fn",
+                           "v4flash_kernels.decode", "sparse_mla_decode")  # signature differs: refused
+hook.PATCHES = (patches.SPARSE_DECODE, broken)
+specs = {s.name: s for s in hook.PATCHES}
+hook.by_name = lambda name: specs[name]
+st = hook.apply()["patches"]
+print(json.dumps({"st": st, "sd": mod.flash_mla_sparse_decode_triton is ours, "other": other_mod.other_fn(1)}))
+""")
+    assert res["sd"] is True and res["st"]["sparse_decode"]["active"] is True
+    assert res["other"] == "other-upstream" and res["st"]["other"]["active"] is False
+    assert "signature differs" in res["st"]["other"]["reason"]
+    warns = [ln for ln in res["stderr"].splitlines() if "WARNING" in ln]
+    assert len(warns) == 1 and "other patch NOT applied" in warns[0]
