@@ -29,9 +29,9 @@ from v4flash_kernels import bench, decode
 from v4flash_kernels.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
 from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
 
-SHAPES = [("c4", 1), ("c128@128K", 1), ("swa", 1), ("c128@256K", 1), ("c4", 4), ("c4", 16), ("c4", 64),
-          ("c128@128K", 64), ("c128@256K", 64), ("c128@128K", 16), ("swa", 64)]
-CONFIGS = [decode.SPLIT_CONFIGS[0], decode.SPLIT_CONFIGS[1], decode.SPLIT_CONFIGS[2]]
+SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
+          ("c4", 4), ("c4", 16), ("c128@256K", 1), ("c128@128K", 16), ("swa", 64)]
+CONFIGS = list(decode.SPLIT_CONFIGS[:5])  # the 16-head configs incl. the register-prefetch ones
 EXTRA_CONFIGS = [dict(block_h=16, block_t=16, num_warps=4, ksplit=4), dict(block_h=16, block_t=32, num_warps=4, ksplit=4)]
 
 
@@ -48,7 +48,7 @@ def plans(B, H, w_a, w_b, sms, smem):
     cfgs = CONFIGS + [decode.KernelConfig(**c) for c in EXTRA_CONFIGS]
     for cfg in cfgs:
         for mt in (1, 2, 4, 8):
-            for cps in (2, 4, 8):
+            for cps in (2, 8):
                 q = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=mt, ctas_per_sm=cps)
                 if q not in out.values():
                     out[f"{cfg.name}/mt{mt}/cps{cps}"] = q
@@ -76,7 +76,7 @@ def main() -> int:
     print("empty kernel graph", round(res["empty_kernel_us"], 2), flush=True)
 
     # 1. correctness of the production call, every rank, vs fp64 and upstream on the rank's heads
-    for i, (kind, B) in enumerate(SHAPES[:8]):
+    for i, (kind, B) in enumerate(SHAPES[:7]):
         for rank in (0, 1, 2, 3):
             sh = bench.Shape(kind, B, 64, "tp4", rank)
             kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda",
