@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import datetime
-import importlib.util
+import math
 import os
+import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +37,17 @@ MOE_RUNNER_BACKENDS = (
     "cutlass", "aiter", "marlin",
 )
 NUMA_MODES = ("bind", "preferred", "off")
+# The kernel patches the import hook applies in every worker, each with its own switch (the env
+# variable the hook reads). Config key `patches.<name>`; `up --sparse-decode/--moe/--indexer`.
+PATCH_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("sparse_decode", "V4FLASH_SPARSE_DECODE"),
+    ("moe", "V4FLASH_MOE"),
+    ("indexer", "V4FLASH_INDEXER"),
+)
+# sglang 0.5.13.post1 on sm_120: an extend chunk of more than this many tokens goes to FlashMLA's
+# sparse prefill (`flash_mla_sparse_fwd`), whose sglang-kernel 0.4.3 binary has no sm_120 code
+# (dsv4/metadata.py `_LARGE_INDEXER_QUERY_THRESHOLD`, compared with `>`), so the worker crashes.
+MAX_PREFILL_CHUNK = 11673
 MODES = ("pd", "aggregated")
 ROLES = ("prefill", "decode", "server")
 
@@ -49,13 +61,17 @@ DEFAULTS: dict[str, Any] = {
         "mem_fraction_static": None,
         "trust_remote_code": True,
         "enable_metrics": False,
+        "context_length": None,
+        "chunked_prefill_size": None,
         "extra_args": [],
     },
     "numa": "bind",
-    "sparse_decode": True,
+    "patches": {name: True for name, _ in PATCH_SWITCHES},
+    "sparse_decode": None,  # older spelling of patches.sparse_decode
     "python": "",
     "ready_timeout": 3600.0,
     "grace_period": 30.0,
+    "hang_timeout": 60.0,  # seconds without a healthy /health answer before a process counts as hung
     "smoke_prompt": "The capital of France is",
     "env": {},
     "prefill": [],
@@ -67,6 +83,8 @@ DEFAULTS: dict[str, Any] = {
         "metrics_host": "127.0.0.1",
         "metrics_port": 29000,
         "policy": "",
+        "api_key_file": "",
+        "api_key_env": "",
         "extra_args": [],
         "env": {},
     },
@@ -93,6 +111,7 @@ class WorkerSpec:
 
     name: str
     role: str
+    index: int  # position in its role list: `--set <role>.<index>.key=...` addresses it
     gpus: tuple[int, ...]
     tp: int
     numa_node: int | None
@@ -115,6 +134,18 @@ class RouterSpec:
     policy: str
     extra_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    # Client authentication: the router's `--api-key` guards /generate and the OpenAI routes. The
+    # secret is read by our router wrapper at start from this file or variable, never put in argv.
+    api_key_file: str = ""
+    api_key_env: str = ""
+
+    @property
+    def auth(self) -> str:
+        if self.api_key_file:
+            return f"api key from file {self.api_key_file}"
+        if self.api_key_env:
+            return f"api key from ${self.api_key_env}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -129,12 +160,15 @@ class Config:
     moe_runner_backend: str
     trust_remote_code: bool
     enable_metrics: bool
+    context_length: int | None
+    chunked_prefill_size: int | None
     engine_extra_args: tuple[str, ...]
     numa: str
-    sparse_decode: bool
-    python: str
+    patches: tuple[tuple[str, bool], ...]  # (name, on) in PATCH_SWITCHES order
+    python: str  # "" = the interpreter the Host names (this one locally, python3 on another box)
     ready_timeout: float
     grace_period: float
+    hang_timeout: float
     smoke_prompt: str
     env: tuple[tuple[str, str], ...]
     workers: tuple[WorkerSpec, ...]
@@ -143,6 +177,9 @@ class Config:
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
+
+    def patch_on(self, name: str) -> bool:
+        return dict(self.patches)[name]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,7 +196,7 @@ def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
             cur = list(out.get(key) or [])
             for i, item in enumerate(value):
                 if not isinstance(item, Mapping):
-                    raise UserError(f"config key {key}[{i}] must be a table, got {item!r}",
+                    raise UserError(f"config key {key}.{i} must be a table, got {item!r}",
                                     f"write it as [[{key}]] with keys like gpus = [0, 1] and port = 30000")
                 if i < len(cur):
                     cur[i] = deep_merge(cur[i], item)
@@ -191,6 +228,9 @@ def parse_value(text: str) -> Any:
 def set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
     """Apply `a.b.0.c=value` to the raw dict (`prefill.0.port=31000`, `env.UCX_TLS=tcp`)."""
     parts = dotted.split(".")
+    if not all(parts):
+        raise UserError(f"cannot apply override {dotted!r}: empty key segment",
+                        "write dotted keys like router.port=9000 or decode.0.env.UCX_TLS=tcp")
     node: Any = raw
     for i, part in enumerate(parts[:-1]):
         if isinstance(node, list):
@@ -198,10 +238,14 @@ def set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
             if idx == len(node):
                 node.append({})
             node = node[idx]
-        else:
+        elif isinstance(node, dict):
             if part not in node or node[part] is None:
                 node[part] = [] if part in ROLES else {}
             node = node[part]
+        else:
+            _not_a_table(dotted, parts[:i])
+    if not isinstance(node, (list, dict)):
+        _not_a_table(dotted, parts[:-1])
     last = parts[-1]
     if isinstance(node, list):
         idx = _index(last, dotted, len(node))
@@ -213,10 +257,16 @@ def set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
         node[last] = value
 
 
+def _not_a_table(dotted: str, prefix: list[str]) -> None:
+    where = ".".join(prefix)
+    raise UserError(f"cannot apply override {dotted!r}: {where} is a single value, not a table",
+                    f"set {where} itself (--set {where}=VALUE), or use a key that has sub-keys, e.g. router.port")
+
+
 def _index(part: str, dotted: str, length: int) -> int:
     if not part.isdigit() or int(part) > length:
         raise UserError(f"cannot apply override {dotted!r}: {part!r} is not a valid list index",
-                        f"role lists are indexed from 0 and may grow by one, e.g. decode.{length}.port=30002")
+                        f"role lists are indexed from 0 and may grow by one, e.g. --set decode.{length}.port=30002")
     return int(part)
 
 
@@ -258,14 +308,27 @@ def parse_overrides(items: list[str] | tuple[str, ...], source: str) -> list[tup
     return out
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_text_file(path: Path, what: str, fix_missing: str) -> str:
+    """A user-named text file as str, or a UserError naming what is wrong with it (never a traceback)."""
     try:
-        text = path.read_text()
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist",
-                        "pass an existing TOML file with --config, or drop --config to use the profile alone") from None
+        raise UserError(f"{what} {path} does not exist", fix_missing) from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory, not a file", "pass the path of the file itself") from None
+    except PermissionError:
+        raise UserError(f"{what} {path} is not readable (permission denied)",
+                        f"make it readable for this user (chmod o+r {path}) or copy it somewhere readable") from None
     except OSError as exc:
-        raise UserError(f"cannot read config file {path}: {exc.strerror}", "check the path and its permissions") from None
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}", "check the path and its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                        "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8), or point at the right file") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    text = read_text_file(path, "config file",
+                          "pass an existing TOML file with --config, or drop --config to use the profile alone")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -291,8 +354,11 @@ def load_config(
     file_raw: dict[str, Any] = {}
     if config_file:
         file_raw = read_config_file(Path(config_file))
-    prof_name = profile or file_raw.pop("profile", None) or DEFAULT_PROFILE
-    file_raw.pop("profile", None)
+    file_profile = file_raw.pop("profile", None)
+    if file_profile is not None and not isinstance(file_profile, str):
+        raise UserError(f"config key profile must be a profile name, got {file_profile!r}",
+                        f'write profile = "{DEFAULT_PROFILE}" (or drop it)')
+    prof_name = profile or file_profile or DEFAULT_PROFILE
     raw = deep_merge(DEFAULTS, get_profile(prof_name))
     sources.append(f"profile:{prof_name}")
     if file_raw:
@@ -331,11 +397,42 @@ def _want(value: Any, types: type | tuple[type, ...], key: str, what: str) -> An
     return value
 
 
+def _int(value: Any, key: str, what: str, minimum: int) -> int:
+    _want(value, int, key, what)
+    if value < minimum:
+        raise UserError(f"config key {key} = {value} must be >= {minimum}", f"set {key} to {what}")
+    return int(value)
+
+
+def _seconds(value: Any, key: str, minimum: float, strict: bool) -> float:
+    """A finite number of seconds: nan and inf parse as TOML floats but would hang or never stop."""
+    _want(value, (int, float), key, "a number of seconds")
+    v = float(value)
+    if not math.isfinite(v) or v < minimum or (strict and v == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise UserError(f"config key {key} = {value!r} must be a finite number of seconds {bound}",
+                        "use e.g. ready_timeout = 3600, grace_period = 30")
+    return v
+
+
 def _choice(value: Any, choices: tuple[str, ...], key: str) -> str:
     if value not in choices:
         raise UserError(f"config key {key} = {value!r} is not accepted by sglang 0.5.13.post1",
                         f"use one of: {', '.join(choices)}")
-    return value
+    return str(value)
+
+
+def _on_off(value: Any, key: str) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("on", "off", "1", "0", "true", "false"):
+        return value.strip().lower() in ("on", "1", "true")
+    return bool(_want(value, bool, key, "true or false"))
+
+
+def _env_name(name: str, key: str) -> str:
+    if not name or "=" in name or "\0" in name or any(c.isspace() for c in name):
+        raise UserError(f"environment variable name {name!r} in {key} is not valid",
+                        "names may not be empty or contain '=', NUL or whitespace; use NAME = \"value\"")
+    return name
 
 
 def _env_pairs(value: Any, key: str) -> tuple[tuple[str, str], ...]:
@@ -346,16 +443,24 @@ def _env_pairs(value: Any, key: str) -> tuple[tuple[str, str], ...]:
             val = "1" if val else "0"
         if not isinstance(val, (str, int, float)):
             raise UserError(f"env value {key}.{name} must be a string, got {val!r}", f'write {name} = "..."')
-        out.append((str(name), str(val)))
+        if "\0" in str(val):
+            raise UserError(f"env value {key}.{name} contains a NUL byte", "remove it: the kernel cannot pass it to a process")
+        out.append((_env_name(str(name), key), str(val)))
     return tuple(out)
 
 
 def _args(value: Any, key: str) -> tuple[str, ...]:
     if isinstance(value, str):
-        import shlex
-
-        return tuple(shlex.split(value))
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise UserError(f"config key {key} = {value!r} cannot be split into arguments ({exc})",
+                            "close the quote, or write it as a list: extra_args = [\"--flag\", \"value\"]") from None
     _want(value, list, key, "a list of strings (or one shell-quoted string)")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise UserError(f"config key {key} has {v!r}, which is not a command-line word",
+                            "write each argument as a string, e.g. [\"--max-running-requests\", \"64\"]")
     return tuple(str(v) for v in value)
 
 
@@ -363,74 +468,131 @@ def _port(value: Any, key: str) -> int:
     _want(value, int, key, "a port number (1-65535)")
     if not 1 <= value <= 65535:
         raise UserError(f"config key {key} = {value} is not a valid port", "use a port number between 1 and 65535")
-    return value
+    return int(value)
 
 
-def _worker(role: str, idx: int, raw: Mapping[str, Any], engine_mem: float | None) -> WorkerSpec:
-    where = f"{role}[{idx}]."
+def _host(value: Any, key: str) -> str:
+    """A host name or IP literal as a listener takes it; IPv6 may be written with brackets."""
+    _want(value, str, key, "a host name or IP address")
+    host = value.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise UserError(f"config key {key} is empty, which would listen on every interface",
+                        f"set {key} = \"127.0.0.1\" (this box only) or \"0.0.0.0\" (every interface, on purpose)")
+    if any(c.isspace() for c in host) or "/" in host or "[" in host or "]" in host:
+        raise UserError(f"config key {key} = {value!r} is not a host name or IP address",
+                        f"write a bare host, e.g. {key} = \"127.0.0.1\" or \"::1\" (no scheme, port or path)")
+    return host
+
+
+def arg_value(args: tuple[str, ...], flag: str) -> str | None:
+    """The last value given for `flag` in an argv tail (`--flag V` or `--flag=V`), as argparse takes it."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def check_prefill_chunk(size: int | None, where: str) -> None:
+    if size is None:
+        return
+    if size > MAX_PREFILL_CHUNK or size <= 0:
+        what = "disables chunking" if size <= 0 else f"is larger than {MAX_PREFILL_CHUNK}"
+        raise UserError(
+            f"{where} chunked_prefill_size = {size} {what}: on sm_120, SGLang 0.5.13.post1 hands prefill "
+            f"chunks of more than {MAX_PREFILL_CHUNK} tokens to FlashMLA's sparse prefill, which has no "
+            "sm_120 code in sglang-kernel 0.4.3, and the worker crashes on the first long prompt",
+            f"use --set engine.chunked_prefill_size=8192 (the profile's value; at most {MAX_PREFILL_CHUNK}) "
+            "and drop --chunked-prefill-size from extra_args",
+        )
+
+
+def _extra_chunk(args: tuple[str, ...], key: str) -> None:
+    text = arg_value(args, "--chunked-prefill-size")
+    if text is None:
+        return
+    try:
+        size = int(text)
+    except ValueError:
+        raise UserError(f"{key} has --chunked-prefill-size {text!r}, which is not an integer",
+                        "use engine.chunked_prefill_size = 8192 instead of extra_args") from None
+    check_prefill_chunk(size, f"{key} (--chunked-prefill-size)")
+
+
+def _worker(role: str, idx: int, raw: Any, engine_mem: float | None) -> WorkerSpec:
+    where = f"{role}.{idx}."
+    _want(raw, dict, f"{role}.{idx}", "a table (write it as [[" + role + "]])")
     _check_keys(raw, WORKER_DEFAULTS, where)
     w = {**WORKER_DEFAULTS, **raw}
     gpus = _want(w["gpus"], list, where + "gpus", "a list of GPU indices")
     if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
         raise UserError(f"config key {where}gpus = {gpus!r} must be a non-empty list of GPU indices",
-                        f"e.g. {where}gpus = [0, 1, 2, 3]")
+                        f"e.g. --set {where}gpus=[0,1,2,3]")
     if len(set(gpus)) != len(gpus):
         raise UserError(f"config key {where}gpus = {gpus!r} lists a GPU twice", "list each GPU once")
     tp = _want(w["tp"], int, where + "tp", "a positive integer")
     if tp < 1 or len(gpus) % tp:
         raise UserError(
-            f"{role}[{idx}] has {len(gpus)} GPUs, which is not divisible by its TP size {tp}",
-            f"give {role}[{idx}] a multiple of {tp} GPUs, or set {where}tp to a divisor of {len(gpus)}",
+            f"{role}.{idx} has {len(gpus)} GPUs, which is not divisible by its TP size {tp}",
+            f"give {role}.{idx} a multiple of {tp} GPUs, or --set {where}tp=N with N a divisor of {len(gpus)}",
         )
     if w["port"] is None:
-        raise UserError(f"{role}[{idx}] has no port", f"set {where}port (every port is explicit)")
+        raise UserError(f"{role}.{idx} has no port", f"set it: --set {where}port=N (every port is explicit)")
     if w["nccl_port"] is None:
-        raise UserError(f"{role}[{idx}] has no nccl_port",
-                        f"set {where}nccl_port: implicit NCCL ports race between two servers on one box (dynamo#15099)")
+        raise UserError(f"{role}.{idx} has no nccl_port",
+                        f"set it: --set {where}nccl_port=N (implicit NCCL ports race between two servers on one box)")
     if role == "prefill" and w["bootstrap_port"] is None:
-        raise UserError(f"{role}[{idx}] has no bootstrap_port",
-                        f"set {where}bootstrap_port (sglang's default is 8998); the router passes it to decode")
+        raise UserError(f"{role}.{idx} has no bootstrap_port",
+                        f"set it: --set {where}bootstrap_port=8998 (sglang's default); the router passes it to decode")
     numa = w["numa_node"]
     if numa is not None:
-        _want(numa, int, where + "numa_node", "a NUMA node number (or leave unset to follow the GPUs)")
+        numa = _int(numa, where + "numa_node", "a NUMA node number (or leave it unset to follow the GPUs)", 0)
     cgbs = w["cuda_graph_max_bs"]
     if cgbs is not None:
-        _want(cgbs, int, where + "cuda_graph_max_bs", "a positive integer")
+        cgbs = _int(cgbs, where + "cuda_graph_max_bs", "a positive integer", 1)
     mem = w["mem_fraction_static"] if w["mem_fraction_static"] is not None else engine_mem
     if mem is not None:
         _want(mem, (int, float), where + "mem_fraction_static", "a fraction between 0 and 1")
         if not 0 < float(mem) < 1:
-            raise UserError(f"config key {where}mem_fraction_static = {mem} is outside (0, 1)", "use e.g. 0.70")
+            raise UserError(f"config key {where}mem_fraction_static = {mem} is outside (0, 1)",
+                            f"use e.g. --set {where}mem_fraction_static=0.70")
+    extra = _args(w["extra_args"], where + "extra_args")
+    if role in ("prefill", "server"):
+        _extra_chunk(extra, where + "extra_args")
     return WorkerSpec(
         name=f"{role}-{idx}",
         role=role,
+        index=idx,
         gpus=tuple(gpus),
         tp=tp,
         numa_node=numa,
-        host=_want(w["host"], str, where + "host", "a host/IP string"),
+        host=_host(w["host"], where + "host"),
         port=_port(w["port"], where + "port"),
         bootstrap_port=_port(w["bootstrap_port"], where + "bootstrap_port") if w["bootstrap_port"] is not None else None,
         nccl_port=_port(w["nccl_port"], where + "nccl_port"),
         cuda_graph_max_bs=cgbs,
         mem_fraction_static=float(mem) if mem is not None else None,
-        extra_args=_args(w["extra_args"], where + "extra_args"),
+        extra_args=extra,
         env=_env_pairs(w["env"], where + "env"),
     )
 
 
-def resolve_ucx_module_dir() -> str:
-    """Where nixl-cu13 bundles UCX's CUDA transports (nixl#1628); '' when nixl is not installed."""
-    loaded = sys.modules.get("nixl_cu13")  # find_spec() may raise for an already imported module
-    spec = loaded.__spec__ if loaded is not None else importlib.util.find_spec("nixl_cu13")
-    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    for root in roots:
-        cand = root.parent / "nixl_cu13.libs" / "ucx"
-        if cand.is_dir():
-            return str(cand)
-    return ""
+def _patches(raw: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    table = _want(raw.get("patches") or {}, dict, "patches", "a table of patch = true/false")
+    _check_keys(table, DEFAULTS["patches"], "patches.")
+    merged = {**DEFAULTS["patches"], **table}
+    if raw.get("sparse_decode") is not None:  # the older top-level key (wins: it is the more specific layer)
+        merged["sparse_decode"] = raw["sparse_decode"]
+    return tuple((name, _on_off(merged[name], f"patches.{name}")) for name, _ in PATCH_SWITCHES)
 
 
 def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] = ()) -> Config:
+    """Pure: the merged raw layers -> a validated Config. No host facts are read here (the
+    interpreter, nixl's UCX dir and the like are the Host's, decided by `build_plan`)."""
     _check_keys(raw, DEFAULTS, "")
     mode = _choice(raw["mode"], MODES, "mode")
     model = _want(raw["model"], dict, "model", "a table")
@@ -446,11 +608,21 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
     moe = _choice(engine["moe_runner_backend"], MOE_RUNNER_BACKENDS, "engine.moe_runner_backend")
     numa = _choice(raw["numa"], NUMA_MODES, "numa")
     mem = engine["mem_fraction_static"]
+    ctx = engine["context_length"]
+    if ctx is not None:
+        ctx = _int(ctx, "engine.context_length", "a number of tokens, e.g. 131072", 1)
+    chunk = engine["chunked_prefill_size"]
+    if chunk is not None:
+        _want(chunk, int, "engine.chunked_prefill_size", "a number of tokens, e.g. 8192")
+        check_prefill_chunk(chunk, "engine.")
+    engine_extra = _args(engine["extra_args"], "engine.extra_args")
+    _extra_chunk(engine_extra, "engine.extra_args")
 
     workers: list[WorkerSpec] = []
     roles = ("prefill", "decode") if mode == "pd" else ("server",)
     for role in ROLES:
         entries = raw.get(role) or []
+        _want(entries, list, role, f"a list of tables (write each as [[{role}]])")
         if role not in roles and entries:
             raise UserError(f"config has [[{role}]] workers but mode = {mode!r}",
                             f"{'use [[prefill]] and [[decode]]' if mode == 'pd' else 'use [[server]]'} for mode {mode!r}, or change mode")
@@ -465,27 +637,26 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         r = _want(raw["router"], dict, "router", "a table")
         _check_keys(r, DEFAULTS["router"], "router.")
         r = {**DEFAULTS["router"], **r}
+        key_env = _want(r["api_key_env"], str, "router.api_key_env", "an environment variable name")
+        if key_env:
+            _env_name(key_env, "router.api_key_env")
         router = RouterSpec(
-            host=_want(r["host"], str, "router.host", "a host/IP string"),
+            host=_host(r["host"], "router.host"),
             port=_port(r["port"], "router.port"),
-            metrics_host=_want(r["metrics_host"], str, "router.metrics_host", "a host/IP string"),
+            metrics_host=_host(r["metrics_host"], "router.metrics_host"),
             metrics_port=_port(r["metrics_port"], "router.metrics_port"),
             policy=_want(r["policy"], str, "router.policy", "a router policy name or \"\""),
             extra_args=_args(r["extra_args"], "router.extra_args"),
             env=_env_pairs(r["env"], "router.env"),
+            api_key_file=_want(r["api_key_file"], str, "router.api_key_file", "a file path"),
+            api_key_env=key_env,
         )
+        if "--api-key" in router.extra_args or any(a.startswith("--api-key=") for a in router.extra_args):
+            raise UserError("router.extra_args passes --api-key on the command line, where `ps`, the .command "
+                            "file and the logs show it",
+                            "put the key in a file (router.api_key_file) or a variable (router.api_key_env) instead")
 
-    env = dict(_env_pairs(raw["env"], "env"))
-    if env.get("UCX_MODULE_DIR") == "auto":
-        found = resolve_ucx_module_dir()
-        if found:
-            env["UCX_MODULE_DIR"] = found
-        else:
-            del env["UCX_MODULE_DIR"]  # nixl not installed here (plan on a laptop, rehearsal)
-    ready_timeout = _want(raw["ready_timeout"], (int, float), "ready_timeout", "seconds")
-    grace = _want(raw["grace_period"], (int, float), "grace_period", "seconds")
-    if ready_timeout <= 0 or grace < 0:
-        raise UserError("ready_timeout must be > 0 and grace_period >= 0", "use e.g. ready_timeout = 3600, grace_period = 30")
+    env = _env_pairs(raw["env"], "env")
     return Config(
         profile=profile,
         mode=mode,
@@ -497,14 +668,17 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         moe_runner_backend=moe,
         trust_remote_code=_want(engine["trust_remote_code"], bool, "engine.trust_remote_code", "true or false"),
         enable_metrics=_want(engine["enable_metrics"], bool, "engine.enable_metrics", "true or false"),
-        engine_extra_args=_args(engine["extra_args"], "engine.extra_args"),
+        context_length=ctx,
+        chunked_prefill_size=chunk,
+        engine_extra_args=engine_extra,
         numa=numa,
-        sparse_decode=_want(raw["sparse_decode"], bool, "sparse_decode", "true or false"),
-        python=_want(raw["python"], str, "python", "an interpreter path") or sys.executable,
-        ready_timeout=float(ready_timeout),
-        grace_period=float(grace),
+        patches=_patches(raw),
+        python=_want(raw["python"], str, "python", "an interpreter path"),
+        ready_timeout=_seconds(raw["ready_timeout"], "ready_timeout", 0.0, strict=True),
+        grace_period=_seconds(raw["grace_period"], "grace_period", 0.0, strict=False),
+        hang_timeout=_seconds(raw["hang_timeout"], "hang_timeout", 0.0, strict=True),
         smoke_prompt=_want(raw["smoke_prompt"], str, "smoke_prompt", "a string"),
-        env=tuple(env.items()),
+        env=env,
         workers=tuple(workers),
         router=router,
         sources=sources,

@@ -1,33 +1,50 @@
-"""Facts about the host that decide how a plan can run here: numactl and membind permission.
+"""NUMA: the one builder of numactl command prefixes, and the probe that runs it on this host.
 
-Kept apart from the pure plan: these run commands. Docker's seccomp profile refuses
-set_mempolicy/mbind without CAP_SYS_NICE, which makes `numactl --membind` kill a worker silently
-(sglang#27368), so we probe once, up front, and the plan falls back to --preferred loudly.
-V4FLASH_NUMACTL names the numactl binary (tests point it at a fake that behaves like a container
-without CAP_SYS_NICE).
+Docker's seccomp profile refuses set_mempolicy/mbind without CAP_SYS_NICE, which makes
+`numactl --membind` kill a worker silently, so every node the plan binds to is probed up front
+with exactly the prefix the plan will use (`numactl_prefix`), and the plan falls back to
+--preferred (or CPU-only binding) loudly. V4FLASH_NUMACTL names the numactl binary (tests point it
+at a fake that behaves like a container without CAP_SYS_NICE).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from v4flash_pd.topology import parse_cpulist
 
+POLICIES = ("membind", "preferred", "cpu", "none")
+
 
 @dataclass(frozen=True)
-class HostNuma:
-    numactl: str  # absolute path, or "" when not installed
-    allowed_nodes: tuple[int, ...]  # Mems_allowed of this process
+class Binding:
+    node: int | None
+    policy: str  # "membind" | "preferred" | "cpu" (cpunodebind only) | "none"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """What this host permits on one NUMA node, found by running the plan's own prefixes."""
+
+    node: int
     membind_ok: bool
+    preferred_ok: bool
+    cpu_ok: bool = True  # False: the node is absent here or outside this container's cpuset
     detail: str = ""
-    # --preferred needs set_mempolicy too, which docker's seccomp refuses along with --membind;
-    # when both are refused only CPU binding (sched_setaffinity) is left.
-    preferred_ok: bool = False
+
+
+def numactl_prefix(binding: Binding, numactl: str) -> tuple[str, ...]:
+    """The argv prefix that binds a process (empty when not bound). The only place it is built."""
+    if binding.policy == "none" or binding.node is None:
+        return ()
+    exe = numactl or "numactl"
+    if binding.policy == "cpu":
+        return (exe, f"--cpunodebind={binding.node}", "--")
+    mem = f"--membind={binding.node}" if binding.policy == "membind" else f"--preferred={binding.node}"
+    return (exe, f"--cpunodebind={binding.node}", mem, "--")
 
 
 def allowed_mem_nodes(status_path: Path = Path("/proc/self/status")) -> tuple[int, ...]:
@@ -35,33 +52,34 @@ def allowed_mem_nodes(status_path: Path = Path("/proc/self/status")) -> tuple[in
         for line in status_path.read_text().splitlines():
             if line.startswith("Mems_allowed_list:"):
                 return parse_cpulist(line.split(":", 1)[1])
-    except OSError:
+    except (OSError, ValueError):
         pass
     return (0,)
 
 
-def probe_numa(env: Mapping[str, str] | None = None) -> HostNuma:
-    env = os.environ if env is None else env
-    numactl = env.get("V4FLASH_NUMACTL") or shutil.which("numactl") or ""
-    nodes = allowed_mem_nodes()
-    if not numactl:
-        return HostNuma("", nodes, False, "numactl is not installed")
-    node = nodes[0] if nodes else 0
+def _try(argv: tuple[str, ...]) -> tuple[bool, str]:
     try:
-        res = subprocess.run([numactl, f"--cpunodebind={node}", f"--membind={node}", "--", "true"],
-                             capture_output=True, text=True, timeout=20)
+        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return HostNuma(numactl, nodes, False, f"numactl could not run: {exc}")
+        return False, f"numactl could not run: {exc}"
     if res.returncode == 0:
-        return HostNuma(numactl, nodes, True, "membind permitted", preferred_ok=True)
+        return True, ""
     why = (res.stderr or res.stdout).strip().splitlines()
-    detail = f"membind refused: {why[0] if why else 'exit ' + str(res.returncode)}"
-    try:
-        pref = subprocess.run([numactl, f"--cpunodebind={node}", f"--preferred={node}", "--", "true"],
-                              capture_output=True, text=True, timeout=20)
-        preferred_ok = pref.returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        preferred_ok = False
-    if not preferred_ok:
-        detail += "; --preferred refused too"
-    return HostNuma(numactl, nodes, False, detail, preferred_ok=preferred_ok)
+    return False, why[0] if why else f"exit {res.returncode}"
+
+
+def probe_node(numactl: str, node: int) -> NodeProbe:
+    """Run `<prefix> true` for membind, then (if refused) preferred, then CPU-only: exactly the
+    prefixes a worker can get. A node that even --cpunodebind refuses is not usable here."""
+    ok, why = _try(numactl_prefix(Binding(node, "membind"), numactl) + ("true",))
+    if ok:
+        return NodeProbe(node, True, True, True, "membind permitted")
+    detail = f"membind refused: {why}"
+    pref_ok, _ = _try(numactl_prefix(Binding(node, "preferred"), numactl) + ("true",))
+    if pref_ok:
+        return NodeProbe(node, False, True, True, detail)
+    detail += "; --preferred refused too"
+    cpu_ok, why_cpu = _try(numactl_prefix(Binding(node, "cpu"), numactl) + ("true",))
+    if not cpu_ok:
+        detail = f"numactl cannot bind node {node} here: {why_cpu}"
+    return NodeProbe(node, False, False, cpu_ok, detail)

@@ -1,32 +1,35 @@
-"""Plan: the one pure function that turns (Config, Topology, host facts) into every argv and env.
+"""Plan: the one pure function that turns (Config, Host) into every argv, env, binding and port.
 
 Nothing else in the code base assembles a command line: `plan` prints this object, `up` executes
-it, `--rehearse` builds the same plan with the engine module swapped, so what was rehearsed is
-what runs on the GPU box.
+it, `doctor` checks it, `--rehearse` builds the same plan with the engine module swapped, so what
+was rehearsed is what runs on the GPU box. Every fact about the machine comes from the `Host`
+(probed once at the CLI edge, or a topology file for another box), never from this process.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from v4flash_pd.config import Config, WorkerSpec
+from v4flash_pd.config import PATCH_SWITCHES, Config, WorkerSpec
 from v4flash_pd.errors import UserError
-from v4flash_pd.hostprobe import HostNuma
-from v4flash_pd.model import ModelCheck
-from v4flash_pd.ports import PortUse
-from v4flash_pd.topology import UNKNOWN_NODE, Topology
+from v4flash_pd.hostprobe import Binding, numactl_prefix
+from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
+from v4flash_pd.topology import UNKNOWN_NODE
+
+if TYPE_CHECKING:
+    from v4flash_pd.host import Host
+
+__all__ = ["Binding", "Plan", "ProcessSpec", "build_plan", "config_port_uses", "numactl_prefix", "reach_host"]
 
 SGLANG_MODULE = "sglang.launch_server"
 REHEARSAL_MODULE = "v4flash_pd.rehearsal.engine"
 ROUTER_MODULE = "sglang_router.launch_router"
-
-
-@dataclass(frozen=True)
-class Binding:
-    node: int | None
-    policy: str  # "membind" | "preferred" | "cpu" (cpunodebind only) | "none"
-    reason: str = ""
+ROUTER_AUTH_MODULE = "v4flash_pd.routerauth"
+# Read at import time by huggingface_hub/transformers (and honoured by the router's tokenizer
+# loader): every process gets them from exec, the router included.
+OFFLINE_KEYS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")
+LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class ProcessSpec:
     ports: tuple[PortUse, ...]
     health_url: str
     critical: bool = True
+    index: int = 0  # position in its role list (router: 0)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class Plan:
     probe_url: str  # the same endpoint as reachable from this host (0.0.0.0 -> 127.0.0.1)
     expected: tuple[tuple[str, int], ...]  # (role, count) the router must report healthy
     warnings: tuple[str, ...] = field(default=())
+    patches: tuple[tuple[str, bool], ...] = ()  # kernel patch switches the workers get
+    context_length: int | None = None
+    # How clients authenticate to the router: ("file", path) or ("env", NAME); ("", "") = nobody has to.
+    router_auth: tuple[str, str] = ("", "")
+    local: bool = True  # planned with this machine's facts (False: for the box a topology file describes)
 
     def workers(self) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.role != "router")
@@ -76,101 +85,145 @@ class Plan:
 
 
 def reach_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    """Where a client on this box connects to reach a listener on `host` (URL form)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return url_host(host)
 
 
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+def _addr_set(name: str, host: Host) -> set[str]:
+    if name in WILDCARD_HOSTS:
+        return {"*"}
+    if is_ip(name):
+        return {name}
+    found = host.resolve(name)
+    if found:
+        return set(found)
+    return set(LOOPBACK_NAMES.get(name, (name,)))
 
 
-def _hosts_overlap(a: str, b: str) -> bool:
+def _overlap(a: set[str], b: set[str]) -> bool:
     # a wildcard listener (IPv4 or dual-stack IPv6) takes the port on every address
-    return a == b or a in _WILDCARD_HOSTS or b in _WILDCARD_HOSTS
+    return "*" in a or "*" in b or bool(a & b)
 
 
-def check_port_collisions(uses: tuple[PortUse, ...]) -> None:
+def config_port_uses(cfg: Config) -> tuple[PortUse, ...]:
+    """Every port the config's processes listen on, in plan order (the Host probes exactly these)."""
+    uses: list[PortUse] = []
+    for w in cfg.workers:
+        uses += [PortUse(f"{w.name} http", w.host, w.port), PortUse(f"{w.name} nccl", w.host, w.nccl_port)]
+        if w.role == "prefill" and w.bootstrap_port is not None:
+            uses.append(PortUse(f"{w.name} bootstrap", w.host, w.bootstrap_port))
+    if cfg.router is not None:
+        r = cfg.router
+        uses += [PortUse("router http", r.host, r.port), PortUse("router metrics", r.metrics_host, r.metrics_port)]
+    return tuple(uses)
+
+
+class _Problems:
+    """Collects every reason a plan cannot run, so `up` and `plan` report all of them at once."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, message: str, fix: str) -> None:
+        self.items.append((message, fix))
+
+    def raise_if_any(self) -> None:
+        if not self.items:
+            return
+        if len(self.items) == 1:
+            raise UserError(*self.items[0])
+        msg = f"{len(self.items)} problems: " + " ".join(f"({i}) {m};" for i, (m, _) in enumerate(self.items, 1))
+        fix = " ".join(f"({i}) {f};" for i, (_, f) in enumerate(self.items, 1))
+        raise UserError(msg.rstrip(";"), fix.rstrip(";"))
+
+
+def _check_port_collisions(uses: tuple[PortUse, ...], host: Host, problems: _Problems) -> None:
+    sets = [_addr_set(u.host, host) for u in uses]
     for i, a in enumerate(uses):
-        for b in uses[i + 1:]:
-            if a.port == b.port and _hosts_overlap(a.host, b.host):
-                raise UserError(
-                    f"port {a.port} is used twice in the plan: by {a.owner} and by {b.owner}",
-                    "give each worker/router port, bootstrap port and NCCL port its own number "
-                    "(e.g. --set decode.0.nccl_port=30012)",
-                )
+        for j in range(i + 1, len(uses)):
+            b = uses[j]
+            if a.port == b.port and _overlap(sets[i], sets[j]):
+                same = "" if a.host == b.host else f" ({a.host} and {b.host} are the same interface here)"
+                problems.add(f"port {a.port} is used twice in the plan: by {a.owner} and by {b.owner}{same}",
+                             "give each worker/router port, bootstrap port and NCCL port its own number "
+                             "(e.g. --set decode.0.nccl_port=30012)")
 
 
-def _gpu_node(topology: Topology, gpu: int) -> int:
-    g = topology.gpu(gpu)
+def _gpu_node(host: Host, gpu: int) -> int:
+    g = host.topology.gpu(gpu)
     return g.numa_node if g is not None else UNKNOWN_NODE
 
 
-def decide_binding(cfg: Config, w: WorkerSpec, topology: Topology, host: HostNuma | None,
-                   rehearse: bool, warnings: list[str], strict: bool = True) -> Binding:
-    """Where to bind a worker: its GPUs' node, checked against what this host can honour."""
+def _intended(cfg: Config, node: int) -> Binding:
+    return Binding(node, "preferred" if cfg.numa == "preferred" else "membind")
+
+
+def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, strict: bool,
+                   warnings: list[str], problems: _Problems) -> Binding:
+    """Where to bind a worker: its GPUs' node, checked against what the host can honour."""
     if cfg.numa == "off":
         return Binding(None, "none", "numa = off")
-    gpu_nodes = {g: _gpu_node(topology, g) for g in w.gpus}
+    gpu_nodes = {g: _gpu_node(host, g) for g in w.gpus}
     known = {n for n in gpu_nodes.values() if n != UNKNOWN_NODE}
     node = w.numa_node
+    key = f"{w.role}.{w.index}.numa_node"
     if node is None:
         if len(known) == 1 and len(set(gpu_nodes.values())) == 1:
             node = known.pop()
         else:
             warnings.append(f"{w.name}: GPU->NUMA map unknown or mixed ({gpu_nodes}); not binding it. "
-                            f"Set {w.role}[{w.name.rsplit('-', 1)[1]}].numa_node to bind.")
+                            f"Bind it with --set {key}=N.")
             return Binding(None, "none", "GPU NUMA node unknown")
     else:
         wrong = {g: n for g, n in gpu_nodes.items() if n != UNKNOWN_NODE and n != node}
         if wrong:
-            idx = w.name.rsplit("-", 1)[1]
-            raise UserError(
+            problems.add(
                 f"{w.name} is bound to NUMA node {node} but its GPUs {sorted(wrong)} sit on node(s) "
-                f"{sorted(set(wrong.values()))} (topology {topology.source or 'given'})",
-                f"set {w.role}[{idx}].numa_node to the GPUs' node (or move the role to GPUs on node {node}); "
-                "to run without binding set numa = \"off\"",
+                f"{sorted(set(wrong.values()))} (topology {host.topology.source or 'given'})",
+                f"--set {key}={sorted(set(wrong.values()))[0]} (the GPUs' node), or move {w.name} to GPUs on "
+                f"node {node}; to run without binding --set numa=off",
             )
-    if host is None:  # planning for another box: assume it can bind
-        return Binding(node, "preferred" if cfg.numa == "preferred" else "membind")
+            return _intended(cfg, node)
+    if not host.local:  # planning for another box: assume it can bind
+        return _intended(cfg, node)
     problem = ""
+    probe = host.node(node)
     if not host.numactl:
         problem = "numactl is not installed on this host"
-    elif node not in host.allowed_nodes:
-        problem = f"this host/container only has NUMA node(s) {list(host.allowed_nodes)}, not node {node}"
+    elif probe is None or not probe.cpu_ok:
+        problem = (f"this host/container cannot bind NUMA node {node}"
+                   f" ({probe.detail if probe else 'not probed'}; it has node(s) {list(host.allowed_nodes)})")
     if problem:
         if rehearse:
             warnings.append(f"{w.name}: NUMA binding to node {node} skipped in rehearsal: {problem}.")
             return Binding(None, "none", problem)
         if not strict:  # `plan` on a host that cannot run it: show the intended binding, warn
             warnings.append(f"{w.name}: this host cannot honour NUMA node {node}: {problem}; `up` will refuse.")
-            return Binding(node, "preferred" if cfg.numa == "preferred" else "membind", problem)
-        raise UserError(
-            f"{w.name} must be bound to NUMA node {node}, but {problem}",
-            "install numactl (apt-get install numactl) and run on the box the plan describes, or set "
-            "numa = \"off\" (V4FLASH_SET='numa=\"off\"') to start without binding",
-        )
-    if host.membind_ok and cfg.numa == "bind":
+            return Binding(node, _intended(cfg, node).policy, problem)
+        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}",
+                     "install numactl (apt-get install numactl) and run on the box the plan describes, or "
+                     "--set numa=off to start without binding")
+        return _intended(cfg, node)
+    detail = probe.detail if probe else "not probed"
+    if probe is not None and probe.membind_ok and cfg.numa == "bind":
         return Binding(node, "membind")
-    if host.preferred_ok or host.membind_ok:
+    if probe is not None and (probe.preferred_ok or probe.membind_ok):
         if cfg.numa == "preferred":
             return Binding(node, "preferred", "numa = preferred")
         warnings.append(
-            f"WARNING {w.name}: numactl --membind is not permitted here ({host.detail}); falling back to "
+            f"WARNING {w.name}: numactl --membind is not permitted here ({detail}); falling back to "
             f"--preferred={node}: memory may spill to the other socket. In Docker add --cap-add SYS_NICE."
         )
-        return Binding(node, "preferred", host.detail)
+        return Binding(node, "preferred", detail)
     warnings.append(
-        f"WARNING {w.name}: no memory policy is permitted here ({host.detail}); binding CPUs only "
+        f"WARNING {w.name}: no memory policy is permitted here ({detail}); binding CPUs only "
         f"(--cpunodebind={node}), memory follows first touch. In Docker add --cap-add SYS_NICE."
     )
-    return Binding(node, "cpu", host.detail)
-
-
-def numactl_prefix(binding: Binding, numactl: str) -> tuple[str, ...]:
-    if binding.policy == "none" or binding.node is None:
-        return ()
-    if binding.policy == "cpu":
-        return (numactl or "numactl", f"--cpunodebind={binding.node}", "--")
-    mem = f"--membind={binding.node}" if binding.policy == "membind" else f"--preferred={binding.node}"
-    return (numactl or "numactl", f"--cpunodebind={binding.node}", mem, "--")
+    return Binding(node, "cpu", detail)
 
 
 def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple[str, ...]:
@@ -187,6 +240,10 @@ def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple
         a += ["--dp-size", str(len(w.gpus) // w.tp)]
     a += ["--host", w.host, "--port", str(w.port), "--nccl-port", str(w.nccl_port)]
     a += ["--kv-cache-dtype", cfg.kv_cache_dtype, "--moe-runner-backend", cfg.moe_runner_backend]
+    if cfg.context_length is not None:
+        a += ["--context-length", str(cfg.context_length)]
+    if cfg.chunked_prefill_size is not None and w.role in ("prefill", "server"):
+        a += ["--chunked-prefill-size", str(cfg.chunked_prefill_size)]
     if w.mem_fraction_static is not None:
         a += ["--mem-fraction-static", f"{w.mem_fraction_static:g}"]
     if w.cuda_graph_max_bs is not None:
@@ -200,34 +257,54 @@ def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple
     return tuple(a) + cfg.engine_extra_args + w.extra_args
 
 
-def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: HostNuma | None,
+def shared_env(cfg: Config, host: Host, warnings: list[str]) -> dict[str, str]:
+    """The config's [env] with host-dependent values resolved from the Host."""
+    env = dict(cfg.env)
+    if env.get("UCX_MODULE_DIR") == "auto":
+        if host.ucx_module_dir:
+            env["UCX_MODULE_DIR"] = host.ucx_module_dir
+        else:
+            del env["UCX_MODULE_DIR"]
+            if not host.local:
+                warnings.append("UCX_MODULE_DIR = \"auto\" is resolved by `up` on the target box "
+                                "(nixl-cu13's bundled UCX), so this plan does not show it")
+    return env
+
+
+def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, python: str, env_base: dict[str, str],
                     rehearse: bool, first_bootstrap: int | None) -> ProcessSpec:
     module = REHEARSAL_MODULE if rehearse else SGLANG_MODULE
     # decode gets prefill-0's bootstrap port as its fallback: SGLang substitutes its own
     # --disaggregation-bootstrap-port when the router sends bootstrap_port = null.
     boot = w.bootstrap_port if w.role == "prefill" else (first_bootstrap if w.role == "decode" else None)
-    argv = numactl_prefix(binding, host.numactl if host else "") + (cfg.python, "-m", module) + engine_args(cfg, w, boot)
+    argv = numactl_prefix(binding, host.numactl) + (python, "-m", module) + engine_args(cfg, w, boot)
     # GPU indices come from nvidia-smi, which numbers GPUs in PCI bus order; CUDA's default order
     # (FASTEST_FIRST) need not match, and then CUDA_VISIBLE_DEVICES and the NUMA map disagree.
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **dict(cfg.env)}
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **env_base}
     env.update(w.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in w.gpus)
-    env["V4FLASH_SPARSE_DECODE"] = "1" if cfg.sparse_decode else "0"
+    for name, var in PATCH_SWITCHES:
+        env[var] = "1" if cfg.patch_on(name) else "0"
     env["PYTHONUNBUFFERED"] = "1"
     if rehearse:
         env["V4FLASH_REHEARSAL"] = "1"
-    ports = [PortUse(f"{w.name} http", w.host, w.port), PortUse(f"{w.name} nccl", w.host, w.nccl_port)]
-    if w.role == "prefill" and w.bootstrap_port is not None:
-        ports.append(PortUse(f"{w.name} bootstrap", w.host, w.bootstrap_port))
+    ports = tuple(u for u in config_port_uses(cfg) if u.owner.split(" ", 1)[0] == w.name)
     return ProcessSpec(name=w.name, role=w.role, argv=argv, env=tuple(sorted(env.items())), gpus=w.gpus,
-                       binding=binding, ports=tuple(ports),
-                       health_url=f"http://{reach_host(w.host)}:{w.port}/health")
+                       binding=binding, ports=ports, health_url=f"http://{reach_host(w.host)}:{w.port}/health",
+                       index=w.index)
 
 
-def _router_process(cfg: Config) -> ProcessSpec:
+def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> ProcessSpec:
     r = cfg.router
     assert r is not None
-    argv: list[str] = [cfg.python, "-m", ROUTER_MODULE, "--pd-disaggregation"]
+    argv: list[str] = [python, "-m"]
+    if r.api_key_file:
+        argv += [ROUTER_AUTH_MODULE, "--api-key-file", r.api_key_file, "--"]
+    elif r.api_key_env:
+        argv += [ROUTER_AUTH_MODULE, "--api-key-env", r.api_key_env, "--"]
+    else:
+        argv += [ROUTER_MODULE]
+    argv.append("--pd-disaggregation")
     for w in cfg.role("prefill"):
         argv += ["--prefill", f"http://{reach_host(w.host)}:{w.port}", str(w.bootstrap_port)]
     for w in cfg.role("decode"):
@@ -240,7 +317,8 @@ def _router_process(cfg: Config) -> ProcessSpec:
     if r.policy:
         argv += ["--policy", r.policy]
     argv += list(r.extra_args)
-    env = dict(r.env)
+    env = {k: v for k, v in env_base.items() if k in OFFLINE_KEYS}
+    env.update(r.env)
     env["PYTHONUNBUFFERED"] = "1"
     return ProcessSpec(name="router", role="router", argv=tuple(argv), env=tuple(sorted(env.items())), gpus=(),
                        binding=Binding(None, "none", "router is CPU-light"),
@@ -248,56 +326,113 @@ def _router_process(cfg: Config) -> ProcessSpec:
                        health_url=f"http://{reach_host(r.host)}:{r.port}/readiness")
 
 
-def build_plan(cfg: Config, topology: Topology, host: HostNuma | None = None, *, rehearse: bool = False,
-               model: ModelCheck | None = None, require_gpus: bool | None = None) -> Plan:
-    """Pure: the same inputs give the same Plan. Raises UserError for anything that cannot run.
+def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, python: str,
+                   warnings: list[str], problems: _Problems) -> None:
+    """What this machine says about the plan: unresolvable hosts, busy ports, model dir, router."""
+    if not host.local:
+        return
+    for name, addrs in host.addresses:
+        if not addrs:
+            problems.add(f"host {name!r} in the config does not resolve on this machine",
+                         "use an IP address (127.0.0.1 keeps a worker on this box) or fix the name in /etc/hosts or DNS")
+    busy = [(u, host.port(u.host, u.port)) for u in config_port_uses(cfg) if host.port(u.host, u.port)]
+    if busy:
+        items = ", ".join(f"{u.port} ({u.owner} on {u.host}: {why})" for u, why in busy)
+        fix = ("stop whatever holds them (`v4flash-pd down`, or `ss -ltnp` to find it), or move the role to free "
+               f"ports, e.g. --set {_port_key(busy[0][0], cfg)}={busy[0][0].port + 1}")
+        if any(why.startswith("permission denied") for _, why in busy):
+            fix = ("use ports >= 1024 (or run with CAP_NET_BIND_SERVICE), e.g. "
+                   f"--set {_port_key(busy[0][0], cfg)}=8000; " + fix)
+        if starting:
+            problems.add(f"port(s) not available on this host: {items}", fix)
+        else:
+            warnings.append(f"port(s) not available on this host now: {items}; `up` will refuse them")
+    if host.model is not None and not host.model.ok:
+        if rehearse:
+            warnings.append(f"{host.model.problem}; rehearsal does not load weights")
+        elif starting:
+            problems.add(f"{host.model.problem}; refusing to start",
+                         "pass --model /path/to/DeepSeek-V4-Flash (a dir with config.json and the weights), or mount "
+                         "it at the profile's path; `up --rehearse` runs without a model")
+        else:
+            warnings.append(f"{host.model.problem}; `up` will refuse to start without it")
+    if cfg.router is not None and host.router_installed is False:
+        msg = f"sglang-router is not installed for {python}, and the plan starts the router with it"
+        fix = "pip install sglang-router==0.3.2 (the pinned router; `make demo` sets up an env with it)"
+        if starting:
+            problems.add(msg, fix)
+        else:
+            warnings.append(msg + f" ({fix})")
 
-    `host=None` plans for the box `topology` describes (no local NUMA checks); `model=None` skips
-    the model-dir check; `require_gpus` (default: not rehearse) refuses GPUs the topology lacks and
-    NUMA nodes this host cannot bind (otherwise both are warnings, for `plan`).
+
+def _port_key(u: PortUse, cfg: Config) -> str:
+    owner, kind = u.owner.split(" ", 1)
+    if owner == "router":
+        return "router.port" if kind == "http" else "router.metrics_port"
+    role, idx = owner.rsplit("-", 1)
+    return f"{role}.{idx}." + {"http": "port", "nccl": "nccl_port", "bootstrap": "bootstrap_port"}[kind]
+
+
+def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus: bool | None = None,
+               starting: bool = False) -> Plan:
+    """Pure: the same (Config, Host) give the same Plan. Raises one UserError listing everything
+    that cannot run.
+
+    `require_gpus` (default: not rehearse): GPUs the topology lacks and NUMA nodes the host cannot
+    bind are errors (a real `up`), not warnings (`plan`, rehearsal). `starting` (`up`, rehearsal
+    included): busy ports, a missing model dir (real runs) and a missing router are errors too.
     """
+    topology = host.topology
     warnings: list[str] = list(f"topology: {n}" for n in topology.notes)
-    require_gpus = (not rehearse) if require_gpus is None else require_gpus
+    problems = _Problems()
+    strict = (not rehearse) if require_gpus is None else require_gpus
     seen: dict[int, str] = {}
     for w in cfg.workers:
         for g in w.gpus:
             if g in seen:
-                raise UserError(f"GPU {g} is assigned to both {seen[g]} and {w.name}",
-                                "give every role its own GPUs (defaults: prefill 0-3, decode 4-7)")
+                problems.add(f"GPU {g} is assigned to both {seen[g]} and {w.name}",
+                             "give every role its own GPUs (defaults: prefill 0-3, decode 4-7)")
             seen[g] = w.name
     have = {g.index for g in topology.gpus}
     missing = sorted(set(seen) - have)
     if missing:
         msg = (f"the plan uses GPUs {sorted(seen)} but the topology ({topology.source or 'given'}) has "
                f"{len(have)} GPU(s){': ' + str(sorted(have)) if have else ''}")
-        if require_gpus:
-            raise UserError(msg, "run on the 8-GPU box the profile targets, pick GPUs that exist "
-                                 "(--set prefill.0.gpus=[0,1]), or describe the target box with --topology FILE")
-        warnings.append(msg + " (fine for a rehearsal or for planning another box)")
-    if model is not None and not model.ok:
-        if rehearse:
-            warnings.append(f"{model.problem}; rehearsal does not load weights")
+        if strict:
+            problems.add(msg, "run on the 8-GPU box the profile targets, pick GPUs that exist "
+                              "(--set prefill.0.gpus=[0,1]), or describe the target box with --topology FILE")
         else:
-            warnings.append(f"{model.problem}; `up` will refuse to start without it")
-
-    bindings = {w.name: decide_binding(cfg, w, topology, host, rehearse, warnings, strict=require_gpus)
-                for w in cfg.workers}
+            warnings.append(msg + " (fine for a rehearsal or for planning another box)")
+    python = cfg.python or host.python
+    _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
+    bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in cfg.workers}
+    env_base = shared_env(cfg, host, warnings)
     prefills = cfg.role("prefill")
     first_boot = prefills[0].bootstrap_port if prefills else None
-    procs = [_worker_process(cfg, w, bindings[w.name], host, rehearse, first_boot) for w in cfg.workers]
+    procs = [_worker_process(cfg, w, bindings[w.name], host, python, env_base, rehearse, first_boot)
+             for w in cfg.workers]
     expected: tuple[tuple[str, int], ...] = ()
+    auth: tuple[str, str] = ("", "")
     if cfg.mode == "pd":
-        router = _router_process(cfg)
-        procs.append(router)
         assert cfg.router is not None
-        url = f"http://{cfg.router.host}:{cfg.router.port}"
-        probe_url = f"http://{reach_host(cfg.router.host)}:{cfg.router.port}"
+        r = cfg.router
+        procs.append(_router_process(cfg, python, env_base))
+        url = f"http://{url_host(r.host)}:{r.port}"
+        probe_url = f"http://{reach_host(r.host)}:{r.port}"
         expected = (("prefill", len(prefills)), ("decode", len(cfg.role("decode"))))
+        auth = ("file", r.api_key_file) if r.api_key_file else ("env", r.api_key_env) if r.api_key_env else ("", "")
+        if not auth[0]:
+            where = "every interface" if r.host in WILDCARD_HOSTS else r.host
+            warnings.append(f"the router listens on {where} port {r.port} WITHOUT authentication: anyone who can "
+                            "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
+                            "router.host = \"127.0.0.1\" behind a reverse proxy")
     else:
         s = cfg.role("server")[0]
-        url = f"http://{s.host}:{s.port}"
+        url = f"http://{url_host(s.host)}:{s.port}"
         probe_url = f"http://{reach_host(s.host)}:{s.port}"
-    plan = Plan(profile=cfg.profile, mode=cfg.mode, rehearse=rehearse, model_path=cfg.model_path,
-                processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, warnings=tuple(warnings))
-    check_port_collisions(plan.port_uses())
-    return plan
+    uses = tuple(u for p in procs for u in p.ports)
+    _check_port_collisions(uses, host, problems)
+    problems.raise_if_any()
+    return Plan(profile=cfg.profile, mode=cfg.mode, rehearse=rehearse, model_path=cfg.model_path,
+                processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, warnings=tuple(warnings),
+                patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local)

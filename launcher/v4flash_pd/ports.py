@@ -1,14 +1,17 @@
 """Port checks: every port a plan uses must be free before anything starts.
 
-SGLang picks some ports by bind-then-close (a TOCTOU race between two servers on one box,
-dynamo#15099), so the plan names every port and we refuse to start if one is taken.
+SGLang picks some ports by bind-then-close (a TOCTOU race between two servers on one box), so
+the plan names every port and we refuse to start if one is taken.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 from dataclasses import dataclass
+
+WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
@@ -18,29 +21,56 @@ class PortUse:
     port: int
 
 
-def is_free(host: str, port: int) -> bool:
-    """True when a listener could bind host:port now (SO_REUSEADDR, like uvicorn/SGLang do, so a
-    TIME_WAIT left by the previous run is not mistaken for a busy port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            if exc.errno == errno.EADDRNOTAVAIL:  # an address not on this host: cannot be busy here
-                return True
-            raise
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
     return True
 
 
+def url_host(host: str) -> str:
+    """A host as it goes into a URL: IPv6 literals in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def port_problem(host: str, port: int) -> str:
+    """'' when a listener could bind host:port now, else why not, in words an operator acts on.
+
+    SO_REUSEADDR like uvicorn/SGLang, so a TIME_WAIT left by the previous run is not mistaken for a
+    busy port. An address that is not on this host cannot be busy here ('').
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"host {host!r} does not resolve ({exc})"
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "already in use"
+            if exc.errno == errno.EACCES:
+                return ("permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)" if port < 1024
+                        else "permission denied")
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return ""
+            return f"cannot bind: {exc.strerror or exc}"
+    return ""
+
+
+def is_free(host: str, port: int) -> bool:
+    return port_problem(host or "0.0.0.0", port) == ""
+
+
 def busy_ports(uses: tuple[PortUse, ...] | list[PortUse]) -> list[PortUse]:
-    return [u for u in uses if not is_free(u.host if u.host else "0.0.0.0", u.port)]
+    return [u for u in uses if not is_free(u.host, u.port)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """An ephemeral port that is free right now (tests and rehearsal helpers)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])

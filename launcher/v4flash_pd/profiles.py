@@ -25,10 +25,15 @@ OFFLINE_ENV = {
 # registration fails or UCX misdetects VRAM as host memory (field-notes 7, 8).
 NO_IB_UCX_ENV = {
     "UCX_TLS": "cuda_copy,cuda_ipc,sm,tcp,self",
-    "UCX_MODULE_DIR": "auto",  # resolved to <site-packages>/nixl_cu13.libs/ucx at config time
+    "UCX_MODULE_DIR": "auto",  # the Host's <site-packages>/nixl_cu13.libs/ucx, resolved by build_plan
     "SGLANG_DISAGGREGATION_NIXL_BACKEND": "UCX",
 }
 
+# context_length: SGLang sizes the KV pool and the CUDA-graph buffers from it, and the unpatched
+# indexer's cost per decode step grows with it; 131072 tokens is the long-context point we size and
+# benchmark for (the model's own maximum is larger: raise it with --set engine.context_length=N).
+# chunked_prefill_size: SGLang's default on a 96 GB GPU, written out because a chunk above 11673
+# tokens crashes sm_120 workers (config.MAX_PREFILL_CHUNK).
 _RTX6000_ENGINE = {
     "transfer_backend": "nixl",
     "kv_cache_dtype": "fp8_e4m3",
@@ -36,6 +41,8 @@ _RTX6000_ENGINE = {
     "mem_fraction_static": 0.70,
     "trust_remote_code": True,
     "enable_metrics": True,
+    "context_length": 131072,
+    "chunked_prefill_size": 8192,
 }
 
 PROFILES: dict[str, dict[str, Any]] = {

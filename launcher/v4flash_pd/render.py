@@ -1,10 +1,11 @@
-"""Human renderings of plans and states (the JSON forms are the dataclasses' dicts)."""
+"""Human renderings of plans (the JSON form is the dataclass's dict)."""
 
 from __future__ import annotations
 
 import shlex
 
 from v4flash_pd.plan import Plan, ProcessSpec
+from v4flash_pd.table import format_table
 
 
 def command_line(p: ProcessSpec, with_env: bool = True) -> str:
@@ -14,21 +15,35 @@ def command_line(p: ProcessSpec, with_env: bool = True) -> str:
     return f"env {env} {argv}" if env else argv
 
 
+def auth_text(plan: Plan) -> str:
+    kind, where = plan.router_auth
+    if plan.router() is None:
+        return ""
+    if not kind:
+        return "NONE: the router accepts requests without authentication"
+    return f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}"
+
+
 def plan_text(plan: Plan, show_commands: bool = True) -> str:
+    patches = ", ".join(f"{n} {'on' if on else 'off'}" for n, on in plan.patches) or "-"
     lines = [
         f"profile  {plan.profile}   mode {plan.mode}{'   REHEARSAL (stand-in engines)' if plan.rehearse else ''}",
-        f"model    {plan.model_path or '(none)'}",
-        f"url      {plan.url}",
-        "",
+        f"model    {plan.model_path or '(none)'}   context {plan.context_length or 'SGLang default'}",
+        f"url      {plan.url}" + (f"   (from this box: {plan.probe_url})" if plan.probe_url != plan.url else ""),
+        f"patches  {patches}",
     ]
-    rows = [("NAME", "ROLE", "GPUS", "NUMA", "PORTS")]
+    auth = auth_text(plan)
+    if auth:
+        lines.append(f"auth     {auth}")
+    lines.append("")
+    rows = []
     for p in plan.processes:
         b = p.binding
         numa = "-" if b.node is None else f"{b.node} ({b.policy})"
         ports = ", ".join(f"{u.owner.split(' ', 1)[1]} {u.port}" for u in p.ports)
-        rows.append((p.name, p.role, ",".join(map(str, p.gpus)) or "-", numa, ports))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+        hosts = sorted({u.host for u in p.ports})
+        rows.append((p.name, p.role, ",".join(map(str, p.gpus)) or "-", numa, "/".join(hosts), ports))
+    lines += format_table(("NAME", "ROLE", "GPUS", "NUMA", "HOST", "PORTS"), rows)
     if show_commands:
         lines.append("")
         lines.append("commands:")

@@ -152,36 +152,70 @@ def probe(env: Mapping[str, str] | None = None) -> Topology:
                     notes=tuple(notes))
 
 
-def _node_or_unknown(value: Any) -> int:
-    """`null`/absent mean what sysfs writes as -1: the platform did not say (single-node VMs)."""
-    return UNKNOWN_NODE if value is None else int(value)
+_TOPO_FIX = "regenerate it with `v4flash-pd topology --save FILE` on the target box, or follow its format"
 
 
-def from_dict(data: Mapping[str, Any], source: str = "") -> Topology:
-    try:
-        gpus = tuple(Gpu(index=int(g["index"]), name=str(g.get("name", "")),
-                         bus_id=normalize_bus_id(str(g.get("bus_id", ""))),
-                         numa_node=_node_or_unknown(g.get("numa_node")),
-                         compute_cap=str(g.get("compute_cap", "")), memory_mib=int(g.get("memory_mib", 0)),
-                         uuid=str(g.get("uuid", "")))
-                     for g in data.get("gpus", []))
-        nodes = tuple(NumaNode(int(n["id"]), str(n.get("cpus", ""))) for n in data.get("nodes", []))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"topology {source or 'data'} is malformed ({exc!r})",
-                        "regenerate it with `v4flash-pd topology --save FILE` or follow its format") from None
-    return Topology(gpus=gpus, nodes=nodes, driver_version=str(data.get("driver_version", "")),
-                    source=source or str(data.get("source", "")), notes=tuple(data.get("notes", ())))
+def _bad(source: str, what: str) -> UserError:
+    return UserError(f"topology {source or 'data'} is malformed: {what}", _TOPO_FIX)
+
+
+def _int_field(value: Any, where: str, source: str, *, allow_none: bool = False) -> int:
+    """An integer field; `null` (numa_node only) means what sysfs writes as -1: not known."""
+    if value is None and allow_none:
+        return UNKNOWN_NODE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(source, f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _str_field(value: Any, where: str, source: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(source, f"{where} must be a string, got {value!r}")
+    return value
+
+
+def from_dict(data: Any, source: str = "") -> Topology:
+    if not isinstance(data, dict):
+        raise _bad(source, f"the top level must be a JSON object with \"gpus\" and \"nodes\", got {type(data).__name__}")
+    raw_gpus, raw_nodes = data.get("gpus", []), data.get("nodes", [])
+    if not isinstance(raw_gpus, list) or not isinstance(raw_nodes, list):
+        raise _bad(source, "\"gpus\" and \"nodes\" must be lists")
+    gpus = []
+    for i, g in enumerate(raw_gpus):
+        if not isinstance(g, dict) or "index" not in g:
+            raise _bad(source, f"gpus[{i}] must be an object with at least an \"index\"")
+        gpus.append(Gpu(index=_int_field(g["index"], f"gpus[{i}].index", source),
+                        name=_str_field(g.get("name", ""), f"gpus[{i}].name", source),
+                        bus_id=normalize_bus_id(_str_field(g.get("bus_id", ""), f"gpus[{i}].bus_id", source)),
+                        numa_node=_int_field(g.get("numa_node"), f"gpus[{i}].numa_node", source, allow_none=True),
+                        compute_cap=_str_field(g.get("compute_cap", ""), f"gpus[{i}].compute_cap", source),
+                        memory_mib=_int_field(g.get("memory_mib", 0), f"gpus[{i}].memory_mib", source),
+                        uuid=_str_field(g.get("uuid", ""), f"gpus[{i}].uuid", source)))
+    if len({g.index for g in gpus}) != len(gpus):
+        raise _bad(source, "a GPU index appears twice")
+    nodes = []
+    for i, n in enumerate(raw_nodes):
+        if not isinstance(n, dict) or "id" not in n:
+            raise _bad(source, f"nodes[{i}] must be an object with an \"id\"")
+        nodes.append(NumaNode(_int_field(n["id"], f"nodes[{i}].id", source),
+                              _str_field(n.get("cpus", ""), f"nodes[{i}].cpus", source)))
+    notes = data.get("notes", [])
+    if not isinstance(notes, list):
+        raise _bad(source, "\"notes\" must be a list of strings")
+    return Topology(gpus=tuple(sorted(gpus, key=lambda g: g.index)), nodes=tuple(nodes),
+                    driver_version=_str_field(data.get("driver_version", ""), "driver_version", source),
+                    source=source or str(data.get("source", "")), notes=tuple(str(n) for n in notes))
 
 
 def load(path: Path | str) -> Topology:
+    from v4flash_pd.config import read_text_file
+
     path = Path(path)
+    text = read_text_file(path, "topology file", "create one with `v4flash-pd topology --save FILE` on the target box")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"topology file {path} does not exist",
-                        "create one with `v4flash-pd topology --save FILE` on the target box") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"topology file {path} is not readable JSON: {exc}",
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"topology file {path} is not valid JSON: {exc}",
                         "regenerate it with `v4flash-pd topology --save FILE`") from None
     return from_dict(data, source=f"file:{path}")
 

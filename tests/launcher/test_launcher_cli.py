@@ -93,8 +93,10 @@ def test_plan_human_output(cli) -> None:
     res = cli("plan", "--topology", T8)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert re.search(r"prefill-0\s+prefill\s+0,1,2,3\s+0 \(membind\)\s+http 30000, nccl 30010, bootstrap 8998", out)
-    assert re.search(r"decode-0\s+decode\s+4,5,6,7\s+1 \(membind\)\s+http 30001, nccl 30011", out)
+    assert re.search(r"prefill-0\s+prefill\s+0,1,2,3\s+0 \(membind\)\s+127.0.0.1\s+http 30000, nccl 30010, bootstrap 8998", out)
+    assert re.search(r"decode-0\s+decode\s+4,5,6,7\s+1 \(membind\)\s+127.0.0.1\s+http 30001, nccl 30011", out)
+    assert "patches  sparse_decode on, moe on, indexer on" in out and "context 131072" in out
+    assert "auth     NONE" in out and "WITHOUT authentication" in out
     assert "numactl --cpunodebind=1 --membind=1 --" in out and "commands:" in out
 
 
@@ -117,11 +119,13 @@ def engine_args(argv: list[str]) -> list[str]:
 
 def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", "V4FLASH_SPARSE_DECODE": "off",
-           "V4FLASH_MODEL": str(tmp_path)}
+           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_MODEL": str(tmp_path)}
     plan = plan_json(extra_env=env)
     p = plan["processes"][0]
     assert p["argv"][1:3] == ["-m", "sglang.launch_server"]  # numa off
-    assert dict(map(tuple, p["env"]))["V4FLASH_SPARSE_DECODE"] == "0"
+    penv = dict(map(tuple, p["env"]))
+    assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"]) == ("0", "0", "0")
+    assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False]]
     assert plan["model_path"] == str(tmp_path)
     assert plan["config"]["sources"][-1] == "flags"  # click resolved the env vars as option values
     assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"
@@ -147,8 +151,10 @@ def test_command_line_round_trips_through_the_shell() -> None:
     from v4flash_pd.plan import build_plan
     from v4flash_pd.render import command_line
 
+    from v4flash_pd.host import Host
+
     cfg = load_config(env={}, sets=("env.TRICKY='a b; $(echo no) \"q\"'", "model.path=/models/with space"))
-    plan = build_plan(cfg, topo.load(T8))
+    plan = build_plan(cfg, Host.remote(topo.load(T8)))
     for p in plan.processes:
         words = shlex.split(command_line(p))
         n = len(p.env)

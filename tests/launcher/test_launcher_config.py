@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from v4flash_pd import topology as topo
 from v4flash_pd.config import DEFAULTS, load_config
 from v4flash_pd.errors import UserError
+from v4flash_pd.host import Host
 from v4flash_pd.plan import build_plan
-from v4flash_pd import topology as topo
 
 NO_ENV: dict[str, str] = {}
+T8 = Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"
+T8_HOST = Host.remote(topo.load(T8))
 
 
 def write(tmp_path: Path, text: str, name: str = "v4.toml") -> Path:
@@ -96,7 +101,7 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
     f = write(tmp_path, "[[prefill]]\ngpu = [0]\n")
     with pytest.raises(UserError) as e:
         load_config(f, env=NO_ENV)
-    assert "prefill[0]." in e.value.message and "'gpu'" in e.value.message
+    assert "prefill.0." in e.value.message and "'gpu'" in e.value.message
     assert "gpus" in e.value.hint  # the valid keys are listed
 
 
@@ -169,7 +174,7 @@ nccl_port = 30012
 
 def test_2p1d_is_a_config_change(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, TWO_P), env=NO_ENV)
-    plan = build_plan(cfg, topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    plan = build_plan(cfg, T8_HOST)
     prefills = [p for p in plan.processes if p.role == "prefill"]
     assert [p.name for p in prefills] == ["prefill-0", "prefill-1"]
     assert [dict(p.env)["CUDA_VISIBLE_DEVICES"] for p in prefills] == ["0,1", "2,3"]
@@ -199,7 +204,7 @@ env = { ONLY_DECODE = "d" }
 extra_args = ["--log-level", "debug"]
 env = { ONLY_ROUTER = "r" }
 """)
-    plan = build_plan(load_config(f, env=NO_ENV), topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    plan = build_plan(load_config(f, env=NO_ENV), T8_HOST)
     p, d, r = plan.get("prefill-0"), plan.get("decode-0"), plan.get("router")
     assert p.argv[-2:] == ("--chunked-prefill-size", "8192") and "--max-running-requests" not in p.argv
     assert d.argv[-2:] == ("--max-running-requests", "64") and "--chunked-prefill-size" not in d.argv
@@ -216,7 +221,7 @@ env = { ONLY_ROUTER = "r" }
 
 def test_tp4_profile_is_one_aggregated_server() -> None:
     cfg = load_config(profile="rtx6000-tp4", env=NO_ENV)
-    plan = build_plan(cfg, topo.load(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"))
+    plan = build_plan(cfg, T8_HOST)
     assert [p.role for p in plan.processes] == ["server"]
     assert plan.router() is None and plan.expected == ()
     argv = plan.processes[0].argv
@@ -260,14 +265,18 @@ def fake_nixl(tmp_path: Path) -> Path:
     return site
 
 
-def test_ucx_module_dir_auto_resolves_to_nixl_bundled_ucx(tmp_path: Path, plan_json) -> None:
+def test_ucx_module_dir_auto_resolves_to_nixl_bundled_ucx(tmp_path: Path, cli) -> None:
+    """`plan` on this host resolves UCX_MODULE_DIR = "auto" from this host's nixl (the Host's fact)."""
     import os
+
+    import fakebox
 
     site = fake_nixl(tmp_path)
     pp = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    plan = plan_json("--topology", str(Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"),
-                     extra_env={"PYTHONPATH": pp})
-    for p in plan["processes"][:2]:
+    env = {**fakebox.box_env(tmp_path, fakebox.BOX_8GPU_2NODE), "PYTHONPATH": pp}
+    res = cli("plan", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    for p in json.loads(res.stdout)["processes"][:2]:
         assert dict(map(tuple, p["env"]))["UCX_MODULE_DIR"] == str(site / "nixl_cu13.libs" / "ucx")
 
 
@@ -278,8 +287,7 @@ def test_ucx_module_dir_resolves_when_nixl_is_already_imported(tmp_path: Path) -
     import sys
 
     site = fake_nixl(tmp_path)
-    code = ("import nixl_cu13\nfrom v4flash_pd.config import load_config\n"
-            "print(dict(load_config(env={}).env).get('UCX_MODULE_DIR', 'MISSING'))")
+    code = ("import nixl_cu13\nfrom v4flash_pd.host import ucx_module_dir\nprint(ucx_module_dir() or 'MISSING')")
     pp = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": pp})
@@ -287,11 +295,13 @@ def test_ucx_module_dir_resolves_when_nixl_is_already_imported(tmp_path: Path) -
     assert res.stdout.strip() == str(site / "nixl_cu13.libs" / "ucx")
 
 
-def test_ucx_module_dir_dropped_without_nixl() -> None:
-    """No nixl installed here (the CI venv): `auto` must not reach a worker as a literal path."""
-    import importlib.util
+def test_ucx_module_dir_auto_never_reaches_a_worker_literally() -> None:
+    """Config keeps "auto" (it is pure); the plan resolves it from the Host or drops it."""
+    from v4flash_pd.host import Host
 
-    if importlib.util.find_spec("nixl_cu13") is not None:  # a GPU image: then it must resolve
-        assert dict(load_config(env=NO_ENV).env)["UCX_MODULE_DIR"].endswith("ucx")
-    else:
-        assert "UCX_MODULE_DIR" not in dict(load_config(env=NO_ENV).env)
+    c = load_config(env=NO_ENV)
+    assert dict(c.env)["UCX_MODULE_DIR"] == "auto"
+    host = Host.remote(topo.load(T8))
+    assert "UCX_MODULE_DIR" not in dict(build_plan(c, host).get("decode-0").env)
+    found = build_plan(c, replace(host, ucx_module_dir="/x/nixl_cu13.libs/ucx")).get("decode-0")
+    assert dict(found.env)["UCX_MODULE_DIR"] == "/x/nixl_cu13.libs/ucx"

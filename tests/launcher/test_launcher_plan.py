@@ -17,18 +17,39 @@ from fakebox import BOX_8GPU_2NODE
 from v4flash_pd import topology as topo
 from v4flash_pd.config import load_config
 from v4flash_pd.errors import UserError
-from v4flash_pd.hostprobe import HostNuma, probe_numa
+from v4flash_pd.host import Host, probe_host
+from v4flash_pd.hostprobe import NodeProbe, probe_node
 from v4flash_pd.model import check_model_dir
 from v4flash_pd.plan import build_plan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NO_ENV: dict[str, str] = {}
-TWO_NODES = HostNuma("/usr/bin/numactl", (0, 1), True, "membind permitted")
-ONE_NODE = HostNuma("/usr/bin/numactl", (0,), True, "membind permitted")
 
 
 def box(name: str) -> topo.Topology:
     return topo.load(FIXTURES / f"topology-{name}.json")
+
+
+def local(topology: topo.Topology, nodes: tuple[int, ...] = (0, 1), numactl: str = "/usr/bin/numactl",
+          membind: bool = True, preferred: bool = True, detail: str = "membind permitted", **kw) -> Host:
+    """A local Host whose numactl probes came out as given (the probe itself is tested below)."""
+    absent = tuple(NodeProbe(n, False, False, False, f"numactl cannot bind node {n} here") for n in (0, 1)
+                   if n not in nodes)
+    probes = tuple(NodeProbe(n, membind, preferred, True, detail) for n in nodes) + absent if numactl else ()
+    return Host(topology=topology, local=True, python="/usr/bin/python3", numactl=numactl, allowed_nodes=nodes,
+                nodes=probes, **kw)
+
+
+def two_nodes(name: str = "8gpu-2node") -> Host:
+    return local(box(name))
+
+
+def one_node(name: str = "8gpu-2node") -> Host:
+    return local(box(name), nodes=(0,))
+
+
+def remote(name: str) -> Host:
+    return Host.remote(box(name))
 
 
 def cfg(*sets: str, profile: str | None = None):
@@ -51,8 +72,8 @@ def engine_tail(argv) -> list[str]:
 
 
 def test_default_profile_on_reference_box() -> None:
-    plan = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
-    assert plan.warnings == ()
+    plan = build_plan(cfg(), two_nodes("8gpu-2node"))
+    assert len(plan.warnings) == 1 and "WITHOUT authentication" in plan.warnings[0]  # router on 0.0.0.0
     p, d, r = plan.get("prefill-0"), plan.get("decode-0"), plan.get("router")
     assert [x.name for x in plan.processes] == ["prefill-0", "decode-0", "router"]
     assert list(p.argv[:4]) == ["/usr/bin/numactl", "--cpunodebind=0", "--membind=0", "--"]
@@ -69,6 +90,8 @@ def test_default_profile_on_reference_box() -> None:
         assert flag(argv, "--tp-size") == "4" and "--dp-size" not in argv
         assert flag(argv, "--model-path") == "/models/DeepSeek-V4-Flash"
     assert flag(d.argv, "--cuda-graph-max-bs") == "32" and "--cuda-graph-max-bs" not in p.argv
+    assert flag(p.argv, "--context-length") == flag(d.argv, "--context-length") == "131072"
+    assert flag(p.argv, "--chunked-prefill-size") == "8192" and "--chunked-prefill-size" not in d.argv
     assert flag(p.argv, "--disaggregation-mode") == "prefill" and flag(d.argv, "--disaggregation-mode") == "decode"
     # explicit ports everywhere
     assert (flag(p.argv, "--port"), flag(p.argv, "--nccl-port"), flag(p.argv, "--disaggregation-bootstrap-port")) \
@@ -90,16 +113,17 @@ def test_default_profile_on_reference_box() -> None:
         assert env["UCX_TLS"] == "cuda_copy,cuda_ipc,sm,tcp,self"
         assert env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"
         assert env.get("UCX_MODULE_DIR") != "auto"  # resolved or dropped, never passed literally
-        assert env["V4FLASH_SPARSE_DECODE"] == "1"
+        assert env["V4FLASH_SPARSE_DECODE"] == env["V4FLASH_MOE"] == env["V4FLASH_INDEXER"] == "1"
         assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA indices = nvidia-smi indices
     assert "UCX_TLS" not in dict(r.env) and "CUDA_VISIBLE_DEVICES" not in dict(r.env)
+    assert dict(r.env)["HF_HUB_OFFLINE"] == "1" and dict(r.env)["TRANSFORMERS_OFFLINE"] == "1"  # router offline too
     assert plan.expected == (("prefill", 1), ("decode", 1))
     assert plan.url == "http://0.0.0.0:8000" and plan.probe_url == "http://127.0.0.1:8000"
 
 
 def test_plan_is_pure() -> None:
-    a = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
-    b = build_plan(cfg(), box("8gpu-2node"), TWO_NODES)
+    a = build_plan(cfg(), two_nodes("8gpu-2node"))
+    b = build_plan(cfg(), two_nodes("8gpu-2node"))
     assert a == b and a.to_dict() == b.to_dict()
 
 
@@ -112,19 +136,45 @@ def test_cli_plan_json_on_reference_box(topo_8x2: Path, plan_json) -> None:
     assert procs["decode-0"]["argv"][:4] == ["numactl", "--cpunodebind=1", "--membind=1", "--"]
     assert dict(map(tuple, procs["decode-0"]["env"]))["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert all(isinstance(a, str) for p in plan["processes"] for a in p["argv"])
-    # only the model dir is missing on this host
-    assert [w for w in plan["warnings"] if "model directory" not in w] == []
+    # a plan for another box says nothing about this one (no model dir, ports or numactl of this host)
+    assert len(plan["warnings"]) == 2, plan["warnings"]
+    assert "UCX_MODULE_DIR" in plan["warnings"][0] and "WITHOUT authentication" in plan["warnings"][1]
 
+
+def test_plan_for_another_box_uses_no_fact_of_this_one(topo_8x2: Path, tmp_path: Path, plan_json) -> None:
+    """No host leak: this machine's interpreter, nixl install, numactl and busy ports stay out."""
+    import os
+
+    site = tmp_path / "site"  # nixl "installed" here: must not reach another box's plan
+    (site / "nixl_cu13").mkdir(parents=True)
+    (site / "nixl_cu13" / "__init__.py").write_text("")
+    (site / "nixl_cu13.libs" / "ucx").mkdir(parents=True)
+    pp = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    shim = fakebox.make_numactl_shim(tmp_path, membind_ok=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # decode-0's port, busy here
+        s.listen(1)
+        busy = s.getsockname()[1]
+        plan = plan_json("--topology", str(topo_8x2), "--set", f"decode.0.port={busy}",
+                         extra_env={"PYTHONPATH": pp, "V4FLASH_NUMACTL": str(shim)})
+    text = json.dumps(plan["processes"])
+    assert sys.executable not in text and str(site) not in text and str(shim) not in text
+    for p in plan["processes"]:
+        argv = p["argv"]
+        assert argv[argv.index("-m") - 1] == "python3"
+    assert "UCX_MODULE_DIR" not in {k for p in plan["processes"] for k, _ in p["env"]}
+    assert plan["local"] is False and not [w for w in plan["warnings"] if str(busy) in w]
+    assert fakebox.read_argv_log(shim) == []  # numactl was never run for another box
 
 # ------------------------------------------------------------------ NUMA contradictions
 
 
 def test_contradicting_numa_map_is_an_error_naming_role_gpu_node() -> None:
     with pytest.raises(UserError) as e:
-        build_plan(cfg(), box("8gpu-swapped"), None)
+        build_plan(cfg(), remote("8gpu-swapped"))
     msg = e.value.message
     assert "prefill-0" in msg and "NUMA node 0" in msg and "[0, 1, 2, 3]" in msg and "node(s) [1]" in msg
-    assert "prefill[0].numa_node" in e.value.hint and 'numa = "off"' in e.value.hint
+    assert "--set prefill.0.numa_node=1" in e.value.hint and "--set numa=off" in e.value.hint
 
 
 def test_contradicting_numa_map_via_cli(topo_swapped: Path, cli) -> None:
@@ -144,22 +194,22 @@ def test_unset_numa_node_follows_the_gpus() -> None:
     """With numa_node unset (TOML has no null, so via dataclasses.replace) binding follows the GPUs."""
     c = load_config(env=NO_ENV)
     workers = tuple(replace(w, numa_node=None) for w in c.workers)
-    plan = build_plan(replace(c, workers=workers), box("8gpu-swapped"), None)
+    plan = build_plan(replace(c, workers=workers), remote("8gpu-swapped"))
     assert plan.get("prefill-0").binding.node == 1 and plan.get("decode-0").binding.node == 0
     assert plan.get("prefill-0").argv[1:3] == ("--cpunodebind=1", "--membind=1")
 
 
 def test_numa_off_has_no_numactl_prefix() -> None:
-    plan = build_plan(cfg("numa=off"), box("8gpu-swapped"), ONE_NODE)  # even a wrong map is fine when off
+    plan = build_plan(cfg("numa=off"), one_node("8gpu-swapped"))  # even a wrong map is fine when off
     for p in plan.workers():
         assert p.argv[1:3] == ("-m", "sglang.launch_server") and "numactl" not in " ".join(p.argv)
         assert p.binding.policy == "none"
 
 
 def test_numa_preferred_mode() -> None:
-    plan = build_plan(cfg("numa=preferred"), box("8gpu-2node"), TWO_NODES)
+    plan = build_plan(cfg("numa=preferred"), two_nodes("8gpu-2node"))
     assert list(plan.get("decode-0").argv[:4]) == ["/usr/bin/numactl", "--cpunodebind=1", "--preferred=1", "--"]
-    assert plan.warnings == ()
+    assert not [w for w in plan.warnings if "NUMA" in w or "numactl" in w]
 
 
 # ------------------------------------------------------------------ small boxes, rehearsal, strictness
@@ -167,14 +217,14 @@ def test_numa_preferred_mode() -> None:
 
 def test_4gpu_box_real_up_refuses_plan_warns() -> None:
     with pytest.raises(UserError) as e:
-        build_plan(cfg(), box("4gpu-1node"), None, require_gpus=True)
+        build_plan(cfg(), remote("4gpu-1node"), require_gpus=True)
     assert "GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in e.value.message and "4 GPU(s)" in e.value.message
     assert "--topology" in e.value.hint
-    plan = build_plan(cfg(), box("4gpu-1node"), None, require_gpus=False)
+    plan = build_plan(cfg(), remote("4gpu-1node"), require_gpus=False)
     assert len([w for w in plan.warnings if "4 GPU(s)" in w]) == 1
     # default for a non-rehearsal build is strict
     with pytest.raises(UserError):
-        build_plan(cfg(), box("4gpu-1node"), None)
+        build_plan(cfg(), remote("4gpu-1node"))
 
 
 def test_4gpu_box_via_cli_only_warns(topo_4x1: Path, plan_json) -> None:
@@ -183,7 +233,7 @@ def test_4gpu_box_via_cli_only_warns(topo_4x1: Path, plan_json) -> None:
 
 
 def test_rehearsal_on_one_node_host_skips_node1_with_one_line() -> None:
-    plan = build_plan(cfg(), box("8gpu-2node"), ONE_NODE, rehearse=True)
+    plan = build_plan(cfg(), one_node("8gpu-2node"), rehearse=True)
     assert plan.get("prefill-0").argv[:4] == ("/usr/bin/numactl", "--cpunodebind=0", "--membind=0", "--")
     d = plan.get("decode-0")
     assert d.binding.node is None and "numactl" not in " ".join(d.argv)
@@ -196,46 +246,64 @@ def test_rehearsal_on_one_node_host_skips_node1_with_one_line() -> None:
 
 def test_strict_plan_on_one_node_host_raises() -> None:
     with pytest.raises(UserError) as e:
-        build_plan(cfg(), box("8gpu-2node"), ONE_NODE, require_gpus=True)
+        build_plan(cfg(), one_node("8gpu-2node"), require_gpus=True)
     assert "decode-0" in e.value.message and "node 1" in e.value.message and "numa" in e.value.hint
     # plan (not strict) keeps the intended binding and says `up` will refuse
-    plan = build_plan(cfg(), box("8gpu-2node"), ONE_NODE, require_gpus=False)
+    plan = build_plan(cfg(), one_node("8gpu-2node"), require_gpus=False)
     assert plan.get("decode-0").binding.node == 1
     assert [w for w in plan.warnings if "decode-0" in w and "up` will refuse" in w]
 
 
 def test_no_numactl_on_host() -> None:
-    host = HostNuma("", (0, 1), False, "numactl is not installed")
+    host = local(box("8gpu-2node"), numactl="")
     with pytest.raises(UserError, match="numactl is not installed"):
-        build_plan(cfg(), box("8gpu-2node"), host, require_gpus=True)
-    plan = build_plan(cfg(), box("8gpu-2node"), host, rehearse=True)
+        build_plan(cfg(), host, require_gpus=True)
+    plan = build_plan(cfg(), host, rehearse=True)
     assert all(p.binding.policy == "none" for p in plan.workers())
     assert len([w for w in plan.warnings if "skipped in rehearsal" in w]) == 2
 
 
+def probed_host(tmp_path: Path, box_name: str = "8gpu-2node", **shim) -> tuple[Path, Host]:
+    """probe_host on a fixture topology with a numactl shim (which binds any node): the product's
+    probe, run for real against the shim."""
+    exe = fakebox.make_numactl_shim(tmp_path, **shim)
+    return exe, probe_host(cfg(), env={"V4FLASH_NUMACTL": str(exe)}, topology=box(box_name))
+
+
 def test_membind_refused_falls_back_to_preferred_loudly(tmp_path: Path) -> None:
-    shim = fakebox.make_numactl_shim(tmp_path, membind_ok=False)
-    host = probe_numa({"V4FLASH_NUMACTL": str(shim)})
-    assert host.numactl == str(shim) and not host.membind_ok
-    assert "set_mempolicy: Operation not permitted" in host.detail
-    # the probe really ran the shim with a membind
-    assert any(any(a.startswith("--membind=") for a in call) for call in fakebox.read_argv_log(shim))
-    assert host.preferred_ok  # this shim refuses only --membind
-    host2 = HostNuma(host.numactl, (0, 1), host.membind_ok, host.detail, preferred_ok=host.preferred_ok)
-    plan = build_plan(cfg(), box("8gpu-2node"), host2, require_gpus=True)
+    shim, host = probed_host(tmp_path, membind_ok=False)
+    assert host.numactl == str(shim)
+    n0 = host.node(0)
+    assert n0 is not None and not n0.membind_ok and n0.preferred_ok  # this shim refuses only --membind
+    assert "set_mempolicy: Operation not permitted" in n0.detail
+    # the probe ran exactly the plan's prefixes (membind, then the preferred fallback) for both nodes
+    calls = fakebox.read_argv_log(shim)
+    for node in (0, 1):
+        assert [f"--cpunodebind={node}", f"--membind={node}", "--", "true"] in calls
+        assert [f"--cpunodebind={node}", f"--preferred={node}", "--", "true"] in calls
+    plan = build_plan(cfg(), host, require_gpus=True)
     assert list(plan.get("prefill-0").argv[:4]) == [str(shim), "--cpunodebind=0", "--preferred=0", "--"]
     assert list(plan.get("decode-0").argv[:4]) == [str(shim), "--cpunodebind=1", "--preferred=1", "--"]
     loud = [w for w in plan.warnings if w.startswith("WARNING")]
     assert len(loud) == 2 and all("SYS_NICE" in w and "--preferred=" in w for w in loud)
 
 
+def test_probe_argv_is_the_plans_prefix(tmp_path: Path) -> None:
+    """The numactl probe and the plan share one builder: what was probed is what the worker gets."""
+    shim, host = probed_host(tmp_path, membind_ok=True)
+    plan = build_plan(cfg(), host, require_gpus=True)
+    probed = fakebox.read_argv_log(shim)
+    for p in plan.workers():
+        prefix = list(p.argv[1:p.argv.index("--") + 1])
+        assert prefix + ["true"] in probed, (prefix, probed)
+
+
 def test_fallback_prefix_runs_in_a_container_without_sys_nice(tmp_path: Path) -> None:
     """Docker without CAP_SYS_NICE refuses --preferred as well: bind CPUs only, and say so."""
-    shim = fakebox.make_numactl_shim(tmp_path, membind_ok=False, preferred_ok=False)
-    probed = probe_numa({"V4FLASH_NUMACTL": str(shim)})
-    assert not probed.membind_ok and not probed.preferred_ok and "--preferred refused too" in probed.detail
-    host = HostNuma(probed.numactl, (0, 1), probed.membind_ok, probed.detail, preferred_ok=probed.preferred_ok)
-    plan = build_plan(cfg(), box("8gpu-2node"), host, require_gpus=True)
+    shim, host = probed_host(tmp_path, membind_ok=False, preferred_ok=False)
+    n1 = host.node(1)
+    assert n1 is not None and not n1.membind_ok and not n1.preferred_ok and "--preferred refused too" in n1.detail
+    plan = build_plan(cfg(), host, require_gpus=True)
     assert list(plan.get("decode-0").argv[:3]) == [str(shim), "--cpunodebind=1", "--"]
     loud = [w for w in plan.warnings if w.startswith("WARNING")]
     assert len(loud) == 2 and all("binding CPUs only" in w and "SYS_NICE" in w for w in loud)
@@ -248,8 +316,9 @@ def test_fallback_prefix_runs_in_a_container_without_sys_nice(tmp_path: Path) ->
 
 def test_membind_permitted_by_shim(tmp_path: Path) -> None:
     shim = fakebox.make_numactl_shim(tmp_path, membind_ok=True)
-    host = probe_numa({"V4FLASH_NUMACTL": str(shim)})
-    assert host.membind_ok and host.detail == "membind permitted"
+    n = probe_node(str(shim), 1)
+    assert n.membind_ok and n.detail == "membind permitted"
+    assert fakebox.read_argv_log(shim) == [["--cpunodebind=1", "--membind=1", "--", "true"]]
 
 
 def test_membind_refused_via_cli(tmp_path: Path, cli) -> None:
@@ -269,17 +338,23 @@ def test_membind_refused_via_cli(tmp_path: Path, cli) -> None:
 def test_real_numactl_rehearsal_plan_binds_what_the_host_has(tmp_path: Path, cli) -> None:
     """`plan --rehearse` on the fake 8-GPU box with this host's real numactl: every node the host
     lacks is skipped with exactly one line; nodes it has are bound with membind."""
+    import shutil
+
+    from v4flash_pd.hostprobe import allowed_mem_nodes
+
     env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)
-    real = probe_numa(env)
-    assert real.numactl, "numactl must be installed for the launcher tests (apt-get install numactl)"
+    numactl = shutil.which("numactl")
+    assert numactl, "numactl must be installed for the launcher tests (apt-get install numactl)"
+    allowed = allowed_mem_nodes()
     plan = json.loads(cli("plan", "--json", "--rehearse", env=env).stdout)
     for p in plan["processes"]:
         if p["role"] == "router":
             continue
         node = p["binding"]["node"] if p["binding"]["node"] is not None else (0 if p["role"] == "prefill" else 1)
         skipped = [w for w in plan["warnings"] if w.startswith(p["name"]) and "skipped in rehearsal" in w]
-        if node in real.allowed_nodes:
-            assert p["argv"][1:3] == [f"--cpunodebind={node}", f"--membind={node}" if real.membind_ok
+        if node in allowed:
+            membind = probe_node(numactl, node).membind_ok
+            assert p["argv"][1:3] == [f"--cpunodebind={node}", f"--membind={node}" if membind
                                       else f"--preferred={node}"] and not skipped
         else:
             assert len(skipped) == 1 and p["argv"][1:3] == ["-m", "v4flash_pd.rehearsal.engine"]
@@ -290,18 +365,19 @@ def test_real_numactl_rehearsal_plan_binds_what_the_host_has(tmp_path: Path, cli
 
 def test_gpu_overlap_between_roles() -> None:
     with pytest.raises(UserError) as e:
-        build_plan(cfg("decode.0.gpus=[3,4,5,6]"), box("8gpu-2node"), None)
+        build_plan(cfg("decode.0.gpus=[3,4,5,6]"), remote("8gpu-2node"))
     assert "GPU 3" in e.value.message and "prefill-0" in e.value.message and "decode-0" in e.value.message
 
 
 def test_gpu_count_not_divisible_by_tp() -> None:
     with pytest.raises(UserError) as e:
         cfg("decode.0.gpus=[4,5,6]")
-    assert "decode[0] has 3 GPUs" in e.value.message and "TP size 4" in e.value.message
+    assert "decode.0 has 3 GPUs" in e.value.message and "TP size 4" in e.value.message
+    assert "--set decode.0.tp=N" in e.value.hint
 
 
 def test_dp_when_more_gpus_than_tp() -> None:
-    plan = build_plan(cfg("decode.0.tp=2"), box("8gpu-2node"), None)
+    plan = build_plan(cfg("decode.0.tp=2"), remote("8gpu-2node"))
     d = plan.get("decode-0").argv
     assert flag(d, "--tp-size") == "2" and flag(d, "--dp-size") == "2"
 
@@ -313,7 +389,7 @@ def test_dp_when_more_gpus_than_tp() -> None:
 ])
 def test_port_collision_inside_plan(item: str, owners: tuple[str, str]) -> None:
     with pytest.raises(UserError) as e:
-        build_plan(cfg(item), box("8gpu-2node"), None)
+        build_plan(cfg(item), remote("8gpu-2node"))
     port = item.split("=")[1]
     assert f"port {port} is used twice" in e.value.message
     assert all(o in e.value.message for o in owners)
@@ -321,11 +397,11 @@ def test_port_collision_inside_plan(item: str, owners: tuple[str, str]) -> None:
 
 def test_ipv6_wildcard_host_collides_with_everything() -> None:
     with pytest.raises(UserError, match="port 8000 is used twice"):
-        build_plan(cfg("router.host=::", "decode.0.port=8000"), box("8gpu-2node"), None)
+        build_plan(cfg("router.host=::", "decode.0.port=8000"), remote("8gpu-2node"))
 
 
 def test_same_port_on_different_hosts_is_not_a_collision() -> None:
-    plan = build_plan(cfg("prefill.0.host=127.0.0.2", "decode.0.nccl_port=30010"), box("8gpu-2node"), None)
+    plan = build_plan(cfg("prefill.0.host=127.0.0.2", "decode.0.nccl_port=30010"), remote("8gpu-2node"))
     assert flag(plan.get("decode-0").argv, "--nccl-port") == "30010"
 
 
@@ -338,32 +414,49 @@ def test_busy_port_reported_by_plan(tmp_path: Path, cli) -> None:
         res = cli("plan", "--json", "--set", f"decode.0.port={port}", env=env)
         assert res.returncode == 0, res.stderr
         warnings = json.loads(res.stdout)["warnings"]
-        assert [w for w in warnings if f"port {port} (decode-0 http) is in use" in w]
+        assert [w for w in warnings if f"{port} (decode-0 http on 127.0.0.1: already in use)" in w
+                and "`up` will refuse" in w]
+        # `up` refuses it before starting anything (rehearsal: no GPUs or model needed)
+        up = cli("up", "--rehearse", "--set", f"decode.0.port={port}", env=env)
+        assert up.returncode == 2 and f"{port} (decode-0 http on 127.0.0.1: already in use)" in up.stderr
+        assert "Traceback" not in up.stderr and "run dir" not in up.stdout
     # once the listener is gone, the warning is gone too
     res = cli("plan", "--json", "--set", f"decode.0.port={port}", env=env)
-    assert not [w for w in json.loads(res.stdout)["warnings"] if f"port {port} " in w]
+    assert not [w for w in json.loads(res.stdout)["warnings"] if f"{port} (" in w]
 
 
 # ------------------------------------------------------------------ model directory
 
 
-def test_model_dir_missing_and_without_config(tmp_path: Path, cli, topo_8x2: Path) -> None:
+def test_model_dir_missing_and_without_config(tmp_path: Path, cli) -> None:
+    env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)  # planning this (fake) box: its model dir counts
     missing = tmp_path / "no-such-model"
-    res = cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(missing))
+    res = cli("plan", "--json", "--model", str(missing), env=env)
     assert res.returncode == 0, res.stderr
     w = json.loads(res.stdout)["warnings"]
     assert [x for x in w if f"model directory {missing} does not exist" in x and "`up` will refuse" in x]
     empty = tmp_path / "empty-model"
     empty.mkdir()
-    w = json.loads(cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(empty)).stdout)["warnings"]
+    w = json.loads(cli("plan", "--json", "--model", str(empty), env=env).stdout)["warnings"]
     assert [x for x in w if str(empty) in x and "config.json" in x]
     (empty / "config.json").write_text("{}")
-    w = json.loads(cli("plan", "--json", "--topology", str(topo_8x2), "--model", str(empty)).stdout)["warnings"]
+    w = json.loads(cli("plan", "--json", "--model", str(empty), env=env).stdout)["warnings"]
     assert not [x for x in w if "model" in x]
 
 
+def test_model_path_that_is_a_file_says_so(tmp_path: Path, cli) -> None:
+    env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"x")
+    w = json.loads(cli("plan", "--json", "--model", str(f), env=env).stdout)["warnings"]
+    assert [x for x in w if f"model path {f} is a file, not a directory" in x]
+    up = cli("up", "--model", str(f), "--numa", "off", env=env)
+    assert up.returncode == 2 and "is a file, not a directory" in up.stderr and "Traceback" not in up.stderr
+
+
 def test_model_check_in_rehearsal_mentions_rehearsal(tmp_path: Path) -> None:
-    plan = build_plan(cfg(), box("8gpu-2node"), TWO_NODES, rehearse=True, model=check_model_dir(str(tmp_path / "x")))
+    host = replace(two_nodes("8gpu-2node"), model=check_model_dir(str(tmp_path / "x")))
+    plan = build_plan(cfg(), host, rehearse=True)
     assert [w for w in plan.warnings if "does not exist" in w and "rehearsal does not load weights" in w]
 
 

@@ -16,14 +16,16 @@ import pytest
 from ops_doctor_fixtures import (make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi,
                                  make_sysfs, write_lock)
 from v4flash_pd.config import load_config
-from v4flash_pd.doctor import DoctorInput, expect_from_config, exit_code, render_table, run_checks, system_probe
+from v4flash_pd.doctor import (EXIT_ERROR, EXIT_OK, EXIT_WARN, DoctorInput, exit_code, expect_from_plan, render_table,
+                               run_checks, system_probe)
 from v4flash_pd.doctor import model as dmodel
 from v4flash_pd.doctor import numa as dnuma
 from v4flash_pd.doctor import storage as dstorage
 from v4flash_pd.doctor import transport as dtransport
 from v4flash_pd.doctor.result import Check
+from v4flash_pd.host import probe_host
+from v4flash_pd.plan import build_plan
 from v4flash_pd.ports import free_port
-from v4flash_pd.topology import probe as topo_probe
 
 PORT_KEYS = ("prefill.0.port", "prefill.0.nccl_port", "prefill.0.bootstrap_port", "decode.0.port",
              "decode.0.nccl_port", "router.port", "router.metrics_port")
@@ -44,7 +46,8 @@ def box(tmp_path):
         "V4FLASH_SYSFS_ROOT": str(make_sysfs(tmp_path / "sys")),
         "V4FLASH_NVIDIA_SMI": str(make_nvidia_smi(bin_dir)),
         "V4FLASH_NUMACTL": str(make_numactl_ok(bin_dir)),
-        "V4FLASH_SET": " ".join(f"{k}={v}" for k, v in ports.items()),
+        # a healthy box keeps the router on loopback (on 0.0.0.0 without a key, router-auth warns)
+        "V4FLASH_SET": " ".join(f"{k}={v}" for k, v in ports.items()) + " router.host=127.0.0.1",
         "V4FLASH_STACK_LOCK": str(lock),
         "V4FLASH_SHM_PATH": str(tmp_path),  # the real /dev/shm size depends on the CI container
         "HOME": str(tmp_path / "home"),
@@ -68,11 +71,12 @@ def doctor(box, *args, **env_over):
 def test_healthy_box_is_all_ok(box):
     rc, checks = doctor(box)
     bad = {n: c for n, c in checks.items() if c["status"] not in ("ok", "skip")}
-    assert rc == 0 and not bad, bad
+    assert rc == EXIT_OK and not bad, bad
     assert "580.95.05" in checks["nvidia-driver"]["detail"]
     assert "8 x NVIDIA RTX PRO 6000" in checks["gpus"]["detail"] and "sm_120" in checks["gpus"]["detail"]
     assert "GPU0->0" in checks["gpu-numa"]["detail"] and "GPU7->1" in checks["gpu-numa"]["detail"]
     assert checks["numa-membind"]["status"] == "ok" and "node(s) [0, 1]" in checks["numa-membind"]["detail"]
+    assert checks["router-auth"]["status"] == "ok" and "127.0.0.1 only" in checks["router-auth"]["detail"]
     for name in ("ports", "model-dir", "model-tokenizer", "model-weights", "model-manifest", "stack-versions",
                  "nixl", "ucx-transports", "offline-env", "cache-disk", "shm"):
         assert checks[name]["status"] == "ok", checks[name]
@@ -85,8 +89,8 @@ def test_healthy_box_is_all_ok(box):
 def test_no_cap_sys_nice_warns_with_the_docker_flag(box):
     rc, checks = doctor(box, V4FLASH_NUMACTL=str(make_numactl_docker(box["tmp"] / "bin")))
     c = checks["numa-membind"]
-    assert rc == 1 and c["status"] == "warn"
-    assert "Operation not permitted" in c["detail"]
+    assert rc == EXIT_WARN and c["status"] == "warn"
+    assert "Operation not permitted" in c["detail"] and "cpunodebind only" in c["detail"]  # the plan's fallback
     assert "--cap-add SYS_NICE" in c["fix"]
 
 
@@ -96,24 +100,30 @@ def test_real_numactl_on_this_one_node_vm(box):
     assert real, "numactl must be installed for the doctor tests (apt-get install numactl)"
     rc, checks = doctor(box, V4FLASH_NUMACTL=real)
     c = checks["numa-membind"]
-    assert rc == 2 and c["status"] == "error"
-    assert "node 1" in c["detail"] and "node 0" not in c["detail"]
+    assert rc == EXIT_ERROR and c["status"] == "error"
+    assert "decode-0 (--cpunodebind=1 --membind=1)" in c["detail"] and "prefill-0" not in c["detail"]
     assert "numa_node" in c["fix"]
 
 
 def test_gpu_numa_map_contradicting_the_plan(box):
+    """The profile pins prefill to node 0; GPUs 0-3 sit on node 1 here: the plan itself cannot be
+    built, and that is doctor's finding (one `plan` row naming both workers and the fixes)."""
     flipped = make_sysfs(box["tmp"] / "sys-flipped", gpu_nodes=[1, 1, 1, 1, 0, 0, 0, 0])
     rc, checks = doctor(box, V4FLASH_SYSFS_ROOT=str(flipped))
-    c = checks["gpu-numa"]
-    assert rc == 2 and c["status"] == "error"
-    assert "prefill-0 is planned on node 0 but GPUs [0, 1, 2, 3] are on node(s) [1]" in c["detail"]
-    assert "set prefill[0].numa_node = 1" in c["fix"] and "set decode[0].numa_node = 0" in c["fix"]
+    c = checks["plan"]
+    assert rc == EXIT_ERROR and c["status"] == "error" and list(checks) == ["plan"]
+    assert "prefill-0 is bound to NUMA node 0 but its GPUs [0, 1, 2, 3] sit on node(s) [1]" in c["detail"]
+    assert "--set prefill.0.numa_node=1" in c["fix"] and "--set decode.0.numa_node=0" in c["fix"]
+    # following the fix makes the map check pass
+    rc, checks = doctor(box, "--only", "gpu", "--set", "prefill.0.numa_node=1", "--set", "decode.0.numa_node=0",
+                        V4FLASH_SYSFS_ROOT=str(flipped))
+    assert checks["gpu-numa"]["status"] == "ok", checks["gpu-numa"]
 
 
 def test_unknown_numa_node_is_a_warning(box):
     vm = make_sysfs(box["tmp"] / "sys-vm", gpu_nodes=[-1] * 8)
     rc, checks = doctor(box, "--only", "gpu", V4FLASH_SYSFS_ROOT=str(vm))
-    assert rc == 1 and checks["gpu-numa"]["status"] == "warn" and "-1" in checks["gpu-numa"]["detail"]
+    assert rc == EXIT_WARN and checks["gpu-numa"]["status"] == "warn" and "-1" in checks["gpu-numa"]["detail"]
 
 
 def test_busy_port(box):
@@ -123,18 +133,18 @@ def test_busy_port(box):
         s.listen(1)
         rc, checks = doctor(box, "--only", "ports")
     c = checks["ports"]
-    assert rc == 2 and c["status"] == "error"
-    assert f"decode-0 http 127.0.0.1:{port}" in c["detail"]
+    assert rc == EXIT_ERROR and c["status"] == "error"
+    assert f"decode-0 http 127.0.0.1:{port} (already in use)" in c["detail"]
     assert f"sport = :{port}" in c["fix"]
     rc, checks = doctor(box, "--only", "ports")  # released -> ok again
-    assert rc == 0 and checks["ports"]["status"] == "ok"
+    assert rc == EXIT_OK and checks["ports"]["status"] == "ok"
 
 
 def test_truncated_shard_vs_manifest(box):
     shard = box["model"] / "model-00002-of-00002.safetensors"
     shard.write_bytes(shard.read_bytes()[:-1000])
     rc, checks = doctor(box, "--only", "model")
-    assert rc == 2
+    assert rc == EXIT_ERROR
     w, m = checks["model-weights"], checks["model-manifest"]
     assert w["status"] == "error" and "model-00002-of-00002.safetensors: truncated" in w["detail"]
     assert m["status"] == "error" and "manifest says" in m["detail"] and "bundle load --model" in m["fix"]
@@ -143,18 +153,18 @@ def test_truncated_shard_vs_manifest(box):
 def test_missing_shard_and_missing_model(box):
     (box["model"] / "model-00001-of-00002.safetensors").unlink()
     rc, checks = doctor(box, "--only", "model")
-    assert rc == 2 and "1 of 2 shard(s)" in checks["model-weights"]["detail"]
+    assert rc == EXIT_ERROR and "1 of 2 shard(s)" in checks["model-weights"]["detail"]
     p = subprocess.run([sys.executable, "-m", "v4flash_pd", "doctor", "--json", "--only", "model", "--model",
                         str(box["tmp"] / "nope")], capture_output=True, text=True, timeout=60, env=box["env"])
     doc = {c["name"]: c for c in json.loads(p.stdout)["checks"]}
-    assert p.returncode == 2 and doc["model-dir"]["status"] == "error" and doc["model-weights"]["status"] == "skip"
+    assert p.returncode == EXIT_ERROR and doc["model-dir"]["status"] == "error" and doc["model-weights"]["status"] == "skip"
 
 
 def test_version_drift_from_the_lock(box):
     lock = write_lock(box["tmp"] / "drift.lock", {"click": "0.0.1", "pytest": importlib.metadata.version("pytest")})
     rc, checks = doctor(box, "--only", "stack", V4FLASH_STACK_LOCK=str(lock))
     c = checks["stack-versions"]
-    assert rc == 2 and c["status"] == "error"
+    assert rc == EXIT_ERROR and c["status"] == "error"
     assert f"click {importlib.metadata.version('click')} (lock 0.0.1)" in c["detail"]
     assert "--require-hashes -r" in c["fix"] and str(lock) in c["fix"]
 
@@ -162,14 +172,14 @@ def test_version_drift_from_the_lock(box):
 def test_old_driver_and_wrong_gpu(box):
     rc, checks = doctor(box, "--only", "gpu",
                         V4FLASH_NVIDIA_SMI=str(make_nvidia_smi(box["tmp"], name="NVIDIA H200", cap="9.0", driver="570.86.15")))
-    assert rc == 2
+    assert rc == EXIT_ERROR
     assert checks["nvidia-driver"]["status"] == "error" and "needs >= 580" in checks["nvidia-driver"]["detail"]
     assert checks["gpus"]["status"] == "error" and "sm_120" in checks["gpus"]["detail"]
 
 
 def test_too_few_gpus(box):
     rc, checks = doctor(box, "--only", "gpu", V4FLASH_NVIDIA_SMI=str(make_nvidia_smi(box["tmp"], count=4)))
-    assert rc == 2 and "only [0, 1, 2, 3] exist" in checks["gpus"]["detail"]
+    assert rc == EXIT_ERROR and "only [0, 1, 2, 3] exist" in checks["gpus"]["detail"]
 
 
 def test_no_nvidia_smi_and_offline_env_unset(box):
@@ -180,7 +190,7 @@ def test_no_nvidia_smi_and_offline_env_unset(box):
     p = subprocess.run([sys.executable, "-m", "v4flash_pd", "doctor", "--json", "--only", "gpu,offline",
                         "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env)
     doc = {c["name"]: c for c in json.loads(p.stdout)["checks"]}
-    assert p.returncode == 2
+    assert p.returncode == EXIT_ERROR
     assert doc["nvidia-driver"]["status"] == "error" and "driver" in doc["nvidia-driver"]["fix"]
     # the profile's env sets TRANSFORMERS_OFFLINE=1; the config file turned HF_HUB_OFFLINE off
     assert doc["offline-env"]["status"] == "warn" and "HF_HUB_OFFLINE" in doc["offline-env"]["detail"]
@@ -191,14 +201,14 @@ def test_table_output_and_exit_codes(box):
     p = subprocess.run([sys.executable, "-m", "v4flash_pd", "doctor", "--model", str(box["model"]),
                         "--only", "gpu,numa"], capture_output=True, text=True, timeout=60,
                        env=dict(box["env"], V4FLASH_NUMACTL=str(make_numactl_docker(box["tmp"] / "bin"))))
-    assert p.returncode == 1
+    assert p.returncode == EXIT_WARN == 3
     assert "numa-membind" in p.stdout and "WARN" in p.stdout and "fix: give the container CAP_SYS_NICE" in p.stdout
     p = subprocess.run([sys.executable, "-m", "v4flash_pd", "doctor", "--only", "bogus"], capture_output=True,
                        text=True, timeout=60, env=box["env"])
-    assert p.returncode == 2 and "unknown check family" in p.stderr
+    assert p.returncode == 2 and "unknown check family" in p.stderr  # a usage error, not a finding
     assert exit_code([Check("a", "ok", "")]) == 0
-    assert exit_code([Check("a", "ok", ""), Check("b", "warn", "", "f"), Check("c", "skip", "")]) == 1
-    assert exit_code([Check("a", "warn", "", "f"), Check("b", "error", "", "f")]) == 2
+    assert exit_code([Check("a", "ok", ""), Check("b", "warn", "", "f"), Check("c", "skip", "")]) == 3
+    assert exit_code([Check("a", "warn", "", "f"), Check("b", "error", "", "f")]) == EXIT_ERROR == 4
 
 
 # ---- seam-level tests: the same checks fed a probe with one thing replaced
@@ -208,7 +218,10 @@ def _inp(box, **probe_over) -> DoctorInput:
     probe = system_probe(box["env"])
     probe = dataclasses.replace(probe, **probe_over)
     cfg = load_config(overrides={"model.path": str(box["model"])}, env=box["env"])
-    return DoctorInput(expect=expect_from_config(cfg), topology=topo_probe(box["env"]), probe=probe)
+    host = probe_host(cfg, env=box["env"])
+    plan = build_plan(cfg, host, require_gpus=False)
+    expect = expect_from_plan(plan, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
+    return DoctorInput(expect=expect, topology=host.topology, probe=probe)
 
 
 def test_small_dev_shm_is_an_error(box):
@@ -276,26 +289,42 @@ def _fake_sglang(root: Path, body: str) -> Path:
     return root
 
 
-def test_kernel_patch_detects_upstream_function(box):
+def test_each_patch_is_reported_from_the_hooks_own_status(box):
+    """doctor runs `python -m v4flash_kernels.hook` in the workers' env: one row per patch, the switch
+    taken from the plan (here sglang is importable but the hook's .pth is not installed: not applied)."""
     site = _fake_sglang(box["tmp"] / "fake-upstream", "def flash_mla_sparse_decode_triton(*a, **k):\n    pass\n")
     rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site))
-    c = checks["kernel-patch"]
-    assert c["status"] == "error" and "still upstream's (sglang.srt.layers.attention" in c["detail"]
-    assert "hook did not apply" in c["fix"]
-    # the plan sets V4FLASH_SPARSE_DECODE for the workers from the config key sparse_decode
-    off = box["env"]["V4FLASH_SET"] + " sparse_decode=false"
-    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site), V4FLASH_SET=off)
-    assert checks["kernel-patch"]["status"] == "ok" and "disabled" in checks["kernel-patch"]["detail"]
+    assert {"patch-sparse_decode", "patch-moe", "patch-indexer", "context-length"} <= set(checks)
+    c = checks["patch-sparse_decode"]
+    assert c["status"] == "error" and "sparse-MLA decode patch NOT applied" in c["detail"]
+    assert ".pth hook NOT loaded" in c["detail"] and ".pth is in site-packages" in c["fix"]
+    assert "--sparse-decode off" in c["fix"]
+    rc, checks = doctor(box, "--only", "stack", "--sparse-decode", "off", PYTHONPATH=str(site))
+    assert checks["patch-sparse_decode"]["status"] == "ok"
+    assert "off (V4FLASH_SPARSE_DECODE=0)" in checks["patch-sparse_decode"]["detail"]
+    assert checks["patch-moe"]["status"] == "error"  # still on, still not applied: reported on its own
 
 
-def test_kernel_patch_detects_our_function(box):
-    site = _fake_sglang(box["tmp"] / "fake-patched", "def flash_mla_sparse_decode_triton(*a, **k):\n    pass\n"
-                        "flash_mla_sparse_decode_triton.__module__ = 'v4flash_kernels.decode'\n")
-    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site))
-    assert checks["kernel-patch"]["status"] == "ok" and "v4flash_kernels.decode" in checks["kernel-patch"]["detail"]
-    off = box["env"]["V4FLASH_SET"] + " sparse_decode=false"
-    rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site), V4FLASH_SET=off)
-    assert checks["kernel-patch"]["status"] == "error" and "still applied" in checks["kernel-patch"]["detail"]
+def test_indexer_off_with_a_long_context_warns(box):
+    rc, checks = doctor(box, "--only", "stack", "--indexer", "off")
+    c = checks["context-length"]
+    assert c["status"] == "warn" and "131072" in c["detail"] and "--indexer on" in c["fix"]
+    rc, checks = doctor(box, "--only", "stack", "--indexer", "off", "--set", "engine.context_length=32768")
+    assert checks["context-length"]["status"] == "ok"
+    rc, checks = doctor(box, "--only", "stack")
+    assert checks["context-length"]["status"] == "ok"
+
+
+def test_doctor_takes_exactly_ups_options():
+    """One option set: every option `up` has, `doctor` has too (same names, same env vars)."""
+    from v4flash_pd.cli import cmd_doctor, cmd_up
+
+    def opts(cmd):
+        return {(tuple(p.opts), p.envvar) for p in cmd.params if isinstance(p, __import__("click").Option)}
+
+    assert opts(cmd_up.command) <= opts(cmd_doctor.command)
+    names = {o for ops, _ in opts(cmd_up.command) for o in ops}
+    assert {"--set", "--numa", "--sparse-decode", "--moe", "--indexer", "--rehearse", "--topology"} <= names
 
 
 def test_ucx_info_without_cuda_ipc_warns(box):

@@ -7,30 +7,25 @@ from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import pass_params, plan_options, resolve
-from v4flash_pd.ports import busy_ports
+from v4flash_pd.cli.options import config_options, pass_params, resolve
 from v4flash_pd.render import plan_text
 
 
-@click.command("plan")
-@plan_options
+@click.command("plan", short_help="Show what `up` would start (argv, env, NUMA, ports), starting nothing.")
+@config_options
 @click.option("--rehearse", is_flag=True, envvar="V4FLASH_REHEARSE", help="Plan the rehearsal (stand-in engines).")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON", help="Print the plan as JSON.")
 @pass_params
 def command(params: dict[str, Any]) -> None:
-    """Print the resolved plan: per-role argv, env, NUMA binding and ports."""
-    r = resolve(params, rehearse=params["rehearse"])
-    plan = r.plan
-    warnings = list(plan.warnings)
-    if params.get("topology_file") is None:  # planning this host: say which ports are taken now
-        warnings += [f"port {u.port} ({u.owner}) is in use on this host now; `up` will refuse it"
-                     for u in busy_ports(plan.port_uses())]
+    """Print the resolved plan: per-role argv, env, NUMA binding, ports, kernel patches and auth.
+
+    Without --topology it plans this host (its GPUs, numactl permissions, busy ports, model dir);
+    with --topology FILE it plans the box that file describes and uses nothing of this one.
+    """
+    r = resolve(params, "plan")
     if params["as_json"]:
-        d = plan.to_dict()
-        d["warnings"] = warnings
+        d = r.plan.to_dict()
         d["config"] = r.config.to_dict()
         click.echo(json.dumps(d, indent=2))
         return
-    from dataclasses import replace
-
-    click.echo(plan_text(replace(plan, warnings=tuple(warnings))))
+    click.echo(plan_text(r.plan))

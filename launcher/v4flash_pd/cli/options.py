@@ -1,7 +1,9 @@
-"""Options shared by plan/up/doctor, and the one function that turns them into a Plan.
+"""The one option set shared by plan/up/doctor, and the one function that turns it into a Plan.
 
-Each option names its V4FLASH_<OPTION> env var explicitly (click's auto prefix would make it
-V4FLASH_PLAN_CONFIG); precedence flags > env > file > profile > defaults lives in config.load_config.
+`up` and `doctor` take exactly the same options (`run_options`), so an operator can replace `up`
+with `doctor` in a command line and check precisely what would start. Each option names its
+V4FLASH_<OPTION> env var explicitly (click's auto prefix would make it V4FLASH_UP_CONFIG);
+precedence flags > env > file > profile > defaults lives in config.load_config.
 """
 
 from __future__ import annotations
@@ -15,64 +17,120 @@ from typing import Any, Callable
 import click
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import Config, load_config
-from v4flash_pd.hostprobe import HostNuma, probe_numa
-from v4flash_pd.model import ModelCheck, check_model_dir
+from v4flash_pd.config import PATCH_SWITCHES, Config, load_config
+from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
 
 ON_OFF = click.Choice(["on", "off", "1", "0", "true", "false"], case_sensitive=False)
+_PATCH_HELP = {
+    "sparse_decode": "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
+    "moe": "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
+    "indexer": "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
+}
 
 
-def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--config", "config_file", type=click.Path(path_type=Path), envvar="V4FLASH_CONFIG",
-                     help="TOML config file (layered over the profile)."),
-        click.option("--profile", envvar="V4FLASH_PROFILE", help="Built-in profile (default rtx6000-8x-pd)."),
-        click.option("--topology", "topology_file", type=click.Path(path_type=Path), envvar="V4FLASH_TOPOLOGY",
-                     help="Topology JSON (from `v4flash-pd topology --save`) instead of probing this host."),
-        click.option("--model", envvar="V4FLASH_MODEL", help="Model directory (model.path)."),
-        click.option("--numa", type=click.Choice(["bind", "preferred", "off"]), envvar="V4FLASH_NUMA",
-                     help="NUMA binding: membind (falls back to preferred when not permitted), preferred, off."),
-        click.option("--sparse-decode", type=ON_OFF, envvar="V4FLASH_SPARSE_DECODE",
-                     help="Our Triton sparse-MLA decode in SGLang workers (on) or upstream's (off)."),
-        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                     help="Override any config key, e.g. --set decode.0.cuda_graph_max_bs=16 (repeatable; env V4FLASH_SET)."),
-    ]
+def _stack(fn: Callable[..., Any], opts: list[Callable[..., Any]]) -> Callable[..., Any]:
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
 
 
+def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What decides the Plan: config layers, topology, NUMA mode, the kernel patch switches."""
+    opts = [
+        click.option("--config", "config_file", type=click.Path(path_type=Path), envvar="V4FLASH_CONFIG",
+                     help="TOML config file (layered over the profile)."),
+        click.option("--profile", envvar="V4FLASH_PROFILE", help="Built-in profile (default rtx6000-8x-pd)."),
+        click.option("--topology", "topology_file", type=click.Path(path_type=Path), envvar="V4FLASH_TOPOLOGY",
+                     help="Topology JSON (from `v4flash-pd topology --save`) instead of probing the GPUs; "
+                          "`plan` then plans for that box and uses no fact of this one."),
+        click.option("--model", envvar="V4FLASH_MODEL", help="Model directory (model.path)."),
+        click.option("--numa", type=click.Choice(["bind", "preferred", "off"]), envvar="V4FLASH_NUMA",
+                     help="NUMA binding: membind (falls back to preferred when not permitted), preferred, off."),
+    ]
+    for name, var in PATCH_SWITCHES:
+        opts.append(click.option(f"--{name.replace('_', '-')}", f"patch_{name}", type=ON_OFF, envvar=var,
+                                 help=_PATCH_HELP[name] + f" Workers get {var}=1/0."))
+    opts.append(click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                             help="Override any config key, e.g. --set decode.0.cuda_graph_max_bs=16 "
+                                  "(repeatable; env V4FLASH_SET)."))
+    return _stack(fn, opts)
+
+
+def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`up`'s options (and therefore `doctor`'s): the config options plus how the run is started."""
+    opts = [
+        config_options,
+        click.option("--rehearse", is_flag=True, envvar="V4FLASH_REHEARSE",
+                     help="Same plan, ports, env, numactl and router, with stand-in engines instead of SGLang."),
+        click.option("--run-dir", type=click.Path(path_type=Path), envvar="V4FLASH_RUN_DIR",
+                     help="Where logs/pids/state go (default: $V4FLASH_RUNS_ROOT/<timestamp>, ./runs)."),
+        click.option("--ready-timeout", type=float, envvar="V4FLASH_READY_TIMEOUT",
+                     help="Seconds to wait for READY (default 3600: first DeepSeek-V4 start is slow)."),
+        click.option("--grace", type=float, envvar="V4FLASH_GRACE", help="Seconds between SIGTERM and SIGKILL."),
+        click.option("--detach", is_flag=True, envvar="V4FLASH_DETACH",
+                     help="Return once READY; supervise in the background."),
+        click.option("--eval", "eval_gate", is_flag=True, envvar="V4FLASH_EVAL", help="Run the accuracy gate before READY."),
+        click.option("--eval-questions", type=click.IntRange(1, 10000), default=20, show_default=True,
+                     envvar="V4FLASH_EVAL_QUESTIONS", help="Questions the accuracy gate asks."),
+        click.option("--eval-min-accuracy", type=click.FloatRange(0.0, 1.0), default=0.8, show_default=True,
+                     envvar="V4FLASH_EVAL_MIN_ACCURACY", help="Fraction the gate needs right (0-1)."),
+        click.option("--verify-model", type=click.Choice(["size", "full", "off"]), default="size", show_default=True,
+                     envvar="V4FLASH_VERIFY_MODEL", help="Check the model dir against its bundle manifest before start."),
+    ]
+    return _stack(fn, opts)
+
+
 @dataclass(frozen=True)
 class Resolved:
     config: Config
-    topology: topo.Topology
-    host: HostNuma | None
-    model: ModelCheck
+    host: Host
     plan: Plan
     seconds: float
 
+    @property
+    def topology(self) -> topo.Topology:
+        return self.host.topology
 
-def resolve(params: dict[str, Any], *, rehearse: bool = False, local: bool | None = None,
-            for_up: bool = False) -> Resolved:
-    """Config -> Topology -> Plan. `local` (default: no --topology) probes this host's NUMA too;
-    missing GPUs are an error only for a real `up` (plan/rehearsal warn)."""
-    t0 = time.monotonic()
+
+def config_from_params(params: dict[str, Any]) -> Config:
     overrides: dict[str, Any] = {}
     if params.get("model"):
         overrides["model.path"] = params["model"]
     if params.get("numa"):
         overrides["numa"] = params["numa"]
-    if params.get("sparse_decode"):
-        overrides["sparse_decode"] = params["sparse_decode"].lower() in ("on", "1", "true")
-    cfg = load_config(params.get("config_file"), params.get("profile"), overrides, sets=tuple(params.get("sets") or ()))
+    for name, _ in PATCH_SWITCHES:
+        value = params.get(f"patch_{name}")
+        if value:
+            overrides[f"patches.{name}"] = value.lower() in ("on", "1", "true")
+    sets = list(params.get("sets") or ())
+    if params.get("ready_timeout") is not None:
+        sets.append(f"ready_timeout={params['ready_timeout']}")
+    if params.get("grace") is not None:
+        sets.append(f"grace_period={params['grace']}")
+    return load_config(params.get("config_file"), params.get("profile"), overrides, sets=tuple(sets))
+
+
+def resolve(params: dict[str, Any], command: str) -> Resolved:
+    """Config -> Host -> Plan, for `command` in plan | up | doctor.
+
+    `plan --topology FILE` plans for that box (Host.remote: nothing of this machine); `up` and
+    `doctor` always run here, so they probe this host and take only the GPU list from the file.
+    Missing GPUs and unbindable NUMA nodes are errors only for a real `up`; busy ports, a missing
+    model dir and a missing router are errors for any `up` (plan and doctor report them).
+    """
+    t0 = time.monotonic()
+    rehearse = bool(params.get("rehearse"))
+    cfg = config_from_params(params)
     tfile = params.get("topology_file")
-    topology = topo.load(tfile) if tfile else topo.probe()
-    local = (tfile is None) if local is None else local
-    host = probe_numa() if local or rehearse else None
-    model = check_model_dir(cfg.model_path)
-    plan = build_plan(cfg, topology, host, rehearse=rehearse, model=model, require_gpus=for_up and not rehearse)
-    return Resolved(cfg, topology, host, model, plan, time.monotonic() - t0)
+    topology = topo.load(tfile) if tfile else None
+    if command == "plan" and topology is not None:
+        host = Host.remote(topology)
+    else:
+        host = probe_host(cfg, topology=topology)
+    starting = command == "up"
+    plan = build_plan(cfg, host, rehearse=rehearse, require_gpus=starting and not rehearse, starting=starting)
+    return Resolved(cfg, host, plan, time.monotonic() - t0)
 
 
 def pass_params(fn: Callable[..., Any]) -> Callable[..., Any]:

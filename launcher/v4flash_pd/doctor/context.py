@@ -1,7 +1,8 @@
-"""What the doctor compares the machine against: expectations derived once from the Config.
+"""What the doctor checks the machine against: the Plan `up` would execute, and its Host.
 
-Checks never read the config themselves; they get an `Expect` (plain data) plus the Topology and
-the Probe, so a fixture can state "this plan, on that box" in a few lines.
+Checks never read the config or re-derive anything: `expect_from_plan` copies what they need out
+of the one Plan (bindings and their numactl prefixes, ports, worker env, patch switches, the
+worker interpreter), so doctor checks exactly what `up` would start.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from v4flash_pd.config import Config
 from v4flash_pd.doctor.probe import Probe
+from v4flash_pd.hostprobe import numactl_prefix
+from v4flash_pd.plan import Plan
 from v4flash_pd.ports import PortUse
 from v4flash_pd.topology import Topology
 
@@ -25,7 +27,11 @@ class WorkerExpect:
     name: str
     role: str
     gpus: tuple[int, ...]
-    numa_node: int | None
+    numa_node: int | None  # the node the plan binds it to (None: not bound)
+    index: int = 0
+    policy: str = "none"  # the plan's binding policy: membind | preferred | cpu | none
+    reason: str = ""  # why the plan chose that policy (e.g. membind refused here)
+    numactl_argv: tuple[str, ...] = ()  # the plan's own prefix + `true`: what doctor runs
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,11 @@ class Expect:
     ports: tuple[PortUse, ...] = ()
     worker_env: Mapping[str, str] = field(default_factory=dict)  # what the plan adds to the workers' env
     min_driver_major: int = MIN_DRIVER_MAJOR
+    python: str = ""  # the workers' interpreter (the plan's)
+    patches: tuple[tuple[str, bool], ...] = ()
+    context_length: int | None = None
+    router_auth: tuple[str, str] = ("", "")
+    router_host: str = ""
 
     def gpus_used(self) -> tuple[int, ...]:
         return tuple(sorted({g for w in self.workers for g in w.gpus}))
@@ -55,7 +66,7 @@ class DoctorInput:
     expect: Expect
     topology: Topology
     probe: Probe
-    topology_is_local: bool = True  # False when --topology FILE describes another box
+    topology_is_local: bool = True  # False when the GPU list came from a --topology file
 
 
 def profile_gpu(profile: str) -> tuple[str, str]:
@@ -65,22 +76,24 @@ def profile_gpu(profile: str) -> tuple[str, str]:
     return ("", "")
 
 
-def expect_from_config(cfg: Config) -> Expect:
-    """Expectations from a validated Config. Ports come from the real plan builder (fed an empty
-    topology so it cannot refuse on GPU/NUMA grounds: those are doctor's own checks), so doctor
-    checks exactly the ports `up` would use."""
-    from v4flash_pd.plan import build_plan
-
-    plan = build_plan(cfg, Topology(gpus=(), nodes=()), None, rehearse=False, require_gpus=False)
+def expect_from_plan(plan: Plan, *, numa_mode: str, tokenizer_path: str = "",
+                     transfer_backend: str | None = None) -> Expect:
+    """Everything the checks compare against, read off the Plan (never re-derived)."""
     env: dict[str, str] = {}
-    for p in plan.processes:
-        if p.role != "router":
-            env.update(dict(p.env))
-    cap, name = profile_gpu(cfg.profile)
+    workers = []
+    python = ""
+    for p in plan.workers():
+        env.update(dict(p.env))
+        prefix = numactl_prefix(p.binding, p.argv[0] if p.binding.policy != "none" else "")
+        python = python or p.argv[len(prefix)]
+        workers.append(WorkerExpect(p.name, p.role, p.gpus, p.binding.node, p.index, p.binding.policy,
+                                    p.binding.reason, prefix + ("true",) if prefix else ()))
+    router = plan.router()
+    cap, name = profile_gpu(plan.profile)
     return Expect(
-        profile=cfg.profile, mode=cfg.mode, model_path=cfg.model_path, tokenizer_path=cfg.tokenizer_path,
-        numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend if cfg.mode == "pd" else None,
-        compute_cap=cap, gpu_name=name,
-        workers=tuple(WorkerExpect(w.name, w.role, w.gpus, w.numa_node) for w in cfg.workers),
-        ports=plan.port_uses(), worker_env=env,
+        profile=plan.profile, mode=plan.mode, model_path=plan.model_path, tokenizer_path=tokenizer_path,
+        numa_mode=numa_mode, transfer_backend=transfer_backend if plan.mode == "pd" else None,
+        compute_cap=cap, gpu_name=name, workers=tuple(workers), ports=plan.port_uses(), worker_env=env,
+        python=python, patches=plan.patches, context_length=plan.context_length, router_auth=plan.router_auth,
+        router_host=router.ports[0].host if router is not None else "",
     )

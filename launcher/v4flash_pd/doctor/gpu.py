@@ -81,12 +81,11 @@ def check_numa_map(inp: DoctorInput) -> Check:
         if wrong:
             actual = sorted(set(wrong.values()))
             problems.append(f"{w.name} is planned on node {w.numa_node} but GPUs {sorted(wrong)} are on node(s) {actual}")
-            idx = w.name.rsplit("-", 1)[-1]
-            fixes.append(f"set {w.role}[{idx}].numa_node = {actual[0]} (or give {w.name} GPUs on node {w.numa_node})")
+            fixes.append(f"--set {w.role}.{w.index}.numa_node={actual[0]} (or give {w.name} GPUs on node {w.numa_node})")
         if node_ids and w.numa_node not in node_ids:
             problems.append(f"{w.name} is planned on node {w.numa_node}, which this box does not have "
                             f"(nodes {sorted(node_ids)})")
-            fixes.append(f"set {w.role}[{w.name.rsplit('-', 1)[-1]}].numa_node to one of {sorted(node_ids)}")
+            fixes.append(f"--set {w.role}.{w.index}.numa_node=N with N one of {sorted(node_ids)}")
     mapping = ", ".join(f"GPU{g.index}->{g.numa_node if g.numa_node != UNKNOWN_NODE else '?'}" for g in topo.gpus)
     if problems:
         return error("gpu-numa", "; ".join(problems) + f" [{mapping}]",

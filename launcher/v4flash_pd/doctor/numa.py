@@ -1,8 +1,9 @@
-"""numactl present, and `--membind` permitted on every node the plan binds to.
+"""numactl present, and the plan's own numactl prefixes work on this host.
 
 Docker's default seccomp profile refuses set_mempolicy/mbind without CAP_SYS_NICE; numactl then
-exits 1 and an SGLang scheduler wrapped in it dies with no traceback (sglang#27368). We run the
-same kind of command the launcher will (`numactl --cpunodebind=N --membind=N -- true`) per node.
+exits 1 and an SGLang scheduler wrapped in it dies with no traceback. The plan already probed
+this host and fell back where it had to; doctor runs each worker's exact prefix (`<prefix> true`)
+and says loudly when the plan had to settle for less than --membind.
 """
 
 from __future__ import annotations
@@ -37,31 +38,34 @@ def run(inp: DoctorInput) -> list[Check]:
     numactl = numactl_path(inp)
     if not numactl:
         return [error("numactl", "numactl is not installed; workers cannot be bound to their GPUs' socket",
-                      "install it (apt-get install numactl; it is in the image), or set numa = \"off\""),
+                      "install it (apt-get install numactl; it is in the image), or --set numa=off"),
                 skip("numa-membind", "numactl is missing")]
     out = [ok("numactl", f"found {numactl}")]
-    nodes = e.numa_nodes_used() or (0,)
-    if not inp.topology_is_local:
-        out.append(skip("numa-membind", "--topology describes another box; membind is probed on the box itself"))
-        return out
-    perm, bad_node, other, good = [], [], [], []
-    for n in nodes:
-        r = inp.probe.run([numactl, f"--cpunodebind={n}", f"--membind={n}", "--", "true"], 20.0)
-        if r.rc == 0:
-            good.append(n)
-            continue
-        first = r.text.splitlines()[0] if r.text else f"exit {r.rc}"
-        kind = classify_membind_failure(r.text)
-        (perm if kind == "perm" else bad_node if kind == "node" else other).append((n, first))
-    if bad_node or other:
-        items = "; ".join(f"node {n}: {why}" for n, why in bad_node + other)
-        return out + [error("numa-membind", f"numactl --membind failed ({items})",
-                            "this host/container does not have the NUMA nodes the plan binds to: run on the box "
-                            "the profile targets, do not restrict --cpuset-mems, or set each worker's numa_node "
-                            "to a node listed by `numactl --hardware`")]
-    if perm:
-        items = "; ".join(f"node {n}: {why}" for n, why in perm)
-        return out + [warn("numa-membind", f"membind not permitted ({items})", CAP_FIX)]
-    if inp.expect.numa_mode == "preferred":
-        return out + [ok("numa-membind", f"membind works on node(s) {good} (config asks for --preferred)")]
-    return out + [ok("numa-membind", f"numactl --cpunodebind/--membind works on node(s) {good}")]
+    bound = [w for w in e.workers if w.numactl_argv]
+    if not bound:
+        return out + [skip("numa-membind", "the plan binds no worker (GPU NUMA nodes unknown)")]
+    failed, weaker, good = [], [], []
+    for w in bound:
+        r = inp.probe.run(list(w.numactl_argv), 20.0)
+        if r.rc != 0:
+            first = r.text.splitlines()[0] if r.text else f"exit {r.rc}"
+            failed.append((w, first))
+        elif w.policy != "membind" and e.numa_mode == "bind":
+            weaker.append(w)
+        else:
+            good.append(w)
+    if failed:
+        items = "; ".join(f"{w.name} ({' '.join(w.numactl_argv[1:-2])}): {why}" for w, why in failed)
+        perm = all(classify_membind_failure(why) == "perm" for _, why in failed)
+        return out + [error("numa-membind", f"the plan's numactl prefix fails: {items}",
+                            CAP_FIX if perm else
+                            "this host/container does not have the NUMA nodes the plan binds to: run on the box the "
+                            "profile targets, do not restrict --cpuset-mems, or --set <role>.<i>.numa_node=N with a node "
+                            "listed by `numactl --hardware`")]
+    if weaker:
+        items = "; ".join(f"{w.name} node {w.numa_node} gets --{'preferred' if w.policy == 'preferred' else 'cpunodebind only'}"
+                          f" ({w.reason})" for w in weaker)
+        return out + [warn("numa-membind", f"membind not permitted: {items}", CAP_FIX)]
+    nodes = sorted({w.numa_node for w in good if w.numa_node is not None})
+    how = "--preferred (numa = preferred)" if e.numa_mode == "preferred" else "--cpunodebind/--membind"
+    return out + [ok("numa-membind", f"the plan's numactl {how} prefixes work on node(s) {nodes}")]

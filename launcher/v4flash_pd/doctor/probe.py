@@ -36,7 +36,7 @@ class Probe:
     env: Mapping[str, str]
     run: Callable[..., CmdResult]  # run(argv, timeout=30.0, extra_env=None)
     which: Callable[[str], str | None]
-    port_free: Callable[[str, int], bool]
+    port_problem: Callable[[str, int], str]  # '' = free; else "already in use", "permission denied ..."
     disk_free: Callable[[str], tuple[str, int, int] | None]  # (existing path checked, free, total) bytes
     dist_version: Callable[[str], str | None]
     has_module: Callable[[str], bool]
@@ -105,7 +105,7 @@ def system_probe(env: Mapping[str, str] | None = None) -> Probe:
         env=env,
         run=_run(env),
         which=lambda name: shutil.which(name, path=path),
-        port_free=lambda host, port: _ports.is_free(host or "0.0.0.0", port),
+        port_problem=lambda host, port: _ports.port_problem(host or "0.0.0.0", port),
         disk_free=_disk_free,
         dist_version=_dist_version,
         has_module=_has_module,

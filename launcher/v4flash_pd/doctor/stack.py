@@ -1,4 +1,4 @@
-"""Installed versions vs the stack lock, and whether the sparse-MLA decode patch is in effect.
+"""Installed versions vs the stack lock, and whether each kernel patch is in effect.
 
 ABI drift between sglang-kernel, torch and flashinfer (field-notes 12-13) shows up as undefined
 symbols deep inside a worker; comparing importlib.metadata against the lock finds it up front.
@@ -6,15 +6,15 @@ symbols deep inside a worker; comparing importlib.metadata against the lock find
 
 from __future__ import annotations
 
+import json
 import sys
 
+from v4flash_pd.config import PATCH_SWITCHES
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.errors import UserError
 
 ANCHOR = "sglang"  # if this is absent, we are not running inside the serving environment
-UPSTREAM_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
-UPSTREAM_FUNC = "flash_mla_sparse_decode_triton"
 
 
 def compare(locked: dict[str, str], installed: dict[str, str | None]) -> tuple[list[str], list[str]]:
@@ -60,68 +60,95 @@ def check_versions(inp: DoctorInput) -> Check:
     return ok("stack-versions", f"{len(locked)} packages match {lock.path.name} (sha256 {lock.sha256[:12]})")
 
 
-def _probe_patch_script() -> str:
-    return (f"import importlib; m = importlib.import_module({UPSTREAM_MODULE!r}); "
-            f"f = getattr(m, {UPSTREAM_FUNC!r}); print(getattr(f, '__module__', '?'))")
+PATCH_TITLES = {"sparse_decode": "sparse-MLA decode", "moe": "MXFP4 MoE", "indexer": "indexer logits"}
+# Above this many tokens of context the unpatched indexer's per-step cost (it scores every cached
+# token) dominates decode on sm_120: say so when its patch is off.
+LARGE_CONTEXT = 65536
 
 
 def _hook_note(st: object) -> str:
-    """One short phrase from `v4flash_kernels.hook.status()` (a dict; anything else is shown as is)."""
-    if st is None:
-        return ""
+    """One short phrase from the hook's status dict (anything else is shown as is)."""
     if isinstance(st, dict):
         bits = []
         if "hook_booted_by_pth" in st:
-            bits.append(f".pth hook {'loaded' if st['hook_booted_by_pth'] else 'NOT loaded'} in this interpreter")
+            bits.append(f".pth hook {'loaded' if st['hook_booted_by_pth'] else 'NOT loaded'}")
         if st.get("pinned_sglang_version"):
             bits.append(f"pinned sglang {st['pinned_sglang_version']}")
-        return "; ".join(bits) or str(st)[:200]
+        return "; ".join(bits)
     return str(st)[:200]
 
 
-def check_kernel_patch(inp: DoctorInput) -> Check:
-    p = inp.probe
-    if not p.has_module("v4flash_kernels"):
-        return error("kernel-patch", "v4flash_kernels is not importable",
-                     "install the v4flash-pd wheel (it ships v4flash_kernels and the .pth hook)")
-    hook_note = ""
-    if p.has_module("v4flash_kernels.hook"):
-        try:
-            from v4flash_kernels import hook  # type: ignore[attr-defined]
+def _status_json(text: str) -> dict | None:
+    """The JSON object `python -m v4flash_kernels.hook` prints (pretty-printed, possibly after log lines)."""
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        data = json.loads(text[start:])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
-            st = hook.status() if hasattr(hook, "status") else None
-            hook_note = _hook_note(st)
-        except Exception as exc:  # a broken hook must show up as a finding
-            return error("kernel-patch", f"v4flash_kernels.hook fails to import/report: {exc!r}",
-                         "reinstall the v4flash-pd wheel; run with --debug for the traceback")
-    else:
-        return error("kernel-patch", "v4flash_kernels.hook is missing (the import hook that patches SGLang)",
-                     "install the v4flash-pd wheel built from this release (it ships the hook and its .pth)")
-    env = {**p.env, **inp.expect.worker_env}
-    disabled = env.get("V4FLASH_SPARSE_DECODE", "1").strip().lower() in ("0", "off", "false", "no")
-    if not p.has_module("sglang"):
-        return skip("kernel-patch", "sglang is not installed here, cannot import the patched module"
-                    + (f" ({hook_note})" if hook_note else ""))
-    python = sys.executable
-    r = p.run([python, "-c", _probe_patch_script()], 180.0, dict(inp.expect.worker_env))
-    if r.rc != 0:
+
+def check_patches(inp: DoctorInput) -> list[Check]:
+    """One row per kernel patch: run the hook's own report in the workers' interpreter and env."""
+    p, e = inp.probe, inp.expect
+    names = [n for n, _ in e.patches] or list(PATCH_TITLES)
+    switches = dict(e.patches)
+    rows = [f"patch-{n}" for n in names]
+    python = e.python or sys.executable
+    # The workers' interpreter and environment, as the plan starts them: the hook reports every patch.
+    r = p.run([python, "-m", "v4flash_kernels.hook"], 300.0, dict(e.worker_env))
+    st = _status_json(r.out)
+    if st is None or not isinstance(st.get("patches"), dict):
         last = r.text.splitlines()[-1] if r.text else f"exit {r.rc}"
-        return error("kernel-patch", f"importing {UPSTREAM_MODULE} failed: {last}",
-                     "the installed sglang cannot import its SM120 attention module: check stack-versions")
-    owner = r.out.strip().splitlines()[-1] if r.out.strip() else "?"
-    ours = owner.startswith("v4flash_kernels")
-    if disabled:
-        if ours:
-            return error("kernel-patch", "V4FLASH_SPARSE_DECODE=0 but the patch is still applied",
-                         "report a bug: the switch must leave SGLang untouched")
-        return ok("kernel-patch", "disabled (sparse_decode = off, workers get V4FLASH_SPARSE_DECODE=0): upstream kernel in use")
-    if not ours:
-        return error("kernel-patch", f"{UPSTREAM_MODULE}.{UPSTREAM_FUNC} is still upstream's ({owner})"
-                     + (f"; {hook_note}" if hook_note else ""),
-                     "the hook did not apply: check the warning it printed (sglang version not the pinned one?) "
-                     "and that the v4flash-pd .pth is in site-packages")
-    return ok("kernel-patch", f"{UPSTREAM_FUNC} -> {owner}" + (f" ({hook_note})" if hook_note else ""))
+        return [error(rows[0], f"`{python} -m v4flash_kernels.hook` gave no status: {last}",
+                      "install the v4flash-pd wheel into the workers' interpreter (it ships v4flash_kernels and "
+                      "the .pth hook); run that command by hand to see the traceback")] + \
+            [skip(x, "no hook status") for x in rows[1:]]
+    reasons = [str(v.get("reason", "")) for v in st["patches"].values() if isinstance(v, dict)]
+    if reasons and all("No module named 'sglang" in x for x in reasons):
+        return [skip(r, f"sglang is not installed for {python}: the {PATCH_TITLES.get(n, n)} patch cannot be "
+                        "checked here" + (" (switch off)" if not switches.get(n, True) else ""))
+                for r, n in zip(rows, names)]
+    note = _hook_note(st)
+    out = []
+    for row, name in zip(rows, names):
+        rec = st["patches"].get(name)
+        title = PATCH_TITLES.get(name, name)
+        on = switches.get(name, True)
+        var = dict(PATCH_SWITCHES).get(name, name)
+        if not isinstance(rec, dict):
+            out.append(error(row, f"the installed hook does not know the {title} patch",
+                             "install the v4flash-pd wheel of this release (launcher and kernels must match)"))
+            continue
+        active, reason = bool(rec.get("active")), str(rec.get("reason", ""))
+        if not on:
+            out.append(error(row, f"{var}=0 but the {title} patch is still applied", "report a bug: the switch "
+                                  "must leave SGLang untouched") if active else
+                       ok(row, f"off ({var}=0): upstream {rec.get('upstream_function', title)} in use"))
+        elif active:
+            out.append(ok(row, f"{rec.get('upstream_function', title)} -> {rec.get('ours_function', 'ours')}"
+                               + (f" ({note})" if note else "")))
+        else:
+            out.append(error(row, f"{title} patch NOT applied: {reason}" + (f" ({note})" if note else ""),
+                             f"check the hook's warning (sglang not the pinned version?) and that the v4flash-pd "
+                             f".pth is in site-packages; or turn it off on purpose: --{name.replace('_', '-')} off"))
+    return out
+
+
+def check_context(inp: DoctorInput) -> Check:
+    e = inp.expect
+    ctx = e.context_length
+    if ctx is None:
+        return skip("context-length", "engine.context_length not set: SGLang uses the model's maximum")
+    if not dict(e.patches).get("indexer", True) and ctx > LARGE_CONTEXT:
+        return warn("context-length", f"context_length {ctx} with the indexer patch off: the upstream indexer "
+                                      "scores every cached token each decode step, so long contexts decode slowly",
+                    f"turn the indexer patch on (--indexer on), or --set engine.context_length={LARGE_CONTEXT} "
+                    "if long contexts are not needed")
+    return ok("context-length", f"{ctx} tokens (KV pool and CUDA-graph buffers are sized from it)")
 
 
 def run(inp: DoctorInput) -> list[Check]:
-    return [check_versions(inp), check_kernel_patch(inp)]
+    return [check_versions(inp), *check_patches(inp), check_context(inp)]
