@@ -1,0 +1,263 @@
+"""Triton kernels of the grouped MXFP4 MoE (DeepSeek-V4 routed experts) for sm_120 (and sm_90).
+
+A call is two grouped GEMMs plus a per-token sum, no torch glue in between:
+
+* routing: slots (token, k) are grouped by expert. Small calls (decode) group *inline*: program j
+  of a GEMM owns slot j's expert if j is that expert's first slot, finds the expert's other slots
+  with an O(slots) scan and exits otherwise. Large calls (prefill) run three small prep kernels
+  (`hist_kernel`, `scan_kernel`, `scatter_kernel`) that sort slots by expert into blocks of
+  `BLOCK_M` rows (a stable counting sort: deterministic, no atomics). Both are graph-safe: buffers
+  and grids depend on shapes only, programs past the real work exit early.
+* ``gemm_kernel`` GATED (w13): one program = one expert's row block x ``BLOCK_N`` gate columns and
+  the matching ``BLOCK_N`` up columns (w13 rows ``n`` and ``I + n``, interleaved so one ``tl.dot``
+  computes both), fused clamp + ``silu(gate) * up`` epilogue, writes bf16 ``[slots, I]``.
+* ``gemm_kernel`` not GATED (w2): same tiling over the hidden axis, top-k weight x
+  ``routed_scaling_factor`` fused, writes the weighted slot row (bf16) ``[slots, K]``.
+* ``combine_kernel``: sums each token's valid slot rows in fixed order (deterministic) and casts.
+
+FP4 decode (why the bit tricks): one packed byte holds two e2m1 values, k even in the low nibble.
+Placing each nibble's sign at bf16 bit 15 and its 3 exponent/mantissa bits at bf16 bits 8..6
+gives a bf16 whose value is ``e2m1 * 2^-126`` *exactly* (e=0 lands in the subnormal range, which is
+what makes 0.5 come out right). Both values of a byte are built in one 32-bit word with two integer
+multiplies and masks, then one ``mul.rn.bf16x2`` by ``2^(scale_exp - 64)`` finishes both (bf16
+multiplies keep subnormal inputs). The missing ``2^63`` is applied to the fp32 accumulator in
+the epilogue. Exact for e8m0 scales in ``[2^-62, 2^64]``; MXFP4 weight scales live far inside.
+Scales are read as e8m0 bytes (uint8) or as fp32 powers of two (upstream's loader converts the
+bytes to fp32); only the exponent field is used.
+
+``DEQ_ASM`` is True on the GPU; under ``TRITON_INTERPRET=1`` (no inline asm) the same bit pattern
+is widened to fp32 and multiplied there, and ``DOT_DTYPE`` is fp32 (the interpreter computes bf16
+on raw bits).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SHIFT = tl.constexpr(9.223372036854775808e18)  # 2^63: the accumulator factor the decode leaves out
+
+
+@triton.jit
+def _e2m1_pair_bits(p):
+    """uint8 byte(s) -> int32 word holding bf16 bits of (low nibble, high nibble) * 2^-126."""
+    w = p.to(tl.int32)
+    em = (w * 0x40040) & 0x01C001C0  # nibble bits 0-2 -> 6-8, bits 4-6 -> 22-24
+    sg = (w * 0x1001000) & -2147450880  # 0x80008000: bit 3 -> 15, bit 7 -> 31
+    return em | sg
+
+
+@triton.jit
+def _dequant(packed, sexp, DEQ_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """packed [R, G, 16] uint8, sexp [R, G] int32 (e8m0 exponent) -> (even, odd) [R, G, 16] * 2^-63."""
+    word = _e2m1_pair_bits(packed)
+    mexp = sexp[:, :, None] + 63  # bf16/fp32 exponent field of 2^(sexp - 64)
+    if DEQ_ASM:
+        mword = (mexp << 7) | (mexp << 23)
+        lo, hi = tl.inline_asm_elementwise(
+            asm="{ .reg .b32 t; mul.rn.bf16x2 t, $2, $3; mov.b32 {$0, $1}, t; }",
+            constraints="=h,=h,r,r",
+            args=[word, mword],
+            dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=1,
+        )
+        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
+    else:
+        mult = (mexp << 23).to(tl.float32, bitcast=True)
+        lo = (word << 16).to(tl.float32, bitcast=True) * mult
+        hi = (word & -65536).to(tl.float32, bitcast=True) * mult
+        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
+
+
+@triton.jit
+def _scale_exp(sc, SCALE_U8: tl.constexpr):
+    if SCALE_U8:
+        return sc.to(tl.int32)
+    else:
+        return (sc.to(tl.int32, bitcast=True) >> 23) & 0xFF
+
+
+@triton.jit
+def gemm_kernel(
+    A,  # GATED: hidden [M, KD] (row = slot // A_DIV); else intermediate [S, KD] (row = slot)
+    stride_am,
+    W,  # uint8 [E, NW_TOTAL, KD/2], last dim contiguous
+    stride_we,
+    stride_wn,
+    SC,  # scales [E, NW_TOTAL, KD/32] fp32 or uint8, last dim contiguous
+    stride_se,
+    stride_sn,
+    OUT,  # GATED: [S, N] bf16; else [S, N] weighted slot rows
+    stride_om,
+    IDS,  # int32 [S] flat topk_ids (-1 = skip)
+    TW,  # topk weights [S] (not GATED)
+    SORTED,  # int32 [NB * BLOCK_M] slot of each sorted row (not INLINE)
+    BLK_E,  # int32 [NB] expert of each row block, -1 past the end (not INLINE)
+    BLK_R,  # int32 [NB] valid rows of each block (not INLINE)
+    S,  # slots = M * topk
+    N,  # output columns (I for GATED, hidden for w2)
+    KD,  # reduction length
+    A_DIV,  # topk for GATED (A row = token), 1 for w2
+    clamp_limit,
+    out_scale,  # routed_scaling_factor (1.0 when None)
+    GATED: tl.constexpr,
+    HAS_CLAMP: tl.constexpr,
+    INLINE: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # power of two >= S (INLINE)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SCALE_U8: tl.constexpr,
+    DEQ_ASM: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+
+    if INLINE:
+        e = tl.load(IDS + pid_b)
+        offs_s = tl.arange(0, BLOCK_S)
+        ids = tl.load(IDS + offs_s, mask=offs_s < S, other=-1)
+        match = ids == e
+        earlier = tl.sum((match & (offs_s < pid_b)).to(tl.int32), axis=0)
+        count = tl.sum(match.to(tl.int32), axis=0)
+        rank = tl.cumsum(match.to(tl.int32), axis=0) - 1
+        n_chunks = tl.where((e >= 0) & (earlier == 0), tl.cdiv(count, BLOCK_M), 0)
+    else:
+        e = tl.load(BLK_E + pid_b)
+        count = tl.load(BLK_R + pid_b)
+        n_chunks = tl.where(e >= 0, 1, 0)
+    e64 = tl.maximum(e, 0).to(tl.int64)
+
+    NW: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+    offs_w = tl.arange(0, NW)
+    if GATED:
+        col = pid_n * BLOCK_N + offs_w // 2
+        wrow = (offs_w % 2) * N + col  # gate row n, up row I + n, interleaved
+    else:
+        col = pid_n * BLOCK_N + offs_w
+        wrow = col
+    w_ok = col < N
+    G: tl.constexpr = BLOCK_K // 32
+    offs_g = tl.arange(0, G)
+    offs_j = tl.arange(0, 16)
+    w_base = W + e64 * stride_we + wrow.to(tl.int64)[:, None, None] * stride_wn \
+        + offs_g[None, :, None] * 16 + offs_j[None, None, :]
+    s_base = SC + e64 * stride_se + wrow.to(tl.int64)[:, None] * stride_sn + offs_g[None, :]
+    offs_k = tl.arange(0, BLOCK_K)
+
+    for c in range(0, n_chunks):
+        if INLINE:
+            hit = match[None, :] & (rank[None, :] == (c * BLOCK_M + offs_m)[:, None])
+            slot = tl.sum(tl.where(hit, offs_s[None, :], 0), axis=1)
+            row_ok = (c * BLOCK_M + offs_m) < count
+        else:
+            row_ok = offs_m < count
+            slot = tl.load(SORTED + pid_b * BLOCK_M + offs_m, mask=row_ok, other=0)
+        a_row = (slot // A_DIV).to(tl.int64)
+        a_ptr = A + a_row[:, None] * stride_am + offs_k[None, :]
+        acc = tl.zeros([BLOCK_M, NW], dtype=tl.float32)
+        for k0 in range(0, KD, BLOCK_K):
+            a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)
+            a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
+            packed = tl.load(w_base + k0 // 2, mask=w_ok[:, None, None], other=0)
+            sc = tl.load(s_base + k0 // 32, mask=w_ok[:, None], other=0)
+            lo, hi = _dequant(packed, _scale_exp(sc, SCALE_U8), DEQ_ASM, DOT_DTYPE)
+            acc = tl.dot(a_even, tl.trans(tl.reshape(lo, [NW, BLOCK_K // 2])), acc)
+            acc = tl.dot(a_odd, tl.trans(tl.reshape(hi, [NW, BLOCK_K // 2])), acc)
+        acc = acc * SHIFT
+        if GATED:
+            gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+            if HAS_CLAMP:
+                gate = tl.minimum(gate, clamp_limit)
+                up = tl.minimum(tl.maximum(up, -clamp_limit), clamp_limit)
+            h = gate / (1.0 + tl.exp(-gate)) * up
+            ocol = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            optr = OUT + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
+            tl.store(optr, h.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (ocol < N)[None, :])
+        else:
+            tw = tl.load(TW + slot, mask=row_ok, other=0.0).to(tl.float32) * out_scale
+            optr = OUT + slot.to(tl.int64)[:, None] * stride_om + col[None, :]
+            tl.store(optr, (acc * tw[:, None]).to(OUT.dtype.element_ty), mask=row_ok[:, None] & w_ok[None, :])
+
+
+@triton.jit
+def combine_kernel(DOWN, IDS, OUT, stride_om, K, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = sum of token t's valid weighted slot rows, in slot order (fp32), cast to OUT's dtype."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < K
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        e = tl.load(IDS + t * TOPK + k)
+        acc += tl.load(DOWN + (t * TOPK + k) * K + offs, mask=ok & (e >= 0), other=0.0).to(tl.float32)
+    tl.store(OUT + t * stride_om + offs, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+# ---------------------------------------------------------------- routing prep (large calls)
+
+
+@triton.jit
+def hist_kernel(IDS, HIST, RANK, S, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    """Per chunk of CHUNK slots: histogram of experts -> HIST[chunk, :E], rank of each slot among
+    earlier slots of the same expert in its chunk -> RANK (both deterministic)."""
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < S
+    ids = tl.load(IDS + offs, mask=ok, other=-1)
+    valid = ids >= 0
+    h = tl.histogram(tl.where(valid, ids, 0), E_P2, mask=valid)
+    eo = tl.arange(0, E_P2)
+    tl.store(HIST + c * E + eo, h, mask=eo < E)
+    ii = tl.arange(0, CHUNK)
+    same = (ids[:, None] == ids[None, :]) & (ii[None, :] < ii[:, None])
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    tl.store(RANK + offs, rank, mask=ok)
+
+
+@triton.jit
+def scan_kernel(HIST, OFFS, BLK_E, BLK_R, NCH, E, NB,
+                BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr):
+    """One program: HIST[c, e] -> exclusive prefix over chunks (in place); expert offsets in the
+    padded sorted order -> OFFS; the block table (expert and valid rows of each BLOCK_M block)."""
+    eo = tl.arange(0, E_P2)
+    e_ok = eo < E
+    carry = tl.zeros([E_P2], dtype=tl.int32)
+    for c0 in range(0, NCH, CB):
+        co = c0 + tl.arange(0, CB)
+        m = (co < NCH)[:, None] & e_ok[None, :]
+        ptr = HIST + co[:, None] * E + eo[None, :]
+        h = tl.load(ptr, mask=m, other=0)
+        incl = tl.cumsum(h, axis=0)
+        tl.store(ptr, incl - h + carry[None, :], mask=m)
+        carry += tl.sum(h, axis=0)
+    nblk = (carry + BLOCK_M - 1) // BLOCK_M
+    blk_end = tl.cumsum(nblk, axis=0)  # first block past expert e
+    blk_start = blk_end - nblk
+    tl.store(OFFS + eo, blk_start * BLOCK_M, mask=e_ok)
+    for b0 in range(0, NB, BB):
+        bo = b0 + tl.arange(0, BB)
+        ex = tl.sum(((blk_end[None, :] <= bo[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)
+        sel = eo[None, :] == ex[:, None]
+        start = tl.sum(tl.where(sel, blk_start[None, :], 0), axis=1)
+        cnt = tl.sum(tl.where(sel, carry[None, :], 0), axis=1)
+        rows = tl.minimum(cnt - (bo - start) * BLOCK_M, BLOCK_M)
+        live = ex < E
+        tl.store(BLK_E + bo, tl.where(live, ex, -1), mask=bo < NB)
+        tl.store(BLK_R + bo, tl.where(live, rows, 0), mask=bo < NB)
+
+
+@triton.jit
+def scatter_kernel(IDS, HIST, RANK, OFFS, SORTED, S, E, CHUNK: tl.constexpr):
+    """SORTED[OFFS[e] + prefix(chunk, e) + rank] = slot for every valid slot."""
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < S
+    ids = tl.load(IDS + offs, mask=ok, other=-1)
+    valid = ok & (ids >= 0)
+    e = tl.where(valid, ids, 0)
+    pos = tl.load(OFFS + e, mask=valid, other=0) + tl.load(HIST + c * E + e, mask=valid, other=0) \
+        + tl.load(RANK + offs, mask=valid, other=0)
+    tl.store(SORTED + pos, offs, mask=valid)

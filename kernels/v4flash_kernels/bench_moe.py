@@ -1,0 +1,404 @@
+"""Benchmark of the grouped MXFP4 MoE: check against fp64, then time ours and upstream side by side.
+
+    python -m v4flash_kernels.bench_moe [--json out.json] [--md out.md] [--tp 4,1] [--decode 1,2,...]
+                                        [--prefill 256,...] [--quick] [--no-upstream]
+
+Per shape (DeepSeek-V4-Flash routed experts per GPU: E=256, topk=6, hidden 4096, intermediate
+512 at TP4 / 2048 at TP1) it draws `--copies` independent sets of expert weights (each ~1 GB at
+TP4, together far past the 60 MB L2) and routings, checks ours (and every swept plan) and the
+pinned upstream `mxfp4_moe_forward_triton` (loaded from the sglang wheel) against the fp64
+reference (all tokens, or a random subset for big M) with NaN-poisoned outputs, then times each:
+decode sizes as one CUDA graph holding one call per weight copy (so consecutive calls stream
+different weights, as consecutive layers do), replayed under `triton.testing.do_bench` (L2
+flushed before each replay, median / copies); prefill sizes the same way without a graph. Upstream
+at huge M costs ~1 s per call, so it is timed with a single call there (or skipped, noted).
+
+`--quick` instead sweeps the candidate GEMM configs (one GEMM varied at a time) and routing modes
+at a few sizes and prints which wins, to pick the planner's table in one GPU round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Dict, List, Optional
+
+BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
+BW_RTX6000 = 1.792e12  # GDDR7 datasheet
+REL_TOL = 1e-2
+REF_TOKENS = 48  # fp64 check on this many random tokens when M is larger
+UPSTREAM_ONE_CALL_M = 256  # from here upstream is timed with one call
+UPSTREAM_SKIP_FLOPS = 1.2e12  # skip upstream above this many FLOPs per call (~2.4 s on H200)
+
+TP = {4: 512, 1: 2048, 8: 256}  # intermediate size per GPU
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    tokens: int
+    routing: str = "random"  # random | hot | dup
+    hole_frac: float = 0.0
+
+
+def _moe_case(shape: Shape, scale_u8: bool = False):
+    from v4flash_kernels.reference_moe import MoeCase
+
+    return MoeCase(tokens=shape.tokens, experts=256, topk=6, hidden=4096, inter=TP[shape.tp],
+                   routing=shape.routing, hole_frac=shape.hole_frac, scale_u8=scale_u8,
+                   clamp_limit=10.0, routed_scaling_factor=1.5)
+
+
+def build(shape: Shape, copies: int, seed: int) -> List[dict]:
+    """`copies` call argument sets with distinct weights and routing, on the GPU."""
+    import torch
+
+    from v4flash_kernels.reference_moe import make_routing
+
+    case = _moe_case(shape)
+    g = torch.Generator().manual_seed(seed)
+    gd = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for _ in range(copies):
+        w13 = torch.randint(0, 256, (256, 2 * case.inter, 2048), dtype=torch.uint8, device="cuda", generator=gd)
+        w2 = torch.randint(0, 256, (256, 4096, case.inter // 2), dtype=torch.uint8, device="cuda", generator=gd)
+        s13 = torch.randint(118, 123, (256, 2 * case.inter, 128), dtype=torch.uint8, device="cuda", generator=gd)
+        s2 = torch.randint(118, 123, (256, 4096, case.inter // 32), dtype=torch.uint8, device="cuda", generator=gd)
+        ids, w = make_routing(case, g, "cuda")
+        x = torch.randn((case.tokens, 4096), generator=g).to(torch.bfloat16).cuda()
+        out.append(dict(
+            hidden_states=x, w13_packed=w13.view(torch.int8), w2_packed=w2.view(torch.int8),
+            w13_scale=s13.view(torch.float8_e8m0fnu).to(torch.float32),
+            w2_scale=s2.view(torch.float8_e8m0fnu).to(torch.float32),
+            topk_ids=ids, topk_weights=w, hidden_size=4096, intermediate_size=case.inter,
+            routed_scaling_factor=case.routed_scaling_factor, clamp_limit=case.clamp_limit,
+        ))
+    return out
+
+
+def bind_plan(plan) -> Callable:
+    """`fn(out=None, **upstream_kwargs)` running ours with an explicit plan."""
+    from v4flash_kernels import moe
+
+    def call(out=None, **kw):
+        return moe.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
+                       kw["topk_ids"], kw["topk_weights"], kw["intermediate_size"],
+                       kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+    return call
+
+
+def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
+    import torch
+
+    from v4flash_kernels.reference_moe import rel_err
+
+    extra = {}
+    if poison:
+        extra["out"] = torch.full_like(kw["hidden_states"], float("nan"))
+    out = fn(**kw, **extra)
+    torch.cuda.synchronize()
+    nan = bool(torch.isnan(out).any())
+    o = out if tokens is None else out[tokens]
+    err = rel_err(o, ref)
+    return dict(ok=(not nan) and err <= REL_TOL, rel_err=err, nan=nan)
+
+
+def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
+    """Median µs per call: one graph (or plain sequence) of one call per weight copy, L2 flushed."""
+    import torch
+    import triton
+
+    def seq():
+        for kw in kws:
+            fn(**kw)
+    seq()  # compile / autotune outside the capture
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            seq()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            seq()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+        del g
+    else:
+        ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
+    return ms * 1e3 / len(kws)
+
+
+def time_once(fn: Callable, kw: dict) -> float:
+    """µs of one call (for upstream at huge M; its correctness call ran just before, so it is warm)."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn(**kw)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
+def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int, seed: int) -> dict:
+    import torch
+
+    from v4flash_kernels.reference_moe import flops, floor_bytes, ref_of, subset_tokens, touched_experts
+
+    kws = build(shape, copies, seed)
+    kw = kws[0]
+    g = torch.Generator().manual_seed(seed + 1)
+    tokens = subset_tokens(shape.tokens, REF_TOKENS, g, "cuda")
+    ref = ref_of(kw, tokens)
+    touched = sum(touched_experts(k["topk_ids"]) for k in kws) / len(kws)
+    nbytes = sum(floor_bytes(k, touched_experts(k["topk_ids"])) for k in kws) / len(kws)
+    fl = flops(kw)
+    graph = shape.tokens <= 64
+    row = dict(asdict(shape), experts_touched=touched, bytes=nbytes, flops=fl,
+               floor_h200_us=nbytes / BW_H200 * 1e6, floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6,
+               checked_tokens=shape.tokens if tokens is None else int(tokens.numel()), variants={})
+    fns = dict(variants)
+    if upstream is not None:
+        fns["upstream"] = lambda out=None, **k: upstream.mxfp4_moe_forward_triton(**k)
+    for name, fn in fns.items():
+        if name == "upstream" and fl > UPSTREAM_SKIP_FLOPS:
+            row["variants"][name] = dict(ok=True, rel_err=float("nan"), nan=False, us=float("nan"),
+                                         note="skipped: > 2 s per call")
+            continue
+        try:
+            chk = check(fn, kw, ref, tokens, poison=name != "upstream")
+            if name == "upstream" and shape.tokens >= UPSTREAM_ONE_CALL_M:
+                us, note = time_once(fn, kws[1 % len(kws)]), "one call"
+            else:
+                us, note = time_calls(fn, kws, graph), ("graph" if graph else "eager")
+        except Exception as exc:  # a swept config that does not launch must not end the run
+            if name == "ours":
+                raise
+            chk, us, note = dict(ok=False, rel_err=float("nan"), nan=False), float("nan"), f"error: {exc}"[:300]
+        row["variants"][name] = dict(chk, us=us, note=note)
+    del kws, kw, ref
+    torch.cuda.empty_cache()
+    return row
+
+
+def default_variants(shape: Shape) -> Dict[str, Callable]:
+    from v4flash_kernels import moe
+
+    plan = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
+    return {"ours": bind_plan(plan)}
+
+
+# ---------------------------------------------------------------- --quick: candidate sweep
+
+SWEEP_G1_DECODE = ((16, 8, 256, 4, 3), (16, 16, 256, 4, 3), (16, 16, 128, 4, 4), (16, 32, 256, 4, 3),
+                   (16, 16, 512, 8, 2), (16, 8, 512, 4, 2))
+SWEEP_G2_DECODE = ((16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 64, 256, 4, 2), (16, 32, 128, 4, 3),
+                   (16, 64, 128, 8, 3))
+SWEEP_G1_PREFILL = ((64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3),
+                    (32, 64, 128, 4, 3))
+SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (64, 64, 128, 4, 3),
+                    (32, 64, 128, 4, 3))
+
+
+def sweep_variants(shape: Shape) -> Dict[str, Callable]:
+    from v4flash_kernels import moe
+
+    base = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
+    decode = base.inline
+    g1s = SWEEP_G1_DECODE if decode else SWEEP_G1_PREFILL
+    g2s = SWEEP_G2_DECODE if decode else SWEEP_G2_PREFILL
+    out = {"ours": bind_plan(base)}
+    seen = {base}
+    for c in g1s:
+        p = replace(base, gemm1=moe.GemmConfig(*c))
+        if p not in seen:
+            seen.add(p)
+            out[p.name] = bind_plan(p)
+    for c in g2s:
+        p = replace(base, gemm2=moe.GemmConfig(*c))
+        if p not in seen:
+            seen.add(p)
+            out[p.name] = bind_plan(p)
+    if decode:  # the sorting prep path with the decode tiles, for the inline/sorted crossover
+        p = replace(base, inline=False)
+        out[p.name] = bind_plan(p)
+    return out
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def format_table(rows: List[dict]) -> str:
+    head = (f"{'tp':>2} {'M':>5} {'routing':<8} {'exp':>5} {'floorH200':>9} {'floor6K':>8} {'ours':>9} "
+            f"{'best':>9} {'upstream':>10} {'x_up':>7} {'TFLOP/s':>7} {'GB/s':>6} {'err':>8}  best variant")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        v = r["variants"]
+        ours = v["ours"]["us"]
+        mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
+        best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
+        best = mine[best_name]["us"] if mine else float("nan")
+        up = v.get("upstream", {}).get("us", float("nan"))
+        err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
+        bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
+        rt = r["routing"] + (f"-{int(r['hole_frac'] * 100)}%" if r["hole_frac"] else "")
+        lines.append(
+            f"{r['tp']:>2} {r['tokens']:>5} {rt:<8} {r['experts_touched']:>5.0f} {r['floor_h200_us']:>9.1f} "
+            f"{r['floor_rtx6000_us']:>8.1f} {ours:>9.1f} {best:>9.1f} {up:>10.1f} {up / ours:>7.1f} "
+            f"{r['flops'] / ours / 1e6:>7.1f} {r['bytes'] / ours / 1e3:>6.0f} {err:>8.1e}  {best_name}{bad}"
+        )
+    return "\n".join(lines)
+
+
+def format_markdown(rows: List[dict]) -> str:
+    """The BENCH.md table: µs per layer call and the floors."""
+    lines = [
+        "| TP | M | routing | experts | floor H200 µs | floor RTX 6000 µs | **ours µs** | upstream µs | ours vs upstream "
+        "| TFLOP/s | GB/s | rel. err | plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v = r["variants"]
+        ours = v["ours"]
+        upv = v.get("upstream", {})
+        up = upv.get("us", float("nan"))
+        note = f" ({upv['note']})" if upv.get("note") in ("one call",) or str(upv.get("note", "")).startswith("skip") else ""
+        ok = "" if ours["ok"] else " FAIL"
+        rt = r["routing"] + (f", {int(r['hole_frac'] * 100)}% -1" if r["hole_frac"] else "")
+        lines.append(
+            f"| {r['tp']} | {r['tokens']} | {rt} | {r['experts_touched']:.0f} | {r['floor_h200_us']:.1f} | "
+            f"{r['floor_rtx6000_us']:.1f} | **{ours['us']:.1f}** | {up:.0f}{note} | {up / ours['us']:.0f}x | "
+            f"{r['flops'] / ours['us'] / 1e6:.1f} | {r['bytes'] / ours['us'] / 1e3:.0f} | {ours['rel_err']:.1e}{ok} | "
+            f"{r.get('plan', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def default_shapes(tps, decode, prefill) -> List[Shape]:
+    shapes = []
+    for tp in tps:
+        shapes += [Shape(tp, m) for m in decode]
+        shapes += [Shape(tp, m) for m in prefill]
+        if tp == 4:  # adversarial routings
+            shapes += [Shape(4, 64, "hot"), Shape(4, 16, "random", 0.25), Shape(4, 64, "dup"),
+                       Shape(4, 1024, "hot"), Shape(4, 1024, "random", 0.25), Shape(4, 4096, "dup")]
+    return shapes
+
+
+QUICK_SHAPES = (Shape(4, 1), Shape(4, 16), Shape(4, 64), Shape(4, 1024), Shape(4, 4096))
+
+
+def _warm_worker(job) -> int:
+    """Compile (populate the on-disk Triton cache for) one variant at one shape, in a subprocess."""
+    shape, quick, name = job
+    import torch
+
+    kws = build(shape, 1, 0)
+    try:
+        (sweep_variants(shape) if quick else default_variants(shape))[name](**kws[0])
+        torch.cuda.synchronize()
+    except Exception as exc:  # reported again (and recorded) by the timing process
+        print(f"prewarm: {name} at M={shape.tokens}: {exc}"[:300], file=sys.stderr)
+        return 1
+    return 0
+
+
+def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
+    """Triton compiles one kernel at a time per process; spread the first compiles over processes
+    (same GPU, same cache directory, so the timing process then finds every binary cached)."""
+    import multiprocessing as mp
+
+    jobs, seen = [], set()
+    for sh in shapes:
+        for name in (sweep_variants(sh) if quick else default_variants(sh)):
+            key = (sh.tp, sh.tokens if sh.tokens <= 64 else 0, name)  # decode M changes BLOCK_S
+            if key not in seen:
+                seen.add(key)
+                jobs.append((sh, quick, name))
+    with mp.get_context("spawn").Pool(max(1, min(procs, len(jobs)))) as pool:
+        pool.map(_warm_worker, jobs, chunksize=1)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench_moe", description=__doc__.split("\n")[0])
+    ap.add_argument("--tp", default="4,1")
+    ap.add_argument("--decode", default="1,2,4,8,16,32,64")
+    ap.add_argument("--prefill", default="256,1024,4096,8192")
+    ap.add_argument("--copies", type=int, default=4, help="weight copies rotated per timed call")
+    ap.add_argument("--quick", action="store_true", help="sweep candidate configs at a few sizes")
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--prewarm", type=int, default=8, help="processes compiling kernels up front (0 = off)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("bench_moe needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from v4flash_kernels import moe
+
+    if args.quick:
+        shapes = list(QUICK_SHAPES)
+    else:
+        ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+        shapes = default_shapes(ints(args.tp), ints(args.decode), ints(args.prefill))
+    upstream = None
+    if not args.no_upstream and not args.quick:
+        from v4flash_kernels.upstream import MOE_PATH, load_module
+
+        upstream = load_module(MOE_PATH)
+    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    t0 = time.time()
+    if args.prewarm:
+        prewarm(shapes, args.quick, args.prewarm)
+        print(f"[{time.time() - t0:6.1f}s] kernels compiled", flush=True)
+    rows = []
+    for i, sh in enumerate(shapes):
+        variants = sweep_variants(sh) if args.quick else default_variants(sh)
+        copies = args.copies if sh.tp == 4 else max(2, args.copies - 1)
+        r = run_shape(sh, variants, upstream, copies, seed + i)
+        r["plan"] = moe.make_plan(sh.tokens, 6, 256, 4096, TP[sh.tp]).name
+        rows.append(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
+        up = r["variants"].get("upstream", {}).get("us", float("nan"))
+        print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: ours {r['variants']['ours']['us']:.1f} us"
+              f" err {r['variants']['ours']['rel_err']:.2e} upstream {up:.1f} us", flush=True)
+        if args.quick:
+            for name, v in sorted(r["variants"].items(), key=lambda kv: kv[1]["us"]):
+                print(f"    {v['us']:9.1f} us  err {v['rel_err']:.1e} {'ok' if v['ok'] else 'FAIL'}  {name}", flush=True)
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
+                sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    print(json.dumps(meta))
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(format_markdown(rows) + "\n")
+    return 0 if all(x["ok"] for r in rows for x in r["variants"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Host side of the grouped MXFP4 MoE: config table, planner, graph-safe buffers, the public entry.
+
+`mxfp4_moe_forward` is a drop-in for sglang 0.5.13.post1's
+`fused_moe_triton.mxfp4_moe_sm120_triton.mxfp4_moe_forward_triton`: same positional signature and
+defaults, same argument semantics (w13 rows `[0, I)` gate and `[I, 2I)` up; two e2m1 values per
+byte, the even k in the low nibble; fp32 scales as upstream's loader leaves them, or e8m0 bytes;
+`topk_ids` -1 = skip the slot; `clamp_limit` only when > 0; `routed_scaling_factor` only when not
+None) and the same return value: a new `[M, hidden]` tensor in the input dtype (`inplace` is
+accepted and ignored, as upstream does).
+
+Why a planner and not autotuning: every launch (grid, configs, buffer sizes) must be a function of
+shapes only, so a CUDA graph captured once replays correctly for any routing, and every config the
+dispatcher can launch must be known ahead of time so `check_sm120` can prove it fits sm_120.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from v4flash_kernels import _triton_moe as _k
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One compiled variant of `gemm_kernel` (block sizes and launch shape)."""
+
+    block_m: int
+    block_n: int  # output columns per program (GATED: gate columns; the tile holds 2x rows of w13)
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return f"m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is laid out: routing mode and the two GEMMs' configs (pure function of shapes)."""
+
+    inline: bool  # group slots inside the GEMMs (decode) instead of the sorting prep kernels
+    gemm1: GemmConfig
+    gemm2: GemmConfig
+
+    @property
+    def name(self) -> str:
+        return f"{'inline' if self.inline else 'sorted'}/g1:{self.gemm1.name}/g2:{self.gemm2.name}"
+
+
+# Every GEMM config the planner may launch; check_sm120 cross-compiles each (GATED for gemm1
+# entries, plain for gemm2 entries) for sm_120 and sm_90.
+DECODE_G1 = GemmConfig(16, 16, 256, 4, 3)
+DECODE_G2 = GemmConfig(16, 32, 256, 4, 3)
+PREFILL_G1 = GemmConfig(64, 64, 64, 4, 3)
+PREFILL_G2 = GemmConfig(64, 64, 64, 4, 3)
+GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, PREFILL_G1)
+GEMM2_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G2, PREFILL_G2)
+
+INLINE_MAX_SLOTS = 512  # inline grouping costs O(slots) per program; above this the prep sorts
+PREP_CHUNK = 128
+PREP_SCAN_CB = 32
+PREP_SCAN_BB = 64
+COMBINE_BLOCK = 1024
+COMBINE_NUM_WARPS = 4
+
+
+def make_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int) -> Plan:
+    """Inline grouping with decode tiles for small calls, sorted row blocks for prefill."""
+    slots = tokens * topk
+    if slots <= INLINE_MAX_SLOTS:
+        return Plan(True, DECODE_G1, DECODE_G2)
+    return Plan(False, PREFILL_G1, PREFILL_G2)
+
+
+def fit_block_k(cfg: GemmConfig, kd: int) -> int:
+    """Largest block_k <= cfg.block_k dividing the reduction length (>= 32: one scale group)."""
+    bk = cfg.block_k
+    while bk > 32 and kd % bk:
+        bk //= 2
+    return bk
+
+
+def max_blocks(slots: int, experts: int, block_m: int) -> int:
+    """Upper bound on row blocks after padding every expert's slot list to block_m."""
+    return triton.cdiv(slots + min(experts, slots) * (block_m - 1), block_m)
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _work_dtype() -> torch.dtype:
+    """bf16 intermediates on the GPU; fp32 under the interpreter, whose fp32->bf16 cast truncates
+    (three truncations in a row would bias CPU tests by ~0.8 %)."""
+    return torch.float32 if _interpret() else torch.bfloat16
+
+
+def _scale_view(scale: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+    """(tensor the kernel reads, whether it holds e8m0 bytes)."""
+    if scale.dtype == torch.float32:
+        s, u8 = scale, False
+    elif scale.element_size() == 1:  # uint8 / int8 / float8_e8m0fnu bytes
+        s, u8 = scale.view(torch.uint8), True
+    else:
+        s, u8 = scale.float(), False
+    if s.stride(-1) != 1:
+        s = s.contiguous()
+    return s, u8
+
+
+def _weight_view(w: torch.Tensor) -> torch.Tensor:
+    u = w.view(torch.uint8) if w.dtype != torch.uint8 else w
+    return u if u.stride(-1) == 1 else u.contiguous()
+
+
+def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
+                 clamp, scaling, gated, inline, block_s):
+    bk = fit_block_k(cfg, kd)
+    _k.gemm_kernel[grid](
+        a, a.stride(0), w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1),
+        out, out.stride(0), ids, tw, sorted_, blk_e, blk_r,
+        slots, n, kd, a_div,
+        float(clamp) if clamp is not None else 0.0, float(scaling),
+        GATED=gated, HAS_CLAMP=clamp is not None, INLINE=inline, BLOCK_S=block_s,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_U8=s_u8,
+        DEQ_ASM=not _interpret(), DOT_DTYPE=tl.float32 if _interpret() else tl.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def run(
+    hidden_states: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    intermediate_size: int,
+    routed_scaling_factor: Optional[float] = None,
+    clamp_limit: Optional[float] = None,
+    plan: Optional[Plan] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The MoE forward with an optional explicit plan (the benchmark sweeps plans through this).
+
+    `out` ([M, hidden], input dtype) may be given so tests can poison it and prove every element
+    is written.
+    """
+    M, K = hidden_states.shape
+    E = w13_packed.shape[0]
+    I = int(intermediate_size)
+    topk = topk_ids.shape[1]
+    dev = hidden_states.device
+    if K % 32 or I % 32:
+        raise ValueError(f"MXFP4 needs hidden and intermediate sizes divisible by 32 (got {K}, {I})")
+    if tuple(w13_packed.shape) != (E, 2 * I, K // 2) or tuple(w2_packed.shape) != (E, K, I // 2):
+        raise ValueError(f"bad MXFP4 weight shapes w13 {tuple(w13_packed.shape)} w2 {tuple(w2_packed.shape)} "
+                         f"for hidden {K}, intermediate {I}")
+    if out is None:
+        out = torch.empty((M, K), dtype=hidden_states.dtype, device=dev)
+    S = M * topk
+    if S == 0:
+        return out
+    if plan is None:
+        plan = make_plan(M, topk, E, K, I)
+    x = hidden_states if hidden_states.stride(1) == 1 else hidden_states.contiguous()
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    ids = ids.contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    w13, w2 = _weight_view(w13_packed), _weight_view(w2_packed)
+    s13, u13 = _scale_view(w13_scale)
+    s2, u2 = _scale_view(w2_scale)
+    clamp = float(clamp_limit) if clamp_limit is not None and clamp_limit > 0 else None
+    scaling = float(routed_scaling_factor) if routed_scaling_factor is not None else 1.0
+
+    inter = torch.empty((S, I), dtype=_work_dtype(), device=dev)
+    down = torch.empty((S, K), dtype=_work_dtype(), device=dev)
+    g1, g2 = plan.gemm1, plan.gemm2
+    if plan.inline:
+        nb1 = nb2 = S
+        block_s = triton.next_power_of_2(S)
+        sorted1 = blk_e1 = blk_r1 = sorted2 = blk_e2 = blk_r2 = ids
+    else:
+        block_s = 1
+        sorted1, blk_e1, blk_r1, nb1 = _sort_slots(ids, S, E, g1.block_m)
+        if g2.block_m == g1.block_m:
+            sorted2, blk_e2, blk_r2, nb2 = sorted1, blk_e1, blk_r1, nb1
+        else:
+            sorted2, blk_e2, blk_r2, nb2 = _sort_slots(ids, S, E, g2.block_m)
+    _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n)), x, w13, s13, u13, inter, ids, tw,
+                 sorted1, blk_e1, blk_r1, S, I, K, topk, clamp, 1.0, True, plan.inline, block_s)
+    _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter, w2, s2, u2, down, ids, tw,
+                 sorted2, blk_e2, blk_r2, S, K, I, 1, None, scaling, False, plan.inline, block_s)
+    _k.combine_kernel[(M, triton.cdiv(K, COMBINE_BLOCK))](
+        down, ids, out, out.stride(0), K, TOPK=topk, BLOCK=COMBINE_BLOCK, num_warps=COMBINE_NUM_WARPS,
+    )
+    return out
+
+
+def _sort_slots(ids: torch.Tensor, S: int, E: int, block_m: int):
+    """Counting sort of slots by expert into block_m-row blocks (three launches, shapes-only sizes)."""
+    dev = ids.device
+    nch = triton.cdiv(S, PREP_CHUNK)
+    nb = max_blocks(S, E, block_m)
+    e_p2 = triton.next_power_of_2(E)
+    hist = torch.empty((nch, E), dtype=torch.int32, device=dev)
+    rank = torch.empty((S,), dtype=torch.int32, device=dev)
+    offs = torch.empty((E,), dtype=torch.int32, device=dev)
+    blk_e = torch.empty((nb,), dtype=torch.int32, device=dev)
+    blk_r = torch.empty((nb,), dtype=torch.int32, device=dev)
+    sorted_ = torch.empty((nb * block_m,), dtype=torch.int32, device=dev)
+    _k.hist_kernel[(nch,)](ids, hist, rank, S, E, CHUNK=PREP_CHUNK, E_P2=e_p2, num_warps=8)
+    _k.scan_kernel[(1,)](hist, offs, blk_e, blk_r, nch, E, nb, BLOCK_M=block_m, E_P2=e_p2,
+                         CB=PREP_SCAN_CB, BB=PREP_SCAN_BB, num_warps=8)
+    _k.scatter_kernel[(nch,)](ids, hist, rank, offs, sorted_, S, E, CHUNK=PREP_CHUNK, num_warps=4)
+    return sorted_, blk_e, blk_r, nb
+
+
+def mxfp4_moe_forward(
+    hidden_states: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    hidden_size: int,
+    intermediate_size: int,
+    inplace: bool = False,
+    routed_scaling_factor: Optional[float] = None,
+    clamp_limit: Optional[float] = None,
+) -> torch.Tensor:
+    """Routed-expert MLP over MXFP4 weights; same contract as upstream `mxfp4_moe_forward_triton`.
+
+    `hidden_size` is accepted for compatibility (the hidden size is read from `hidden_states`,
+    as upstream does); `inplace` is ignored, as upstream does.
+    """
+    return run(
+        hidden_states, w13_packed, w2_packed, w13_scale, w2_scale, topk_ids, topk_weights,
+        intermediate_size, routed_scaling_factor=routed_scaling_factor, clamp_limit=clamp_limit,
+    )
