@@ -42,7 +42,8 @@ class IndexerConfig:
 
     @property
     def name(self) -> str:
-        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}"
+        fill = "" if self.fill == 2048 else f"_f{self.fill}"
+        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}{fill}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
@@ -62,6 +63,11 @@ SWEEP = tuple(
     for s in (1, 2, 3)
     for c in (4, 8, 16)
     if not (p == 2 and w == 4 and s == 3)
+) + (
+    IndexerConfig(pages=4, num_warps=8, num_stages=1, ctas_per_sm=2),
+    IndexerConfig(pages=4, num_warps=8, num_stages=2, ctas_per_sm=4),
+    IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=8, fill=8192),
+    IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=16, fill=512),
 )
 
 
