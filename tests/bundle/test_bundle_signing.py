@@ -142,7 +142,8 @@ def test_bad_sign_key_fails_before_any_work(tiny_lock, tmp_path: Path) -> None:
 def test_parse_public_keys() -> None:
     blob = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + b"\1" * 32).decode()
     assert signing.parse_public_keys(f"# comment\nssh-ed25519 {blob} me@host\n") == (f"ssh-ed25519 {blob}",)
-    for bad in ("", "# only a comment\n", f"ssh-rsa {blob}\n", "ssh-ed25519\n", "-----BEGIN OPENSSH PRIVATE KEY-----\n"):
+    private = "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    for bad in ("", "# only a comment\n", f"ssh-rsa {blob}\n", "ssh-ed25519\n", private):
         with pytest.raises(ValueError):
             signing.parse_public_keys(bad)
     assert signing.allowed_signers((f"ssh-ed25519 {blob}",)) == (

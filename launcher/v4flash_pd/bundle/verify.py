@@ -237,7 +237,8 @@ def verify_bundle(
         checks.append(Check(rel, f"{key}.path in SHA256SUMS", False,
                             f"MANIFEST.json declares the {key} here, but SHA256SUMS does not list it"))
     if not uncovered:
-        checks.append(Check(layout.MANIFEST, "declared paths in SHA256SUMS", True, ", ".join(sorted(manifest.declared()))))
+        declared = ", ".join(sorted(manifest.declared()))
+        checks.append(Check(layout.MANIFEST, "declared paths in SHA256SUMS", True, declared))
 
     lock = _check_lock(root, manifest, good, checks)
     if manifest.image:

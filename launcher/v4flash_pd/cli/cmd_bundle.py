@@ -65,7 +65,8 @@ _engine = click.option("--engine", metavar="URL", default=None, envvar="V4FLASH_
               envvar="V4FLASH_BUNDLE_ZSTD_LEVEL", help="zstd level for the image archive (19 = smallest, slow).")
 @click.option("--sign", "sign", metavar="KEY", type=click.Path(path_type=Path), default=None,
               envvar="V4FLASH_BUNDLE_SIGN",
-              help="Sign SHA256SUMS with this OpenSSH private key (ssh-keygen -Y; or its .pub with the key in ssh-agent).")
+              help="Sign SHA256SUMS with this OpenSSH private key (ssh-keygen -Y sign), or its .pub when the "
+                   "key is in ssh-agent.")
 @_engine
 @_jobs
 @_quiet
