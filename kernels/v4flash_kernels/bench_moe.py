@@ -135,6 +135,26 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     return ms * 1e3 / len(kws)
 
 
+def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
+    """Mean device µs per call of each kernel (torch profiler, eager calls over the weight copies)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for kw in kws:
+        fn(**kw)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for kw in kws:
+            fn(**kw)
+        torch.cuda.synchronize()
+    out: Dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if t:
+            out[ev.key[:60]] = t / len(kws)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def time_once(fn: Callable, kw: dict) -> float:
     """µs of one call (for upstream at huge M; its correctness call ran just before, so it is warm)."""
     import torch
@@ -147,12 +167,13 @@ def time_once(fn: Callable, kw: dict) -> float:
     return a.elapsed_time(b) * 1e3
 
 
-def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int, seed: int) -> dict:
+def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int, seed: int,
+              breakdown: bool = False) -> dict:
     import torch
 
     from v4flash_kernels.reference_moe import flops, floor_bytes, ref_of, subset_tokens, touched_experts
 
-    kws = build(shape, copies, seed)
+    kws = kws_f32 = build(shape, copies, seed)
     kw = kws[0]
     g = torch.Generator().manual_seed(seed + 1)
     tokens = subset_tokens(shape.tokens, REF_TOKENS, g, "cuda")
@@ -167,7 +188,12 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
     fns = dict(variants)
     if upstream is not None:
         fns["upstream"] = lambda out=None, **k: upstream.mxfp4_moe_forward_triton(**k)
+    kws_u8 = [e8m0_scales(k) for k in kws] if any(n.startswith(E8M0) for n in fns) else None
     for name, fn in fns.items():
+        if name.startswith(E8M0):
+            kw, kws = kws_u8[0], kws_u8
+        else:
+            kw, kws = kws_f32[0], kws_f32
         if name == "upstream" and fl > UPSTREAM_SKIP_FLOPS:
             row["variants"][name] = dict(ok=True, rel_err=float("nan"), nan=False, us=float("nan"),
                                          note="skipped: > 2 s per call")
@@ -183,16 +209,32 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
                 raise
             chk, us, note = dict(ok=False, rel_err=float("nan"), nan=False), float("nan"), f"error: {exc}"[:300]
         row["variants"][name] = dict(chk, us=us, note=note)
-    del kws, kw, ref
+        if breakdown and name == "ours":
+            row["breakdown_us"] = kernel_breakdown(fn, kws)
+    del kws, kw, ref, kws_f32, kws_u8
     torch.cuda.empty_cache()
     return row
 
 
+E8M0 = "e8m0 scales:"  # variant-name prefix: same kernel fed e8m0 bytes instead of fp32 scales
+
+
+def e8m0_scales(kw: dict) -> dict:
+    """The call's arguments with both scale tensors as e8m0 bytes (what a load-time repack would keep)."""
+    import torch
+
+    def u8(s):
+        return ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+    return dict(kw, w13_scale=u8(kw["w13_scale"]), w2_scale=u8(kw["w2_scale"]))
+
+
 def default_variants(shape: Shape) -> Dict[str, Callable]:
+    """Ours as the planner runs it, plus the same plan on e8m0 byte scales (25 % fewer bytes)."""
     from v4flash_kernels import moe
 
     plan = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
-    return {"ours": bind_plan(plan)}
+    return {"ours": bind_plan(plan), f"{E8M0} ours": bind_plan(plan)}
 
 
 # ---------------------------------------------------------------- --quick: candidate sweep
@@ -265,9 +307,9 @@ def format_table(rows: List[dict]) -> str:
 def format_markdown(rows: List[dict]) -> str:
     """The BENCH.md table: µs per layer call and the floors."""
     lines = [
-        "| TP | M | routing | experts | floor H200 µs | floor RTX 6000 µs | **ours µs** | upstream µs | ours vs upstream "
-        "| TFLOP/s | GB/s | rel. err | plan |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TP | M | routing | experts | floor H200 µs | floor RTX 6000 µs | **ours µs** | ours, e8m0 scales µs "
+        "| upstream µs | ours vs upstream | TFLOP/s | GB/s | rel. err | plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         v = r["variants"]
@@ -279,7 +321,7 @@ def format_markdown(rows: List[dict]) -> str:
         rt = r["routing"] + (f", {int(r['hole_frac'] * 100)}% -1" if r["hole_frac"] else "")
         lines.append(
             f"| {r['tp']} | {r['tokens']} | {rt} | {r['experts_touched']:.0f} | {r['floor_h200_us']:.1f} | "
-            f"{r['floor_rtx6000_us']:.1f} | **{ours['us']:.1f}** | {up:.0f}{note} | {up / ours['us']:.0f}x | "
+            f"{r['floor_rtx6000_us']:.1f} | **{ours['us']:.1f}** | {v.get(E8M0 + ' ours', {}).get('us', float('nan')):.1f} | {up:.0f}{note} | {up / ours['us']:.0f}x | "
             f"{r['flops'] / ours['us'] / 1e6:.1f} | {r['bytes'] / ours['us'] / 1e3:.0f} | {ours['rel_err']:.1e}{ok} | "
             f"{r.get('plan', '')} |"
         )
@@ -307,7 +349,8 @@ def _warm_worker(job) -> int:
 
     kws = build(shape, 1, 0)
     try:
-        (sweep_variants(shape) if quick else default_variants(shape))[name](**kws[0])
+        kw = e8m0_scales(kws[0]) if name.startswith(E8M0) else kws[0]
+        (sweep_variants(shape) if quick else default_variants(shape))[name](**kw)
         torch.cuda.synchronize()
     except Exception as exc:  # reported again (and recorded) by the timing process
         print(f"prewarm: {name} at M={shape.tokens}: {exc}"[:300], file=sys.stderr)
@@ -327,8 +370,10 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
             if key not in seen:
                 seen.add(key)
                 jobs.append((sh, quick, name))
+    from v4flash_kernels import bench_moe as importable  # picklable by name when run with -m
+
     with mp.get_context("spawn").Pool(max(1, min(procs, len(jobs)))) as pool:
-        pool.map(_warm_worker, jobs, chunksize=1)
+        pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -372,7 +417,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for i, sh in enumerate(shapes):
         variants = sweep_variants(sh) if args.quick else default_variants(sh)
         copies = args.copies if sh.tp == 4 else max(2, args.copies - 1)
-        r = run_shape(sh, variants, upstream, copies, seed + i)
+        r = run_shape(sh, variants, upstream, copies, seed + i, breakdown=args.quick)
         r["plan"] = moe.make_plan(sh.tokens, 6, 256, 4096, TP[sh.tp]).name
         rows.append(r)
         if args.json:
@@ -382,6 +427,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: ours {r['variants']['ours']['us']:.1f} us"
               f" err {r['variants']['ours']['rel_err']:.2e} upstream {up:.1f} us", flush=True)
         if args.quick:
+            for k, us in r.get("breakdown_us", {}).items():
+                print(f"    kernel {us:9.1f} us  {k}", flush=True)
             for name, v in sorted(r["variants"].items(), key=lambda kv: kv[1]["us"]):
                 print(f"    {v['us']:9.1f} us  err {v['rel_err']:.1e} {'ok' if v['ok'] else 'FAIL'}  {name}", flush=True)
     props = torch.cuda.get_device_properties(0)
