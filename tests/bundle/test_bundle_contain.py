@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,16 @@ def test_inside_resolves_and_refuses_symlinked_parents(tmp_path: Path) -> None:
         contain.inside(root, "alias/f")
     with pytest.raises(ValueError, match="climbs out"):
         contain.inside(root, "../outside/f")
+    # A bundle reached through a link of its own (/xfer/current -> /xfer/2026-11-29) is fine.
+    (tmp_path / "current").symlink_to(root)
+    assert contain.inside(tmp_path / "current", "d/f") == (root / "d" / "f").resolve()
+
+
+def test_every_special_file_kind_is_named() -> None:
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+             stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symlink"}
+    for mode, name in kinds.items():
+        assert contain._kind(mode | 0o644) == name
 
 
 def test_walk_lists_regular_files_and_refuses_the_rest(tmp_path: Path) -> None:

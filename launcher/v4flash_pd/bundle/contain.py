@@ -88,16 +88,24 @@ def walk(root: Path) -> Tree:
     stack = [""]
     while stack:
         prefix = stack.pop()
-        with os.scandir(root / prefix if prefix else root) as it:
-            for entry in it:
-                rel = f"{prefix}{entry.name}"
+        try:
+            entries = sorted(os.scandir(root / prefix if prefix else root), key=lambda e: e.name)
+        except OSError as exc:  # an unreadable directory hides what is in it: refuse, do not guess
+            refused.append((prefix.rstrip("/") or ".", f"an unreadable directory ({exc.strerror})"))
+            continue
+        for entry in entries:
+            rel = f"{prefix}{entry.name}"
+            try:
                 mode = entry.stat(follow_symlinks=False).st_mode
-                if stat.S_ISDIR(mode):
-                    stack.append(rel + "/")
-                elif stat.S_ISREG(mode):
-                    files.add(rel)
-                else:
-                    refused.append((rel, _kind(mode)))
+            except OSError as exc:
+                refused.append((rel, f"unreadable ({exc.strerror})"))
+                continue
+            if stat.S_ISDIR(mode):
+                stack.append(rel + "/")
+            elif stat.S_ISREG(mode):
+                files.add(rel)
+            else:
+                refused.append((rel, _kind(mode)))
     return Tree(frozenset(files), tuple(sorted(refused)))
 
 

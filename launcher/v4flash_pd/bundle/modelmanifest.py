@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from v4flash_pd.bundle.contain import rel_problem
 from v4flash_pd.bundle.hashing import HashJob, HashResult, default_workers, hash_parallel
 from v4flash_pd.bundle.progress import Progress, human_bytes
 from v4flash_pd.errors import UserError
@@ -89,7 +90,7 @@ def parse_manifest(text: str, source: str = "model manifest") -> ModelManifest:
     try:
         for entry in doc["files"]:
             path, size, digest = str(entry["path"]), int(entry["size"]), str(entry["sha256"])
-            if path.startswith("/") or ".." in path.split("/") or len(digest) != 64:
+            if rel_problem(path) is not None or len(digest) != 64:
                 raise ValueError(f"{source} has a bad entry {entry!r}")
             files.append(ModelFile(path, size, digest))
     except (KeyError, TypeError) as exc:
