@@ -149,3 +149,15 @@ def test_parse_public_keys() -> None:
     assert signing.allowed_signers((f"ssh-ed25519 {blob}",)) == (
         f'v4flash-bundle-signer namespaces="v4flash-bundle" ssh-ed25519 {blob}\n'
     )
+
+
+def test_missing_ssh_keygen_is_named_with_its_package(signed: Path, keys, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    for args in (("bundle", "verify", str(signed), "--trust", f"{keys[0]}.pub"),
+                 ("bundle", "create", "--out", str(tmp_path / "x"), "--no-image", "--sign", str(keys[0]))):
+        res = run_cli(*args, env={"PATH": str(empty)})
+        assert res.returncode == 2, res.stderr
+        assert "needs ssh-keygen, which is not on PATH" in res.stderr
+        assert "apt-get install openssh-client" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / ".x.partial").exists()
