@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # a bad option value: the same one-paragraph form as every other error
+        where = exc.ctx.command_path if exc.ctx is not None else "v4flash-pd"
+        message = " ".join(exc.format_message().split())
+        click.echo(UserError(message, f"see `{where} --help` for the accepted values").render(), err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
