@@ -1,0 +1,125 @@
+"""A run dir that fills up (ENOSPC) or turns read-only (EROFS, as ext4 does with errors=remount-ro)
+while the trio runs: stopping must still stop everything. Real filesystems, made in a private mount
+namespace of the launcher (`unshare -m`), so nothing on this machine outside the test changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fakebox
+
+pytestmark = pytest.mark.timeout(180)
+
+PY = sys.executable
+
+
+def _can_unshare() -> bool:
+    if not shutil.which("unshare") or not shutil.which("nsenter"):
+        return False
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+needs_mount_ns = pytest.mark.skipif(not _can_unshare(), reason="needs unshare -m and mount (root or CAP_SYS_ADMIN)")
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class NsUp:
+    """`v4flash-pd up --rehearse` in its own mount namespace, `setup` run there first."""
+
+    def __init__(self, tmp: Path, run: Path, setup: str) -> None:
+        self.tmp = tmp
+        ports = fakebox.free_ports(7)
+        cfg = fakebox.write_pd_config(tmp, ports)
+        topo = fakebox.write_topology(tmp, fakebox.BOX_8GPU_2NODE)
+        env = fakebox.clean_env()
+        env.update({"V4FLASH_RUNS_ROOT": str(tmp / "runs"), "V4FLASH_REHEARSAL_LOAD_SECONDS": "0.5",
+                    "V4FLASH_GRACE": "5"})
+        argv = " ".join(f"'{a}'" for a in [PY, "-m", "v4flash_pd", "up", "--rehearse", "--config", str(cfg),
+                                          "--topology", str(topo), "--run-dir", str(run)])
+        self.out = tmp / "up.out"
+        with open(self.out, "w") as f:
+            self.p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                       f"set -e; {setup}; exec {argv}"],
+                                      env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        self.run = run
+
+    def text(self) -> str:
+        return self.out.read_text()
+
+    def in_ns(self, script: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["nsenter", "-t", str(self.p.pid), "-m", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=60)
+
+    def state(self) -> dict:
+        # the launcher's view of its run dir (a tmpfs exists only inside its namespace)
+        return json.loads(Path(f"/proc/{self.p.pid}/root{self.run}/state.json").read_text())
+
+    def kill_all(self, pids: dict[str, int]) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(10)
+        for pid in pids.values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@needs_mount_ns
+@pytest.mark.parametrize("how", ["disk-full", "read-only"])
+def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run = mnt / "run"
+    setup = f"mount -t tmpfs -o size=4m tmpfs '{mnt}'" if how == "disk-full" else "true"
+    up = NsUp(tmp_path, run, setup)
+    pids: dict[str, int] = {}
+    try:
+        _wait(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
+        assert "READY" in up.text(), up.text()
+        pids = {k: int(v) for k, v in up.state()["pids"].items()}
+        if how == "disk-full":
+            r = up.in_ns(f"dd if=/dev/zero of='{mnt}/fill' bs=64k 2>&1; df -k '{mnt}'")
+            assert "No space left" in r.stdout, r.stdout + r.stderr
+        else:
+            r = up.in_ns(f"mount --bind '{run}' '{run}' && mount -o remount,ro,bind '{run}' && "
+                         f"! touch '{run}/probe' 2>/dev/null")
+            assert r.returncode == 0, r.stdout + r.stderr
+        up.p.send_signal(signal.SIGTERM)
+        rc = up.p.wait(60)
+        out = up.text()
+        for name, pid in pids.items():
+            _wait(lambda: _gone(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
+        assert rc == 0, out
+        assert "stopped cleanly" in out and "Traceback" not in out, out
+        assert "cannot write the run dir" in out, out
+    finally:
+        up.kill_all(pids)
