@@ -1,0 +1,174 @@
+"""python -m v4flash_kernels.step: one DeepSeek-V4-Flash decode step (and prefill chunk) of one TP4 GPU, op by op.
+
+    python -m v4flash_kernels.step [--dry-run] [--json out.json] [--md out.md]
+        [--batches 1,16,32,64] [--contexts 128K,1M] [--actual-context 8K] [--prefill 1K,8K]
+
+Upstream's sm_120 code is loaded from the pinned sglang wheel at run time; ours wherever a patch
+exists. Every distinct shape is checked against a reference, then timed once under CUDA-graph
+replay with L2 flushed, and the per-op µs x layer counts are composed into ms per step, tok/s
+and prefill seconds, next to the bytes/FLOPs floor on one RTX PRO 6000 and on this GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import List, Optional
+
+from v4flash_kernels.step import model as M
+from v4flash_kernels.step import report as R
+
+
+class UsageError(Exception):
+    def __init__(self, msg: str, fix: str) -> None:
+        super().__init__(msg)
+        self.fix = fix
+
+
+def parse_sizes(text: str, what: str) -> List[int]:
+    """'1,16' / '128K,1M' -> ints (K = 1024, M = 1048576)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        mult = 1
+        if part[-1] in "kK":
+            mult, part = 1024, part[:-1]
+        elif part[-1] in "mM":
+            mult, part = 1 << 20, part[:-1]
+        try:
+            v = int(part) * mult
+        except ValueError:
+            raise UsageError(f"--{what} {text!r}: {part!r} is not a number", f"give e.g. --{what} 1,16 or 128K,1M")
+        if v <= 0:
+            raise UsageError(f"--{what} {text!r}: sizes must be positive", f"give e.g. --{what} 1,16")
+        out.append(v)
+    if not out:
+        raise UsageError(f"--{what} is empty", f"give at least one size, e.g. --{what} 1")
+    return out
+
+
+def heads_patched() -> int:
+    """16 at TP4 when our sparse-decode patch slices this rank's heads (its registry entry has an
+    adapter that passes the attention-TP rank); otherwise the patch also attends all 64."""
+    try:
+        from v4flash_kernels.patches import SPARSE_DECODE
+    except Exception:
+        return M.N_HEADS
+    return M.N_HEADS // M.TP if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
+
+
+def specs_from(args) -> List[M.StepSpec]:
+    batches = parse_sizes(args.batches, "batches")
+    contexts = parse_sizes(args.contexts, "contexts")
+    actual = parse_sizes(args.actual_context, "actual-context")[0]
+    chunks = parse_sizes(args.prefill, "prefill") if args.prefill else []
+    too_big = [c for c in chunks if c > M.PREFILL_EXTEND_ROWS_MAX]
+    if too_big:
+        raise UsageError(f"--prefill {too_big[0]}: chunks above {M.PREFILL_EXTEND_ROWS_MAX} tokens leave the sm_120 "
+                         "extend path this bench models", f"use chunks <= {M.PREFILL_EXTEND_ROWS_MAX}, e.g. 1K,8K")
+    h = heads_patched()
+    return M.decode_specs(batches, contexts, actual, h) + M.prefill_specs(chunks, h)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.step", description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,16,32,64", help="decode requests per GPU")
+    ap.add_argument("--contexts", default="128K,1M", help="configured --context-length values")
+    ap.add_argument("--actual-context", default="8K", help="tokens already in each decoding request")
+    ap.add_argument("--prefill", default="1K,8K", help="prefill chunk sizes (tokens of one request); '' = none")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    try:
+        specs = specs_from(args)
+    except UsageError as exc:
+        print(f"error: {exc}\nfix: {exc.fix}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(R.plan_text(specs))
+        return 0
+
+    try:
+        import torch
+    except ImportError:
+        print("error: torch is not installed, so no op can run.\nfix: run on the GPU machine (torch + triton), "
+              "or pass --dry-run to print the plan only.", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU is visible to torch; the step bench times kernels on a GPU.\n"
+              "fix: run it on a machine with an NVIDIA GPU (check `nvidia-smi` and CUDA_VISIBLE_DEVICES), "
+              "or pass --dry-run to print the plan only.", file=sys.stderr)
+        return 2
+    import triton
+
+    from v4flash_kernels.step import runner
+
+    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    props = torch.cuda.get_device_properties(0)
+    bw = runner.copy_bandwidth()
+    gpu = M.machine_for(props.name, bw)
+    overhead = runner.graph_overhead_us()
+    print(f"GPU {props.name}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB, "
+          f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
+    t0 = time.time()
+    ops, meas = runner.run(specs, seed, log=lambda s: print(s, flush=True))
+    pairs = []
+    for s in specs:
+        sops = M.step_ops(s)
+        us, src = runner.path_times(sops, meas)
+        pairs.append((M.compose(s, "upstream", sops, us, src, gpu), M.compose(s, "patched", sops, us, src, gpu)))
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
+                sms=props.multi_processor_count, l2_mb=props.L2_cache_size >> 20, copy_bw_tbs=bw / 1e12,
+                graph_overhead_us=overhead, torch=torch.__version__, triton=triton.__version__,
+                commit=_git_commit(), argv=sys.argv[1:], seed=seed, wall_s=time.time() - t0,
+                heads_patched=specs[0].heads_patched if specs else None,
+                wheel=os.environ.get("V4FLASH_SGLANG_WHEEL"))
+    print(json.dumps(meta))
+    print()
+    print(R.summary_table(pairs, md=False))
+    for up, pa in pairs:
+        print(f"\n== {up.spec.label}")
+        print(R.composition_table(up, pa, gpu, md=False))
+    bad = [m for m in meas.values() if not m.ok]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, measurements=[runner.to_json(m) for m in meas.values()],
+                           compositions=[dict(spec=up.spec.label, upstream_ms=up.total_ms, patched_ms=pa.total_ms,
+                                              upstream_timed_ms=up.timed_ms, patched_timed_ms=pa.timed_ms,
+                                              estimate_ms=up.estimate_ms, floor_rtx6000_ms=pa.floor_rtx_ms,
+                                              floor_gpu_ms=pa.floor_gpu_ms,
+                                              upstream_tok_s=up.tok_s(), patched_tok_s=pa.tok_s(),
+                                              lines=[dict(path=c.path, **l.__dict__) for c in (up, pa)
+                                                     for l in c.lines])
+                                         for up, pa in pairs]), f, indent=1, default=str)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True)}\n")
+            for up, pa in pairs:
+                f.write(f"\n### {up.spec.label}\n\n{R.composition_table(up, pa, gpu, md=True)}\n")
+    if bad:
+        print("\nFAILED (mismatch vs reference or error):", file=sys.stderr)
+        for m in bad:
+            print(f"  {m.impl} {m.key}: {m.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,492 @@
+"""Composition arithmetic of one DeepSeek-V4-Flash step on one TP4 GPU: ops, shapes, floors, totals.
+
+Pure functions and frozen dataclasses only (no torch): the GPU side (`ops`) times the ops this
+module lists, and `compose` turns µs per call x calls per step into ms per step and tok/s. Keeping
+the plan pure lets CPU CI check the layer counts, the bytes/FLOPs floors and the totals, and lets
+`--dry-run` print exactly what a GPU run would time.
+
+Shapes are sglang 0.5.13.post1's (models/deepseek_v4.py, dsv4/indexer.py, dsv4/compressor.py,
+mxfp4_marlin_moe.py) at attention-TP = MoE-TP = 4 with DeepSeek-V4-Flash's config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What bounds an op on one GPU: memory bandwidth and dense tensor FLOP/s (bf16, fp8)."""
+
+    name: str
+    bw: float  # bytes/s
+    bf16_flops: float = float("nan")  # NaN: unknown, only the bytes floor is used
+    fp8_flops: float = float("nan")
+
+    def floor_us(self, nbytes: int, flops: int, fp8: bool) -> float:
+        """max(bytes / bandwidth, FLOPs / tensor rate) in µs: no implementation can beat it."""
+        t = nbytes / self.bw
+        rate = self.fp8_flops if fp8 else self.bf16_flops
+        if flops and rate == rate:
+            t = max(t, flops / rate)
+        return t * 1e6
+
+
+# RTX PRO 6000 Blackwell: 1.792 TB/s GDDR7; 503.8 TFLOP/s dense FP16/BF16 tensor (fp32 accumulate),
+# twice that for FP8 (datasheet: 4,000 sparse FP4 AI TOPS, halved per step of sparsity/precision).
+RTX6000 = Machine("RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 1007.6e12)
+BW_RTX6000 = RTX6000.bw
+# GPUs whose peaks we know, by torch's device name prefix; bandwidth is replaced by a measured copy.
+KNOWN_PEAKS = {"NVIDIA H200": (989e12, 1979e12), "NVIDIA H100": (989e12, 1979e12),
+               "NVIDIA RTX PRO 6000": (503.8e12, 1007.6e12)}
+
+
+def machine_for(name: str, measured_bw: float) -> Machine:
+    for prefix, (bf16, fp8) in KNOWN_PEAKS.items():
+        if name.startswith(prefix):
+            return Machine(name, measured_bw, bf16, fp8)
+    return Machine(name, measured_bw)
+
+# ---------------------------------------------------------------- model facts (DeepSeek-V4-Flash)
+
+HIDDEN = 4096
+N_LAYERS = 43
+COMPRESS_RATIOS: Tuple[int, ...] = (0, 0) + (4, 128) * 20 + (4,)
+N_HEADS = 64
+HEAD_DIM = 512
+Q_LORA = 1024
+O_LORA = 1024
+O_GROUPS = 8
+WINDOW = 128
+INDEX_HEADS = 64
+INDEX_DIM = 128
+INDEX_TOPK = 512
+INDEX_PAGE = 64  # c4 indexer tokens per page (raw page 256 / 4)
+RAW_PAGE = 256
+N_EXPERTS = 256
+TOPK_EXPERTS = 6
+MOE_INTER = 2048
+SHARED_INTER = 2048
+VOCAB = 129280
+TP = 4
+FP8_BLOCK = 128
+MXFP4_GROUP = 32
+KV_TOKEN_BYTES = 584  # fp8_ds_mla: 448 fp8 + 64 bf16 rope + 7 ue8m0 scales + 1 pad
+INDEX_TOKEN_BYTES = INDEX_DIM + 4  # fp8 key + fp32 scale
+PREFILL_EXTEND_ROWS_MAX = 11673  # dsv4/metadata.py _LARGE_INDEXER_QUERY_THRESHOLD
+
+KIND_OF_RATIO = {0: "window", 4: "c4", 128: "c128"}
+
+
+def layer_kinds() -> Tuple[str, ...]:
+    """Attention kind of each of the 43 decoder layers (the MTP layer is not part of a step)."""
+    assert len(COMPRESS_RATIOS) == N_LAYERS
+    return tuple(KIND_OF_RATIO[r] for r in COMPRESS_RATIOS)
+
+
+def layer_counts() -> Dict[str, int]:
+    """{'window': 2, 'c4': 21, 'c128': 20, 'all': 43}."""
+    kinds = layer_kinds()
+    out = {k: kinds.count(k) for k in ("window", "c4", "c128")}
+    out["all"] = len(kinds)
+    return out
+
+
+# ---------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a step: what runs, at which shape, how often per step, and what it must move.
+
+    `key` names the shape timed on the GPU (ops with the same key share one measurement); `count`
+    is calls per step; `bytes`/`flops` are the floor of one call (what any implementation has to
+    read + write / compute on this GPU); `params` carries the shape for the GPU builder.
+    """
+
+    name: str
+    group: str  # attention | indexer | moe | fp8_gemm | bf16_gemm
+    key: str
+    count: int
+    bytes: int
+    flops: int
+    params: Tuple[Tuple[str, object], ...] = ()
+    patch: Optional[str] = None  # which of our kernels replaces it in the patched path
+
+    @property
+    def p(self) -> Dict[str, object]:
+        return dict(self.params)
+
+    def floor_us(self, machine: "Machine") -> float:
+        return machine.floor_us(self.bytes, self.flops, fp8=self.group in ("fp8_gemm", "indexer"))
+
+
+def _params(**kw: object) -> Tuple[Tuple[str, object], ...]:
+    return tuple(sorted(kw.items()))
+
+
+def fp8_gemm_bytes(m: int, n: int, k: int) -> int:
+    """FP8 weight + fp32 128x128 block scales + bf16 activation in + bf16 out."""
+    scales = math.ceil(n / FP8_BLOCK) * math.ceil(k / FP8_BLOCK) * 4
+    return n * k + scales + m * k * 2 + m * n * 2
+
+
+def bf16_gemm_bytes(m: int, n: int, k: int, out_bytes: int = 2) -> int:
+    return n * k * 2 + m * k * 2 + m * n * out_bytes
+
+
+def fp8_gemm(name: str, m: int, n: int, k: int, count: int) -> Op:
+    return Op(name, "fp8_gemm", f"fp8:{m}x{n}x{k}", count, fp8_gemm_bytes(m, n, k), 2 * m * n * k,
+              _params(m=m, n=n, k=k))
+
+
+def bf16_gemm(name: str, m: int, n: int, k: int, count: int, out_fp32: bool = False, groups: int = 1) -> Op:
+    """`groups` > 1: the wo_a einsum, `groups` independent [m,k]x[k,n] products (weights per group)."""
+    out_b = 4 if out_fp32 else 2
+    nbytes = groups * bf16_gemm_bytes(m, n, k, out_b)
+    return Op(name, "bf16_gemm", f"bf16:{groups}x{m}x{n}x{k}:{'f32' if out_fp32 else 'bf16'}", count, nbytes,
+              2 * groups * m * n * k, _params(m=m, n=n, k=k, groups=groups, out_fp32=out_fp32))
+
+
+def expected_distinct_experts(tokens: int, experts: int = N_EXPERTS, topk: int = TOPK_EXPERTS) -> float:
+    """Experts touched by `tokens` tokens with uniform routing (each token picks `topk` distinct)."""
+    return experts * (1.0 - (1.0 - topk / experts) ** tokens)
+
+
+def moe_expert_bytes(tp: int = TP) -> int:
+    """One expert's MXFP4 weights on one GPU: w13 [2I, K/2] + w2 [K, I/2] nibbles, fp32 scales.
+
+    Scales are counted as fp32 because that is how the pinned load path stores them
+    (mxfp4_marlin_moe.py keeps or converts them to float32) and what a drop-in receives.
+    """
+    inter = MOE_INTER // tp
+    nib = 2 * inter * HIDDEN // 2 + HIDDEN * inter // 2
+    scales = (2 * inter * HIDDEN // MXFP4_GROUP + HIDDEN * inter // MXFP4_GROUP) * 4
+    return nib + scales
+
+
+def moe_op(m: int, count: int) -> Op:
+    inter = MOE_INTER // TP
+    experts = expected_distinct_experts(m)
+    nbytes = int(round(experts * moe_expert_bytes())) + m * HIDDEN * 2 * 2 + m * TOPK_EXPERTS * 8
+    flops = 2 * m * TOPK_EXPERTS * (2 * inter * HIDDEN + HIDDEN * inter)
+    return Op("routed MoE (MXFP4)", "moe", f"moe:{m}", count, nbytes, flops, _params(m=m), patch="moe")
+
+
+def attention_tokens(kind: str, actual_ctx: int) -> int:
+    """Tokens one decode row attends: 128-token window, + top-512 of ctx/4 (c4), + all ctx/128 (c128)."""
+    win = min(WINDOW, actual_ctx)
+    if kind == "window":
+        return win
+    if kind == "c4":
+        return win + min(INDEX_TOPK, actual_ctx // 4)
+    if kind == "c128":
+        return win + actual_ctx // 128
+    raise ValueError(kind)
+
+
+def attention_op(kind: str, rows: int, heads_needed: int, total_tokens: int, count: int, key: str,
+                 params: Tuple[Tuple[str, object], ...], distinct_tokens: Optional[int] = None) -> Op:
+    """Floor: each distinct attended fp8_ds_mla token once, the int32 indices, q in / out.
+
+    `heads_needed` is 16 at TP4 whatever the kernel computes (upstream pads q to all 64 heads).
+    Decode rows read disjoint caches (distinct = total); a prefill chunk's rows share one request's
+    cache, so only its distinct tokens must come from memory.
+    """
+    distinct = total_tokens if distinct_tokens is None else distinct_tokens
+    nbytes = distinct * KV_TOKEN_BYTES + 4 * total_tokens + 2 * rows * heads_needed * HEAD_DIM * 2
+    flops = 2 * 2 * heads_needed * total_tokens * HEAD_DIM
+    return Op(f"sparse-MLA attention ({kind})", "attention", key, count, nbytes, flops, params, patch="attention")
+
+
+def indexer_op(rows: int, configured_c4: int, actual_c4_per_row: float, count: int, key: str,
+               params: Tuple[Tuple[str, object], ...], distinct_keys: Optional[int] = None) -> Op:
+    """Floor: the valid fp8 keys + scales, q, weights, and the full [rows, configured/4] fp32 logits.
+
+    The logits tensor is part of the drop-in contract (top-k reads it), so it counts in full.
+    Prefill rows share one request's keys (`distinct_keys`); decode rows read their own.
+    """
+    keys = int(rows * actual_c4_per_row) if distinct_keys is None else distinct_keys
+    nbytes = keys * INDEX_TOKEN_BYTES + rows * INDEX_HEADS * (INDEX_DIM + 4) + rows * configured_c4 * 4
+    flops = int(2 * rows * INDEX_HEADS * INDEX_DIM * actual_c4_per_row)
+    return Op("indexer logits (c4)", "indexer", key, count, nbytes, flops, params, patch="indexer")
+
+
+def topk_op(rows: int, width: int, count: int) -> Op:
+    nbytes = rows * width * 4 + rows * INDEX_TOPK * 4
+    return Op("indexer top-512", "indexer", f"topk:{rows}x{width}", count, nbytes, 0, _params(rows=rows, width=width))
+
+
+# ---------------------------------------------------------------- one step
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One decode step (`phase="decode"`, `batch` tokens) or one prefill chunk (`tokens` of one request)."""
+
+    phase: str
+    batch: int  # decode: requests per GPU; prefill: tokens in the chunk
+    configured_ctx: int  # --context-length: sizes page tables (indexer width, c128 index width)
+    actual_ctx: int  # decode: tokens already in each request; prefill: = batch
+    heads_upstream: int = N_HEADS  # upstream attends all 64 heads (q padded, deepseek_v4.py l.909-914)
+    heads_patched: int = N_HEADS
+
+    @property
+    def label(self) -> str:
+        if self.phase == "prefill":
+            return f"prefill T={self.batch}"
+        return f"decode B={self.batch} C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+
+
+def fmt_ctx(n: int) -> str:
+    if n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def linear_ops(m: int, counts: Mapping[str, int]) -> List[Op]:
+    """The GEMMs of one step at M = m rows (all layers), lm_head excluded."""
+    n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
+    local_heads = N_HEADS // TP
+    local_groups = O_GROUPS // TP
+    return [
+        fp8_gemm("wqkv_a (FP8)", m, Q_LORA + HEAD_DIM, HIDDEN, n_all),
+        fp8_gemm("wq_b (FP8)", m, local_heads * HEAD_DIM, Q_LORA, n_all),
+        bf16_gemm("wo_a einsum (bf16)", m, O_LORA, N_HEADS * HEAD_DIM // O_GROUPS, n_all, groups=local_groups),
+        fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // TP, n_all),
+        fp8_gemm("indexer wq_b (FP8)", m, INDEX_HEADS * INDEX_DIM, Q_LORA, n_c4),
+        bf16_gemm("indexer weights_proj (bf16)", m, INDEX_HEADS, HIDDEN, n_c4),
+        bf16_gemm("compressor c4 wkv_gate (bf16->fp32)", m, 2 * 2 * HEAD_DIM, HIDDEN, n_c4, out_fp32=True),
+        bf16_gemm("compressor c128 wkv_gate (bf16->fp32)", m, 2 * HEAD_DIM, HIDDEN, n_c128, out_fp32=True),
+        bf16_gemm("indexer compressor wkv_gate (bf16->fp32)", m, 2 * 2 * INDEX_DIM, HIDDEN, n_c4, out_fp32=True),
+        bf16_gemm("router gate (bf16)", m, N_EXPERTS, HIDDEN, n_all),
+        fp8_gemm("shared expert gate_up (FP8)", m, 2 * SHARED_INTER // TP, HIDDEN, n_all),
+        fp8_gemm("shared expert down (FP8)", m, HIDDEN, SHARED_INTER // TP, n_all),
+    ]
+
+
+def lm_head_op(m: int) -> Op:
+    return bf16_gemm("lm_head (bf16, vocab/TP)", m, VOCAB // TP, HIDDEN, 1)
+
+
+def decode_ops(spec: StepSpec) -> List[Op]:
+    """Every timed op of one decode step of one TP4 GPU, B = spec.batch requests."""
+    counts = layer_counts()
+    B, C, L = spec.batch, spec.configured_ctx, spec.actual_ctx
+    ops: List[Op] = []
+    for kind in ("window", "c4", "c128"):
+        tok = attention_tokens(kind, L)
+        width_extra = {"window": 0, "c4": INDEX_TOPK, "c128": C // 128}[kind]
+        valid_extra = tok - min(WINDOW, L)
+        for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
+            key = f"attn:{kind}:B{B}:H{heads}:w{width_extra}:v{valid_extra}"
+            params = _params(kind=kind, rows=B, heads=heads, width_extra=width_extra, valid_extra=valid_extra,
+                             prefill=False)
+            op = attention_op(kind, B, N_HEADS // TP, B * tok, counts[kind], key, params)
+            ops.append(_variant(op, variant))
+    c4_conf = C // 4
+    ops.append(indexer_op(B, c4_conf, L / 4, counts["c4"], f"idx:B{B}:C{C}:L{L}",
+                          _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False)))
+    ops.append(topk_op(B, c4_conf, counts["c4"]))
+    ops.append(moe_op(B, counts["all"]))
+    ops.extend(linear_ops(B, counts))
+    ops.append(lm_head_op(B))
+    return ops
+
+
+def prefill_ops(spec: StepSpec) -> List[Op]:
+    """One chunk of T tokens of one request (positions 0..T-1) on one TP4 prefill GPU.
+
+    On sm_120 the extend path runs the decode kernel with one row per token while T <= 11,673
+    (deepseek_v4_backend.py ~l.1257-1287); each row t attends min(t+1,128) window tokens,
+    top-512 of its (t+1)//4 compressed tokens (c4) or all (t+1)//128 (c128). Page tables in
+    extend mode cover the request's own pages, so the indexer scans T/4 positions per row.
+    """
+    counts = layer_counts()
+    T = spec.batch
+    if T > PREFILL_EXTEND_ROWS_MAX:
+        raise ValueError(f"chunk of {T} tokens exceeds the sm_120 extend path ({PREFILL_EXTEND_ROWS_MAX} rows)")
+    ops: List[Op] = []
+    for kind in ("window", "c4", "c128"):
+        tok = sum(prefill_row_tokens(kind, t) for t in range(T))
+        distinct = T + {"window": 0, "c4": T // 4, "c128": T // 128}[kind]
+        for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
+            key = f"attn-prefill:{kind}:T{T}:H{heads}"
+            params = _params(kind=kind, rows=T, heads=heads, prefill=True)
+            ops.append(_variant(attention_op(kind, T, N_HEADS // TP, tok, counts[kind], key, params, distinct), variant))
+    c4_width = math.ceil(T / RAW_PAGE) * INDEX_PAGE
+    mean_c4 = sum((t + 1) // 4 for t in range(T)) / T
+    ops.append(indexer_op(T, c4_width, mean_c4, counts["c4"], f"idx-prefill:T{T}",
+                          _params(rows=T, configured_ctx=math.ceil(T / RAW_PAGE) * RAW_PAGE, actual_ctx=T,
+                                  prefill=True), distinct_keys=T // 4))
+    ops.append(topk_op(T, c4_width, counts["c4"]))
+    ops.append(moe_op(T, counts["all"]))
+    ops.extend(linear_ops(T, counts))
+    ops.append(lm_head_op(1))
+    return ops
+
+
+def prefill_row_tokens(kind: str, t: int) -> int:
+    """Tokens row t (0-based position) of a prefill chunk attends."""
+    win = min(t + 1, WINDOW)
+    if kind == "window":
+        return win
+    if kind == "c4":
+        return win + min(INDEX_TOPK, (t + 1) // 4)
+    return win + (t + 1) // 128
+
+
+def _variant(op: Op, variant: str) -> Op:
+    """Attention appears twice (upstream kernel at its heads, ours at its heads): one key per path."""
+    return Op(op.name, op.group, f"{op.key}:{variant}", op.count, op.bytes, op.flops,
+              op.params + (("variant", variant),), op.patch)
+
+
+def step_ops(spec: StepSpec) -> List[Op]:
+    return prefill_ops(spec) if spec.phase == "prefill" else decode_ops(spec)
+
+
+def ops_for_path(ops: Iterable[Op], path: str) -> List[Op]:
+    """The ops one path runs: attention rows tagged for the other path are dropped."""
+    other = "patched" if path == "upstream" else "upstream"
+    return [o for o in ops if o.p.get("variant") != other]
+
+
+# ---------------------------------------------------------------- estimates (not timed here)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    name: str
+    count: int
+    us_per_call: float
+    source: str
+
+
+# NCCL all-reduce at TP4 over PCIe: the custom all-reduce is off for > 2 PCIe GPUs
+# (custom_all_reduce_utils.py ~465-471). 2 per layer + 1 (vocab-parallel logits).
+ALLREDUCE_PER_STEP = 2 * N_LAYERS + 1
+ALLREDUCE_LAT_US = 30.0  # decode-step-sm120.md: 25-40 µs each at B=1
+ALLREDUCE_BUS_BW = 20e9  # assumed NCCL ring bus bandwidth over PCIe Gen5 between 4 GPUs (not measured)
+# mHC pre/post + untimed glue (norms, RoPE, cache writes, compressor JIT kernels) per layer:
+# decode-step-sm120.md's step budget has 3.6 ms per step at B=1 and 5.6 ms at B=16.
+MHC_US_B1 = 3600.0 / N_LAYERS
+MHC_US_PER_EXTRA_TOKEN = (5600.0 - 3600.0) / N_LAYERS / 15
+# Prefill: mHC streams the 4-way hyper-connection residual; ~600 KB per token per layer (two pre:
+# bf16 read + fp32 copy + mixed write, two post: read x + residual, write residual).
+MHC_PREFILL_BYTES_PER_TOKEN = 600e3
+
+
+def estimates(phase: str, rows: int) -> List[Estimate]:
+    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops).
+
+    All-reduce of `rows` x 4096 bf16 at TP4: 30 µs latency (decode-step-sm120.md, 25-40 µs at
+    B=1) + 2(n-1)/n x bytes over an assumed 20 GB/s bus bandwidth. mHC + glue: decode, the line
+    through that document's 3.6 ms (B=1) and 5.6 ms (B=16) per step; prefill, 600 KB per token
+    per layer at the RTX PRO 6000's bandwidth on top of the B=1 latency.
+    """
+    msg = rows * HIDDEN * 2
+    ar = ALLREDUCE_LAT_US + 2 * (TP - 1) / TP * msg / ALLREDUCE_BUS_BW * 1e6
+    if phase == "prefill":
+        mhc = MHC_US_B1 + rows * MHC_PREFILL_BYTES_PER_TOKEN / BW_RTX6000 * 1e6
+        mhc_src = "estimate: B=1 latency from decode-step-sm120.md + 600 KB/token/layer at 1.792 TB/s"
+    else:
+        mhc = MHC_US_B1 + MHC_US_PER_EXTRA_TOKEN * (rows - 1)
+        mhc_src = "estimate: decode-step-sm120.md step budget (3.6 ms B=1, 5.6 ms B=16), linear in B"
+    return [
+        Estimate("NCCL all-reduce over PCIe (TP4)", ALLREDUCE_PER_STEP, ar,
+                 "estimate: 30 us latency (decode-step-sm120.md) + bytes at an assumed 20 GB/s bus bandwidth"),
+        Estimate("mHC pre/post (TileLang) + norms/RoPE/cache-write glue", N_LAYERS, mhc, mhc_src),
+    ]
+
+
+# ---------------------------------------------------------------- composition
+
+
+@dataclass(frozen=True)
+class OpLine:
+    name: str
+    group: str
+    key: str
+    count: int
+    us_call: float  # NaN when not measured
+    ms_step: float
+    floor_rtx_ms: float
+    floor_gpu_ms: float
+    bytes_call: int
+    flops_call: int
+    source: str  # "upstream", "ours: <module>", "no patch yet", ...
+
+
+@dataclass(frozen=True)
+class Composition:
+    spec: StepSpec
+    path: str
+    lines: Tuple[OpLine, ...]
+    estimates: Tuple[Estimate, ...]
+    tokens_per_step: int
+
+    @property
+    def timed_ms(self) -> float:
+        return sum(l.ms_step for l in self.lines)
+
+    @property
+    def estimate_ms(self) -> float:
+        return sum(e.count * e.us_per_call for e in self.estimates) / 1e3
+
+    @property
+    def total_ms(self) -> float:
+        return self.timed_ms + self.estimate_ms
+
+    @property
+    def floor_rtx_ms(self) -> float:
+        return sum(l.floor_rtx_ms for l in self.lines)
+
+    @property
+    def floor_gpu_ms(self) -> float:
+        return sum(l.floor_gpu_ms for l in self.lines)
+
+    def tok_s(self, include_estimates: bool = True) -> float:
+        ms = self.total_ms if include_estimates else self.timed_ms
+        return self.tokens_per_step / (ms / 1e3) if ms > 0 else float("nan")
+
+
+def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str, str], float],
+            sources: Mapping[Tuple[str, str], str], gpu: Machine) -> Composition:
+    """µs per call (keyed by (op key, path)) x calls per step, next to the floors.
+
+    `us[(key, path)]` must be present for every op of the path (callers fill the patched path
+    with the upstream time for ops that have no patch, and say so in `sources`).
+    """
+    lines = []
+    for op in ops_for_path(ops, path):
+        t = us[(op.key, path)]
+        lines.append(OpLine(op.name, op.group, op.key, op.count, t, t * op.count / 1e3,
+                            op.floor_us(RTX6000) * op.count / 1e3, op.floor_us(gpu) * op.count / 1e3,
+                            op.bytes, op.flops, sources.get((op.key, path), path)))
+    rows = spec.batch
+    tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens
+    return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows)), tokens)
+
+
+def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int) -> List[StepSpec]:
+    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched)
+            for c in contexts for b in batches]
+
+
+def prefill_specs(chunks: Iterable[int], heads_patched: int) -> List[StepSpec]:
+    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched) for t in chunks]
+
+
+def unique_ops(specs: Iterable[StepSpec]) -> Dict[str, Op]:
+    """One op per timing key across all compositions (each shape is timed once and reused)."""
+    out: Dict[str, Op] = {}
+    for s in specs:
+        for op in step_ops(s):
+            out.setdefault(op.key, op)
+    return out

@@ -1,0 +1,108 @@
+"""Text and markdown for the step plan (`--dry-run`) and for measured compositions (pure formatting)."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+
+from v4flash_kernels.step import model as M
+
+
+def _f(x: float, nd: int = 2) -> str:
+    return "-" if x != x else f"{x:.{nd}f}"
+
+
+def _shape(op: M.Op) -> str:
+    p = {k: v for k, v in op.params if k != "variant"}
+    return " ".join(f"{k}={v}" for k, v in p.items())
+
+
+def plan_text(specs: Sequence[M.StepSpec]) -> str:
+    """Every op of every composition with its shape, calls per step and floors (no GPU needed)."""
+    lines = [f"layers: {M.layer_counts()} (compress_ratios {list(M.COMPRESS_RATIOS)})",
+             f"floor machine: {M.RTX6000.name}, {M.RTX6000.bw / 1e12:.3f} TB/s, "
+             f"{M.RTX6000.bf16_flops / 1e12:.1f} bf16 / {M.RTX6000.fp8_flops / 1e12:.1f} fp8 TFLOP/s"]
+    for s in specs:
+        ops = M.step_ops(s)
+        lines.append("")
+        lines.append(f"== {s.label}  (heads: upstream {s.heads_upstream}, patched {s.heads_patched})")
+        lines.append(f"{'op':44s} {'path':8s} {'calls':>5s} {'MB/call':>9s} {'GFLOP':>8s} {'floor6K us':>10s}  shape")
+        for op in ops:
+            path = op.p.get("variant", "both")
+            lines.append(f"{op.name:44s} {path:8s} {op.count:5d} {op.bytes / 1e6:9.2f} {op.flops / 1e9:8.3f} "
+                         f"{op.floor_us(M.RTX6000):10.2f}  {_shape(op)}")
+        for path in ("upstream", "patched"):
+            fl = sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, path)) / 1e3
+            lines.append(f"floor of the timed ops, {path} path: {fl:.2f} ms on one RTX PRO 6000")
+        for e in M.estimates(s.phase, s.batch):
+            lines.append(f"estimate: {e.name}: {e.count} x {e.us_per_call:.1f} us = "
+                         f"{e.count * e.us_per_call / 1e3:.2f} ms ({e.source})")
+    uniq = M.unique_ops(specs)
+    lines.append("")
+    lines.append(f"distinct shapes to time: {len(uniq)}")
+    return "\n".join(lines)
+
+
+def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple]:
+    """Rows pairing the upstream and patched line of the same op (attention differs by key)."""
+    rows = []
+    pa_by_name = {l.name: l for l in pa.lines}
+    for l in up.lines:
+        p = pa_by_name[l.name]
+        rows.append((l, p))
+    return rows
+
+
+def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: bool) -> str:
+    s = up.spec
+    unit = "s" if s.phase == "prefill" else "ms"
+    div = 1e3 if s.phase == "prefill" else 1.0
+    head = ["op", "calls", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
+            f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor", "patched source"]
+    body = []
+    for l, p in _per_op_rows(up, pa):
+        ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
+        body.append([l.name, str(l.count), _f(l.us_call, 1), _f(p.us_call, 1), _f(l.ms_step / div, 3),
+                     _f(p.ms_step / div, 3), _f(p.floor_rtx_ms / div, 3), _f(p.floor_gpu_ms / div, 3),
+                     _f(ratio, 1) + "x", p.source])
+    body.append(["**timed ops**" if md else "timed ops", "", "", "", _f(up.timed_ms / div, 3), _f(pa.timed_ms / div, 3),
+                 _f(pa.floor_rtx_ms / div, 3), _f(pa.floor_gpu_ms / div, 3),
+                 _f(pa.timed_ms / pa.floor_gpu_ms, 1) + "x", ""])
+    for e in up.estimates:
+        v = e.count * e.us_per_call / 1e3 / div
+        body.append([f"{e.name} (estimate)", str(e.count), _f(e.us_per_call, 1), _f(e.us_per_call, 1), _f(v, 3),
+                     _f(v, 3), "", "", "", e.source])
+    tot = "**total**" if md else "total"
+    body.append([tot, "", "", "", _f(up.total_ms / div, 3), _f(pa.total_ms / div, 3), "", "", "", ""])
+    if s.phase == "prefill":
+        body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
+                     "", "", "", ""])
+    else:
+        body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
+                     "", "", "", ""])
+    return _table(head, body, md)
+
+
+def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+    head = ["step", "upstream ms", "patched ms", "speed-up", "upstream tok/s", "patched tok/s",
+            "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
+    body = []
+    for up, pa in pairs:
+        s = up.spec
+        tps_u = up.tok_s() if s.phase == "decode" else float("nan")
+        tps_p = pa.tok_s() if s.phase == "decode" else float("nan")
+        body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
+                     _f(tps_u, 1), _f(tps_p, 1),
+                     f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
+    return _table(head, body, md)
+
+
+def _table(head: List[str], body: List[List[str]], md: bool) -> str:
+    if md:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(out)
+    widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
+    widths[-1] = min(widths[-1], 70)
+    fmt = lambda r: "  ".join(str(c)[:70].ljust(widths[i]) if i == 0 or i == len(r) - 1 else str(c).rjust(widths[i])
+                              for i, c in enumerate(r))
+    return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])

@@ -1,0 +1,196 @@
+"""Check then time every distinct op shape once (CUDA-graph replay, L2 flushed), then compose.
+
+Each shape (op key) is measured once per implementation and reused by every composition that
+contains it, so the slow upstream shapes (MoE at prefill M, the torch indexer at 1M) cost one
+measurement each. Repetitions are capped by count and by time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from v4flash_kernels.step import model as M
+from v4flash_kernels.step import ops as O
+
+BUDGET_S = 0.2  # time spent replaying one op after its first replay
+MAX_REPS = 20
+
+
+@dataclass(frozen=True)
+class Measurement:
+    key: str
+    impl: str  # "upstream" | "ours"
+    name: str
+    us: float  # per call; NaN when not measured
+    calls_per_replay: int
+    reps: int
+    ok: bool
+    rel_err: float
+    detail: str
+    source: str
+    error: Optional[str] = None  # why there is no time (no patch yet, mismatch, exception)
+
+
+def impls_for(op: M.Op) -> List[str]:
+    """Attention rows are per path already; MoE and indexer logits have an "ours" variant too."""
+    variant = op.p.get("variant")
+    if variant is not None:
+        return ["upstream" if variant == "upstream" else "ours"]
+    if op.patch in ("moe", "indexer") and not op.key.startswith("topk:"):
+        return ["upstream", "ours"]
+    return ["upstream"]
+
+
+_flush: Dict[int, torch.Tensor] = {}
+
+
+def _flush_l2() -> None:
+    if 0 not in _flush:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        _flush[0] = torch.empty(max(256 << 20, 4 * l2), dtype=torch.int8, device="cuda")
+    _flush[0].zero_()
+
+
+def time_replay(run, calls: int, budget_s: float = BUDGET_S, max_reps: int = MAX_REPS) -> Tuple[float, int]:
+    """Median µs per call over graph replays of `run` (which makes `calls` calls), L2 flushed before
+    each replay; the first replay is discarded when there are more."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples: List[float] = []
+    t0 = time.time()
+    while len(samples) < max_reps:
+        _flush_l2()
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+        spent = time.time() - t0
+        if spent > budget_s and (len(samples) >= 3 or samples[-1] > budget_s * 1e6 / 4):
+            break
+    del g
+    kept = samples[1:] if len(samples) > 1 else samples
+    return statistics.median(kept) / calls, len(samples)
+
+
+def graph_overhead_us() -> float:
+    """One replay of a graph holding one tiny kernel, timed like the ops (for reading small ops)."""
+    x = torch.zeros(1, device="cuda")
+    us, _ = time_replay(lambda: x.add_(1.0), 1)
+    return us
+
+
+def copy_bandwidth() -> float:
+    """Measured device-to-device copy bandwidth (bytes/s, read + write) of the running GPU."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.int8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(5):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        ts.append(start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / min(ts)
+
+
+def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
+    base = dict(key=op.key, impl=impl, name=op.name)
+    try:
+        prep = O.build(op, impl, l2, seed)
+    except O.Unavailable as exc:
+        return Measurement(**base, us=float("nan"), calls_per_replay=0, reps=0, ok=True, rel_err=float("nan"),
+                           detail="", source=str(exc), error=str(exc))
+    except Exception as exc:
+        return Measurement(**base, us=float("nan"), calls_per_replay=0, reps=0, ok=False, rel_err=float("nan"),
+                           detail="", source="build failed", error=f"{type(exc).__name__}: {exc}")
+    try:
+        chk = prep.check()
+        if not chk.ok:
+            return Measurement(**base, us=float("nan"), calls_per_replay=prep.calls, reps=0, ok=False,
+                               rel_err=chk.rel_err, detail=chk.detail, source=prep.source,
+                               error=f"MISMATCH vs reference: rel err {chk.rel_err:.3e} {chk.detail}")
+        us, reps = time_replay(prep.run, prep.calls)
+        return Measurement(**base, us=us, calls_per_replay=prep.calls, reps=reps, ok=True, rel_err=chk.rel_err,
+                           detail=chk.detail, source=prep.source)
+    except Exception as exc:  # reported per op; the run goes on and exits non-zero
+        return Measurement(**base, us=float("nan"), calls_per_replay=0, reps=0, ok=False, rel_err=float("nan"),
+                           detail="", source=prep.source, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        del prep
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, str], Measurement]:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    out: Dict[Tuple[str, str], Measurement] = {}
+    t0 = time.time()
+    for i, (key, op) in enumerate(ops.items()):
+        for impl in impls_for(op):
+            m = measure_one(op, impl, l2, seed + i)
+            out[(key, impl)] = m
+            state = (f"{m.us:10.1f} us  err {m.rel_err:.1e}" if m.error is None else f"  -- {m.error}")
+            log(f"[{time.time() - t0:6.1f}s] {impl:8s} {key:45s}{state}")
+    return out
+
+
+def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
+    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed."""
+    us: Dict[Tuple[str, str], float] = {}
+    src: Dict[Tuple[str, str], str] = {}
+    for op in ops:
+        variant = op.p.get("variant")
+        for path in ("upstream", "patched"):
+            if variant is not None:
+                impl = "upstream" if variant == "upstream" else "ours"
+                m = meas.get((op.key, impl))
+            else:
+                m = meas.get((op.key, "upstream"))
+                if path == "patched" and (op.key, "ours") in meas:
+                    mine = meas[(op.key, "ours")]
+                    if mine.error is None:
+                        m = mine
+                    else:
+                        src[(op.key, path)] = f"{mine.error} -> upstream"
+            if m is None:
+                continue
+            us[(op.key, path)] = m.us
+            src.setdefault((op.key, path), m.source if m.error is None else m.error)
+    return us, src
+
+
+def run(specs: List[M.StepSpec], seed: int, log=print):
+    ops = M.unique_ops(specs)
+    meas = measure_all(ops, seed, log)
+    return ops, meas
+
+
+def all_ok(meas: Dict[Tuple[str, str], Measurement]) -> bool:
+    """False when any op mismatched its reference or raised (a missing patch is not a failure)."""
+    return all(m.ok for m in meas.values())
+
+
+def to_json(m: Measurement) -> dict:
+    return asdict(m)

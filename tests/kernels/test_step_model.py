@@ -1,0 +1,226 @@
+"""CPU tests of the step bench's plan: layer counts, bytes/FLOPs per op from the shapes, floors,
+composition arithmetic, the report with stand-in timings, and the CLI's --dry-run / bad input."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from v4flash_kernels.step import model as M
+from v4flash_kernels.step import report as R
+from v4flash_kernels.step.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+K, MIB = 1024, 1 << 20
+
+
+def _by_name(ops, name, variant=None):
+    hits = [o for o in ops if o.name == name and (variant is None or o.p.get("variant") == variant)]
+    assert len(hits) == 1, (name, [o.name for o in ops])
+    return hits[0]
+
+
+def test_layer_counts_match_the_config():
+    assert M.layer_counts() == {"window": 2, "c4": 21, "c128": 20, "all": 43}
+    kinds = M.layer_kinds()
+    assert kinds[:2] == ("window", "window") and kinds[2:4] == ("c4", "c128") and kinds[-1] == "c4"
+
+
+def test_decode_op_counts_per_step():
+    ops = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
+    assert _by_name(ops, "sparse-MLA attention (window)", "upstream").count == 2
+    assert _by_name(ops, "sparse-MLA attention (c4)", "patched").count == 21
+    assert _by_name(ops, "sparse-MLA attention (c128)", "upstream").count == 20
+    assert _by_name(ops, "routed MoE (MXFP4)").count == 43
+    assert _by_name(ops, "indexer logits (c4)").count == 21
+    assert _by_name(ops, "indexer top-512").count == 21
+    assert _by_name(ops, "compressor c128 wkv_gate (bf16->fp32)").count == 20
+    assert _by_name(ops, "wq_b (FP8)").count == 43
+    assert _by_name(ops, "lm_head (bf16, vocab/TP)").count == 1
+    # each path runs each attention kind once
+    for path in ("upstream", "patched"):
+        names = [o.name for o in M.ops_for_path(ops, path)]
+        assert len(names) == len(set(names))
+
+
+def test_fp8_gemm_bytes_and_flops_from_shapes():
+    op = _by_name(M.decode_ops(M.StepSpec("decode", 1, 128 * K, 8 * K)), "wqkv_a (FP8)")
+    # N = q_lora 1024 + head 512, K = 4096: fp8 weights + 12 x 32 fp32 block scales + bf16 x in + bf16 out
+    assert op.bytes == 1536 * 4096 + 12 * 32 * 4 + 4096 * 2 + 1536 * 2
+    assert op.flops == 2 * 1536 * 4096
+    wq_b = _by_name(M.decode_ops(M.StepSpec("decode", 1, 128 * K, 8 * K)), "wq_b (FP8)")
+    assert wq_b.p == {"m": 1, "n": 16 * 512, "k": 1024}  # 16 local heads x 512 at TP4
+
+
+def test_bf16_ops_bytes():
+    ops = M.decode_ops(M.StepSpec("decode", 1, 128 * K, 8 * K))
+    wo_a = _by_name(ops, "wo_a einsum (bf16)")
+    assert wo_a.bytes == 2 * (1024 * 4096 * 2 + 4096 * 2 + 1024 * 2)  # 2 local groups
+    lm = _by_name(ops, "lm_head (bf16, vocab/TP)")
+    assert lm.bytes == 32320 * 4096 * 2 + 4096 * 2 + 32320 * 2
+    comp = _by_name(ops, "compressor c4 wkv_gate (bf16->fp32)")
+    assert comp.bytes == 2048 * 4096 * 2 + 4096 * 2 + 2048 * 4  # fp32 out
+
+
+def test_moe_bytes_follow_distinct_experts():
+    assert M.moe_expert_bytes() == 1024 * 4096 // 2 + 4096 * 512 // 2 + (1024 * 128 + 4096 * 16) * 4
+    assert M.expected_distinct_experts(1) == pytest.approx(6.0)
+    assert M.expected_distinct_experts(16) == pytest.approx(81.0, abs=0.5)  # the reference doc's ~81
+    assert M.expected_distinct_experts(8192) == pytest.approx(256.0, abs=1e-6)
+    op = M.moe_op(1, 43)
+    assert op.bytes == round(6 * M.moe_expert_bytes()) + 4096 * 4 + 6 * 8
+    assert op.flops == 2 * 6 * (1024 * 4096 + 4096 * 512)
+
+
+def test_attention_and_indexer_bytes():
+    ops = M.decode_ops(M.StepSpec("decode", 1, 1 * MIB, 8 * K, heads_patched=16))
+    c4 = _by_name(ops, "sparse-MLA attention (c4)", "upstream")
+    assert c4.bytes == (128 + 512) * (584 + 4) + 2 * 16 * 512 * 2  # window + top-512, 16 needed heads
+    c128 = _by_name(ops, "sparse-MLA attention (c128)", "patched")
+    assert c128.p["width_extra"] == MIB // 128 and c128.p["valid_extra"] == 8 * K // 128 and c128.p["heads"] == 16
+    idx = _by_name(ops, "indexer logits (c4)")
+    # valid keys of 8K/4 positions, q + weights, and the full configured-width fp32 logits
+    assert idx.bytes == 2048 * 132 + 64 * 132 + (MIB // 4) * 4
+    topk = _by_name(ops, "indexer top-512")
+    assert topk.p == {"rows": 1, "width": MIB // 4}
+
+
+def test_prefill_shares_the_request_cache():
+    ops = M.prefill_ops(M.StepSpec("prefill", 1024, 1024, 1024))
+    win = _by_name(ops, "sparse-MLA attention (window)", "upstream")
+    total = sum(min(t + 1, 128) for t in range(1024))
+    assert win.bytes == 1024 * 584 + 4 * total + 2 * 1024 * 16 * 512 * 2
+    assert win.flops == 4 * 16 * total * 512
+    idx = _by_name(ops, "indexer logits (c4)")
+    assert idx.p["configured_ctx"] == 1024 and idx.bytes == 256 * 132 + 1024 * 64 * 132 + 1024 * 256 * 4
+    assert _by_name(ops, "lm_head (bf16, vocab/TP)").p["m"] == 1
+    with pytest.raises(ValueError):
+        M.prefill_ops(M.StepSpec("prefill", 11674, 11674, 11674))
+
+
+def test_floors_bytes_or_flops_bound():
+    rtx = M.RTX6000
+    small = M.fp8_gemm("x", 1, 8192, 1024, 1)
+    assert small.floor_us(rtx) == pytest.approx(small.bytes / 1.792e12 * 1e6)
+    big = M.fp8_gemm("x", 8192, 8192, 1024, 1)
+    assert big.floor_us(rtx) == pytest.approx(2 * 8192 * 8192 * 1024 / rtx.fp8_flops * 1e6)
+    unknown = M.machine_for("Some GPU", 1e12)
+    assert unknown.floor_us(big.bytes, big.flops, True) == pytest.approx(big.bytes / 1e12 * 1e6)
+    assert M.machine_for("NVIDIA H200", 4.3e12).bf16_flops == 989e12
+
+
+def test_step_floor_is_the_documented_order():
+    ops = M.decode_ops(M.StepSpec("decode", 1, 128 * K, 8 * K))
+    floor_ms = sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, "patched")) / 1e3
+    assert 2.0 < floor_ms < 2.8  # decode-step-sm120.md: ~2.4 ms at B=1 on one RTX PRO 6000
+    ops16 = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
+    floor16 = sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops16, "patched")) / 1e3
+    assert 8.0 < floor16 < 11.0  # ~9.5 ms at B=16
+
+
+def test_estimates_are_separate_and_counted():
+    est = M.estimates("decode", 1)
+    ar = [e for e in est if "all-reduce" in e.name][0]
+    assert ar.count == 87 and ar.us_per_call == pytest.approx(30.0 + 1.5 * 8192 / 20e9 * 1e6)
+    mhc = [e for e in est if "mHC" in e.name][0]
+    assert mhc.count * mhc.us_per_call == pytest.approx(3600.0)
+    assert all(e.source.startswith("estimate") for e in est)
+    assert M.estimates("decode", 16)[1].count * M.estimates("decode", 16)[1].us_per_call == pytest.approx(5600.0)
+
+
+def _fake_times(spec, ours_for=()):
+    """1 µs per upstream call, 0.5 µs for the ops whose patch is listed in `ours_for`."""
+    us, src = {}, {}
+    for op in M.step_ops(spec):
+        for path in ("upstream", "patched"):
+            v = op.p.get("variant")
+            if v is not None and v != path:
+                continue
+            patched = path == "patched" and (op.patch in ours_for)
+            us[(op.key, path)] = 0.5 if patched else 1.0
+            src[(op.key, path)] = "ours" if patched else "no patch yet"
+    return us, src
+
+
+def test_compose_arithmetic():
+    spec = M.StepSpec("decode", 16, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    us, src = _fake_times(spec, ours_for=("moe",))
+    gpu = M.machine_for("NVIDIA H200", 4.3e12)
+    up = M.compose(spec, "upstream", ops, us, src, gpu)
+    pa = M.compose(spec, "patched", ops, us, src, gpu)
+    calls = sum(o.count for o in M.ops_for_path(ops, "upstream"))
+    assert up.timed_ms == pytest.approx(calls * 1.0 / 1e3)
+    assert pa.timed_ms == pytest.approx((calls - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
+    assert up.total_ms == pytest.approx(up.timed_ms + up.estimate_ms)
+    assert up.tok_s() == pytest.approx(16 / (up.total_ms / 1e3))
+    moe = [l for l in pa.lines if l.group == "moe"][0]
+    assert moe.source == "ours" and moe.ms_step == pytest.approx(43 * 0.5 / 1e3)
+    assert pa.floor_rtx_ms > pa.floor_gpu_ms > 0
+
+
+def test_compose_needs_every_op_timed():
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    us, src = _fake_times(spec)
+    us.pop(next(iter(us)))
+    with pytest.raises(KeyError):
+        M.compose(spec, "upstream", ops, us, src, M.RTX6000)
+
+
+def test_report_tables_render():
+    gpu = M.machine_for("NVIDIA H200", 4.3e12)
+    pairs = []
+    for spec in (M.StepSpec("decode", 1, MIB, 8 * K), M.StepSpec("prefill", 1024, 1024, 1024)):
+        ops = M.step_ops(spec)
+        us, src = _fake_times(spec, ours_for=("moe", "indexer", "attention"))
+        pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
+    text = R.summary_table(pairs, md=False)
+    assert "decode B=1 C=1M L=8K" in text and "prefill T=1024" in text
+    md = R.composition_table(*pairs[0], gpu, md=True)
+    assert md.startswith("| op |") and "routed MoE (MXFP4)" in md and "(estimate)" in md and "tok/s" in md
+    assert "TTFT" in R.composition_table(*pairs[1], gpu, md=False)
+
+
+def test_path_times_prefers_ours_and_falls_back():
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    meas = {}
+    for op in ops:
+        for impl in runner.impls_for(op):
+            err = "no patch yet" if (impl == "ours" and op.patch == "indexer") else None
+            meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, 2.0 if impl == "ours" else 3.0, 1, 1,
+                                                      True, 0.0, "", impl, err)
+    us, src = runner.path_times(ops, meas)
+    moe = _by_name(ops, "routed MoE (MXFP4)")
+    idx = _by_name(ops, "indexer logits (c4)")
+    assert us[(moe.key, "patched")] == 2.0 and us[(moe.key, "upstream")] == 3.0
+    assert us[(idx.key, "patched")] == 3.0 and "no patch yet" in src[(idx.key, "patched")]
+    att = _by_name(ops, "sparse-MLA attention (c4)", "patched")
+    assert us[(att.key, "patched")] == 2.0
+    assert runner.all_ok(meas)
+
+
+def test_dry_run_prints_the_plan_without_torch():
+    code = ("import sys; from v4flash_kernels.step.__main__ import main; rc = main(['--dry-run']); "
+            "assert 'torch' not in sys.modules, 'dry run imported torch'; sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "kernels"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    for needle in ("decode B=1 C=128K L=8K", "decode B=64 C=1M L=8K", "prefill T=8192", "routed MoE (MXFP4)",
+                   "indexer logits (c4)", "lm_head", "estimate: NCCL all-reduce", "distinct shapes to time"):
+        assert needle in out.stdout, needle
+
+
+def test_bad_input_is_one_error_and_fix(capsys):
+    assert main(["--batches", "1,x", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\nfix: " in err and "Traceback" not in err
+    assert main(["--prefill", "16K", "--dry-run"]) == 2
+    assert "11673" in capsys.readouterr().err
+    assert main(["--batches", "0", "--dry-run"]) == 2
