@@ -224,3 +224,33 @@ def test_bad_input_is_one_error_and_fix(capsys):
     assert main(["--prefill", "16K", "--dry-run"]) == 2
     assert "11673" in capsys.readouterr().err
     assert main(["--batches", "0", "--dry-run"]) == 2
+
+
+def _pd(argv, capsys):
+    from v4flash_pd.cli.main import main as pd_main
+
+    with pytest.raises(SystemExit) as exc:
+        pd_main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out + out.err
+
+
+def test_launcher_bench_step_without_gpu_is_an_error_with_a_fix(monkeypatch, capsys):
+    pytest.importorskip("v4flash_pd")
+    from v4flash_pd.cli import cmd_bench
+
+    monkeypatch.setattr(cmd_bench.shutil, "which", lambda name: None)  # as on a host without a driver
+    code, text = _pd(["bench", "--step"], capsys)
+    assert code == 1 and "error: no NVIDIA GPU" in text and "fix:" in text and "Traceback" not in text
+
+
+def test_launcher_bench_step_passes_options_through(capsys):
+    pytest.importorskip("v4flash_pd")
+    code, text = _pd(["bench", "--step", "--step-args", "--dry-run --batches 1,x"], capsys)
+    assert code == 2 and "refused" in text and "'x' is not a number" not in text  # the child printed that
+    ok = subprocess.run([sys.executable, "-c", "from v4flash_pd.cli.main import main; main()", "bench", "--step",
+                         "--step-args", "--dry-run --batches 1 --contexts 1M --prefill ''"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "decode B=1 C=1M L=8K" in ok.stdout and "prefill T=" not in ok.stdout

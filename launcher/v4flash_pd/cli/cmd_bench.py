@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import subprocess
+import sys
 
 import click
 
@@ -28,12 +32,19 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               envvar="V4FLASH_BENCH_TIMEOUT", help="Per-request timeout in seconds.")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_BENCH_JSON",
               help="Print the machine-readable report (for comparing runs) instead of the table.")
+@click.option("--step", is_flag=True,
+              help="Instead of HTTP: time one decode step / prefill chunk op by op on this machine's GPU "
+                   "(python -m v4flash_kernels.step), upstream sm_120 path vs our kernels.")
+@click.option("--step-args", default="", help="Options passed on to the step bench, e.g. \"--batches 1,16 --json s.json\".")
 def command(url: str, concurrency: str, n_requests: int | None, input_len: int, output_len: int,
-            warmup: int, seed: int, timeout_s: float, as_json: bool) -> None:
+            warmup: int, seed: int, timeout_s: float, as_json: bool, step: bool = False, step_args: str = "") -> None:
     """Measure output tok/s, req/s, TTFT and ITL p50/p90/p99 per concurrency level.
 
     Exits 1 if any request failed (the table is printed first).
     """
+    if step:
+        _run_step_bench(step_args)
+        return
     from v4flash_pd import benchmark
 
     try:
@@ -58,3 +69,31 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     if any(s.errors for s in report.levels):
         raise RuntimeFailure(f"{sum(s.errors for s in report.levels)} request(s) failed during the benchmark",
                              "see the errors above and the router/worker logs (`v4flash-pd logs`)")
+
+
+def _run_step_bench(step_args: str) -> None:
+    """Run `python -m v4flash_kernels.step` in this interpreter where an NVIDIA GPU is visible."""
+    import importlib.util
+
+    try:
+        extra = shlex.split(step_args)
+    except ValueError as exc:
+        raise UserError(f"--step-args {step_args!r}: {exc}", "quote it as one shell word, e.g. --step-args '--batches 1,16'")
+    if importlib.util.find_spec("v4flash_kernels") is None:
+        raise UserError("the kernel package v4flash_kernels is not importable in this environment",
+                        "run from the built environment (`make venv`, or the image), where the kernels are installed")
+    if "--dry-run" not in extra:
+        smi = shutil.which("nvidia-smi")
+        probe = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) if smi else None
+        if probe is None or probe.returncode != 0 or "GPU" not in probe.stdout:
+            raise RuntimeFailure("no NVIDIA GPU is visible here (`nvidia-smi -L` lists none), and the step bench "
+                                 "times kernels on a GPU",
+                                 "run it on a GPU host (check the driver and CUDA_VISIBLE_DEVICES), or pass "
+                                 "--step-args --dry-run to print the plan of ops only")
+    rc = subprocess.call([sys.executable, "-m", "v4flash_kernels.step", *extra])
+    if rc == 2:
+        raise UserError(f"the step bench refused --step-args {step_args!r} (its error is above)",
+                        "fix the option it names; `python -m v4flash_kernels.step --help` lists them")
+    if rc != 0:
+        raise RuntimeFailure(f"the step bench exited with status {rc}",
+                             "read the FAILED lines above: an op disagreed with its reference or raised")
