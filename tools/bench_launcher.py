@@ -1,12 +1,15 @@
 """Launcher overhead benchmark (not a test): `plan` latency, `up --rehearse` time to READY beyond the
-stand-ins' configured load time, and SIGTERM-to-exit time. Prints a table; numbers go in the notes.
+stand-ins' configured load time (split into where it goes), SIGTERM-to-everything-stopped, and how
+long after a worker stops answering (SIGSTOP) the watchdog declares it hung. Prints a table and,
+with --json, writes the raw numbers.
 
-    .venv/bin/python tools/bench_launcher.py [--runs 5] [--load 2.0] [--grace 5]
+    .venv/bin/python tools/bench_launcher.py [--runs 5] [--load 2.0] [--grace 5] [--hang-window 2] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -19,43 +22,96 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import fakebox  # noqa: E402
 
-BIN = str(Path(sys.executable).parent / "v4flash-pd")
+PY = sys.executable
+
+
+def _cli(*args: str) -> list[str]:
+    return [PY, "-m", "v4flash_pd", *args]
 
 
 def time_plan(runs: int, topo: Path) -> list[float]:
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([BIN, "plan", "--topology", str(topo)], check=True, capture_output=True, timeout=60)
+        subprocess.run(_cli("plan", "--topology", str(topo)), check=True, capture_output=True, timeout=60)
         out.append(time.perf_counter() - t0)
     return out
 
 
-def time_up(tmp: Path, topo: Path, load: float, grace: float) -> tuple[float, float]:
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _wait_ready(p: subprocess.Popen, out: Path, t0: float) -> float:
+    while time.perf_counter() - t0 < 90 and p.poll() is None:
+        if "READY" in out.read_text():
+            return time.perf_counter() - t0
+        time.sleep(0.005)
+    p.kill()
+    raise SystemExit(f"no READY:\n{out.read_text()}")
+
+
+def run_up(tmp: Path, topo: Path, load: float, grace: float, hang_window: float, hang: bool) -> dict:
+    """One `up --rehearse`: READY, then SIGTERM (or, hang=True, SIGSTOP decode and wait for the watchdog)."""
     cfg = fakebox.write_pd_config(tmp, fakebox.free_ports(7))
-    env = dict(os.environ, V4FLASH_RUNS_ROOT=str(tmp / "runs"), V4FLASH_REHEARSAL_LOAD_SECONDS=str(load),
+    env = fakebox.clean_env()
+    env.update(V4FLASH_RUNS_ROOT=str(tmp / "runs"), V4FLASH_REHEARSAL_LOAD_SECONDS=str(load),
                V4FLASH_GRACE=str(grace))
     out = tmp / "up.out"
+    res: dict = {}
     with open(out, "w") as f:
         t0 = time.perf_counter()
-        p = subprocess.Popen([BIN, "up", "--rehearse", "--config", str(cfg), "--topology", str(topo)],
-                             env=env, stdout=f, stderr=subprocess.STDOUT)
-        ready = None
-        while time.perf_counter() - t0 < 60 and p.poll() is None:
-            if "READY" in out.read_text():
-                ready = time.perf_counter() - t0
-                break
-            time.sleep(0.01)
-        if ready is None:
-            p.kill()
-            raise SystemExit(f"no READY:\n{out.read_text()}")
-        t1 = time.perf_counter()
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(60)
-        stop = time.perf_counter() - t1
-    if rc != 0:
-        raise SystemExit(f"up exited {rc}:\n{out.read_text()}")
-    return ready, stop
+        p = subprocess.Popen(_cli("up", "--rehearse", "--config", str(cfg), "--topology", str(topo),
+                                  "--set", f"hang_timeout={hang_window}"),
+                             env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            res["ready"] = _wait_ready(p, out, t0)
+            run = (tmp / "runs" / "latest").resolve()
+            pids = {k: int(v) for k, v in json.loads((run / "state.json").read_text())["pids"].items()}
+            ev = _events(run)
+            at = {(e["event"], e.get("name")): e["t"] for e in ev}
+            start = at[("start", "prefill-0")]
+            res["workers_healthy_beyond_load"] = max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")]) - start - load
+            res["router_start_to_smoke"] = at[("smoke", None)] - at[("start", "router")]
+            res["healthy_to_router_start"] = at[("start", "router")] - max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")])
+            if hang:
+                t_stop = time.time()
+                os.killpg(pids["decode-0"], signal.SIGSTOP)
+                rc = p.wait(60)
+                hung = [e for e in _events(run) if e["event"] == "hung"]
+                if rc != 1 or not hung:
+                    raise SystemExit(f"hang not detected (rc {rc}):\n{out.read_text()}")
+                res["hang_detected_after"] = hung[0]["t"] - t_stop
+                res["hang_to_all_stopped"] = time.time() - t_stop
+            else:
+                t1 = time.perf_counter()
+                p.send_signal(signal.SIGTERM)
+                rc = p.wait(60)
+                while not all(_group_gone(g) for g in pids.values()) and time.perf_counter() - t1 < 30:
+                    time.sleep(0.005)
+                res["sigterm_to_all_stopped"] = time.perf_counter() - t1
+                if rc != 0:
+                    raise SystemExit(f"up exited {rc}:\n{out.read_text()}")
+            if not all(_group_gone(g) for g in pids.values()):
+                raise SystemExit(f"processes left behind: {pids}")
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    res["ready_beyond_load"] = res["ready"] - load
+    return res
+
+
+def _row(name: str, xs: list[float], target: str) -> str:
+    return f"{name:<48} {statistics.median(xs):8.3f} {max(xs):8.3f} {target:>14}"
 
 
 def main() -> None:
@@ -63,22 +119,34 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--load", type=float, default=2.0)
     ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--hang-window", type=float, default=2.0)
+    ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         topo = fakebox.write_topology(tmp, fakebox.BOX_8GPU_2NODE)
         plan = time_plan(a.runs * 4, topo)
-        ups = []
+        ups, hangs = [], []
         for i in range(a.runs):
-            sub = tmp / f"r{i}"
-            sub.mkdir()
-            ups.append(time_up(sub, topo, a.load, a.grace))
-    ready_extra = [r - a.load for r, _ in ups]
-    stops = [s for _, s in ups]
-    print(f"{'metric':<44} {'median':>8} {'max':>8} {'target':>12}")
-    print(f"{'plan (s)':<44} {statistics.median(plan):8.3f} {max(plan):8.3f} {'< 0.300':>12}")
-    print(f"{'up --rehearse READY beyond load time (s)':<44} {statistics.median(ready_extra):8.2f} {max(ready_extra):8.2f} {'< 5':>12}")
-    print(f"{'SIGTERM -> exit, all stopped (s)':<44} {statistics.median(stops):8.2f} {max(stops):8.2f} {'< grace+2 = ' + str(a.grace + 2):>12}")
+            for hang, acc in ((False, ups), (True, hangs)):
+                sub = tmp / f"r{i}-{'hang' if hang else 'term'}"
+                sub.mkdir()
+                acc.append(run_up(sub, topo, a.load, a.grace, a.hang_window, hang))
+    col = lambda rows, k: [r[k] for r in rows]  # noqa: E731
+    lines = [f"{'metric (seconds)':<48} {'median':>8} {'max':>8} {'target':>14}",
+             _row("plan", plan, "<= 0.100"),
+             _row("up --rehearse READY beyond the engines' load", col(ups + hangs, "ready_beyond_load"), "<= 1.0"),
+             _row("  workers healthy beyond load (spawn, import)", col(ups + hangs, "workers_healthy_beyond_load"), ""),
+             _row("  last healthy -> router spawned", col(ups + hangs, "healthy_to_router_start"), ""),
+             _row("  router spawned -> smoke answered", col(ups + hangs, "router_start_to_smoke"), ""),
+             _row("SIGTERM -> all process groups gone", col(ups, "sigterm_to_all_stopped"), "<= 1.0"),
+             _row(f"SIGSTOP decode -> declared hung (window {a.hang_window:g})", col(hangs, "hang_detected_after"),
+                  f"<= {a.hang_window + 1:g}"),
+             _row("SIGSTOP decode -> all process groups gone", col(hangs, "hang_to_all_stopped"), "")]
+    print("\n".join(lines))
+    if a.json:
+        a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)}, "plan": plan, "up": ups,
+                                      "hang": hangs}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

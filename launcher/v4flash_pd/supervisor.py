@@ -220,7 +220,9 @@ class Supervisor:
         names = list(reversed(self.order))
         if not names:
             return
-        rep = self.group.stop(self.grace, drain=2.0)
+        # the router gets a head start to finish short in-flight requests (it takes ~1 s to exit
+        # on SIGTERM by itself); waiting for it to exit before stopping the workers doubles the stop time
+        rep = self.group.stop(self.grace, drain=0.5)
         self.say(f"stopped {', '.join(names)} (SIGTERM, grace {self.grace:g}s)"
                  + (f"; SIGKILL: {', '.join(rep.killed)}" if rep.killed else ""))
         for r in rep.refused:
