@@ -3,12 +3,21 @@ SHELL := /bin/bash
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The demo's light environment: the launcher and the pinned router only (no torch/triton/nixl).
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+ROUTER_PIN := sglang-router==0.3.2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv test test-fast demo lint wheel lock image image-ci wheelhouse clean
+.PHONY: help venv demo-venv test test-fast demo lint wheel lock image image-ci wheelhouse clean
 
-help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+help: ## this list, with the values the variables have now
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/$$(IMAGE)/$(IMAGE)/g' | column -t -s $$'\t'
+	@echo
+	@echo "variables (override: make VAR=value):"
+	@printf '  %-11s %s\n' PY "$(PY) ($$($(PY) --version 2>&1))" VENV "$(VENV)" DEMO_VENV "$(DEMO_VENV)" \
+	  ENGINE "$(ENGINE)" IMAGE "$(IMAGE):$(V4_VERSION)" WHEELHOUSE "$(WHEELHOUSE)" IMAGE_ARGS "$(or $(IMAGE_ARGS),(none))" \
+	  PYTEST_ARGS "$(or $(PYTEST_ARGS),(none))"
 
 TEST_REQS := tests/requirements.txt tests/requirements-bundle.txt tests/requirements-env.txt tests/requirements-ops.txt
 
@@ -18,7 +27,15 @@ $(BIN)/.stamp: pyproject.toml $(TEST_REQS)
 	$(BIN)/pip install -q -e '.[test]' $(addprefix -r ,$(TEST_REQS))
 	touch $@
 
-venv: $(BIN)/.stamp ## create .venv with the launcher, kernels and test tools
+venv: $(BIN)/.stamp ## create .venv: launcher, kernels and every test tool (~2 GB: torch, triton, nixl)
+
+$(DEMO_BIN)/.stamp: pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_BIN)/pip install -q --upgrade pip
+	$(DEMO_BIN)/pip install -q -e . '$(ROUTER_PIN)'
+	touch $@
+
+demo-venv: $(DEMO_BIN)/.stamp ## create .venv-demo: the launcher and the pinned router only (~60 MB)
 
 test: venv ## run the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -m 'not gpu' $(PYTEST_ARGS)
@@ -26,8 +43,8 @@ test: venv ## run the whole test suite (what CI runs)
 test-fast: venv ## the suite without slow/image tests
 	$(BIN)/python -m pytest -m 'not gpu and not slow and not image' $(PYTEST_ARGS)
 
-demo: venv ## rehearse the trio locally: up, one request through the router, status, clean stop
-	$(BIN)/python -m v4flash_pd.demo
+demo: demo-venv ## rehearse the trio locally: up, one request through the router, status, clean stop
+	$(DEMO_BIN)/python -m v4flash_pd.demo
 
 wheel: venv ## build the v4flash-pd wheel into dist/ (ships stack.lock/stack.toml + the kernel .pth)
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w dist .
@@ -60,11 +77,13 @@ image-ci: ## build the CI image (everything but the GPU stack) -> $(IMAGE):ci
 wheelhouse: venv ## download every locked wheel (hash-checked, image platform) into wheelhouse/
 	$(BIN)/python tools/lock.py wheelhouse wheelhouse
 
-lint: venv ## hadolint the Dockerfile, check the stack pins agree everywhere, parse flake.nix
+lint: venv ## ruff + mypy (launcher, tests), hadolint the Dockerfile, check the stack pins agree, parse flake.nix
+	$(BIN)/ruff check launcher tests/launcher tests/ops tools/bench_launcher.py
+	$(BIN)/mypy
 	$(BIN)/hadolint --no-color docker/Dockerfile
 	$(BIN)/python tools/check_consistency.py
 	@if command -v nix-instantiate >/dev/null; then nix-instantiate --parse flake.nix >/dev/null && echo "flake.nix parses"; \
 	 else echo "nix-instantiate not installed: flake.nix not parsed"; fi
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info runs
+	rm -rf $(VENV) $(DEMO_VENV) build dist *.egg-info runs

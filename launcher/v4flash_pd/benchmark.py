@@ -85,7 +85,7 @@ def timings_from_events(start: float, events: Sequence[tuple[float, int]], end: 
     """
     ttft = None
     itls: list[float] = []
-    prev_t, prev_n = None, 0
+    prev_t, prev_n = start, 0
     for t, n in events:
         if n <= prev_n:
             continue
@@ -123,7 +123,7 @@ class Dist:
     mean: float | None
 
     @classmethod
-    def of_seconds(cls, values: Sequence[float]) -> "Dist":
+    def of_seconds(cls, values: Sequence[float]) -> Dist:
         ms = [v * 1000.0 for v in values]
         mean = sum(ms) / len(ms) if ms else None
         return cls(percentile(ms, 50), percentile(ms, 90), percentile(ms, 99), mean)
@@ -269,6 +269,8 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
             if ev is DONE:
                 done = True
                 break
+            if not isinstance(ev, dict):
+                continue
             if "error" in ev:
                 err = ev["error"]
                 msg = err.get("message", err) if isinstance(err, dict) else err

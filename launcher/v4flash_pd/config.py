@@ -444,7 +444,8 @@ def _env_pairs(value: Any, key: str) -> tuple[tuple[str, str], ...]:
         if not isinstance(val, (str, int, float)):
             raise UserError(f"env value {key}.{name} must be a string, got {val!r}", f'write {name} = "..."')
         if "\0" in str(val):
-            raise UserError(f"env value {key}.{name} contains a NUL byte", "remove it: the kernel cannot pass it to a process")
+            raise UserError(f"env value {key}.{name} contains a NUL byte",
+                            "remove it: the kernel cannot pass it to a process")
         out.append((_env_name(str(name), key), str(val)))
     return tuple(out)
 
@@ -625,12 +626,14 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         _want(entries, list, role, f"a list of tables (write each as [[{role}]])")
         if role not in roles and entries:
             raise UserError(f"config has [[{role}]] workers but mode = {mode!r}",
-                            f"{'use [[prefill]] and [[decode]]' if mode == 'pd' else 'use [[server]]'} for mode {mode!r}, or change mode")
+                            f"{'use [[prefill]] and [[decode]]' if mode == 'pd' else 'use [[server]]'} "
+                            f"for mode {mode!r}, or change mode")
         for i, entry in enumerate(entries):
             workers.append(_worker(role, i, entry, mem))
     for role in roles:
         if not any(w.role == role for w in workers):
-            raise UserError(f"mode {mode!r} needs at least one [[{role}]] worker", f"add a [[{role}]] table with gpus, tp and port")
+            raise UserError(f"mode {mode!r} needs at least one [[{role}]] worker",
+                            f"add a [[{role}]] table with gpus, tp and port")
 
     router = None
     if mode == "pd":

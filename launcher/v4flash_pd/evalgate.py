@@ -129,7 +129,7 @@ def post_generate(url: str, payload: dict, timeout: float) -> tuple[str, str]:
     """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
     u = _check_url(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
+    conn = cls(u.hostname or "", u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
     try:
         conn.request("POST", u.path.rstrip("/") + "/generate", body=json.dumps(payload).encode(),
                      headers={"Content-Type": "application/json"})

@@ -33,7 +33,8 @@ def check_model_dir(path: str) -> ModelCheck:
             return ModelCheck(path, True, False, f"model directory {path} is not readable by this user (permission denied)")
         cfg = p / "config.json"
         if not cfg.is_file():
-            return ModelCheck(path, True, False, f"model directory {path} has no config.json (not a Hugging Face checkpoint dir?)")
+            return ModelCheck(path, True, False,
+                              f"model directory {path} has no config.json (not a Hugging Face checkpoint dir?)")
         if not os.access(cfg, os.R_OK):
             return ModelCheck(path, True, True, f"{cfg} is not readable by this user (permission denied)")
     except OSError as exc:

@@ -322,7 +322,7 @@ def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> Proce
     env["PYTHONUNBUFFERED"] = "1"
     return ProcessSpec(name="router", role="router", argv=tuple(argv), env=tuple(sorted(env.items())), gpus=(),
                        binding=Binding(None, "none", "router is CPU-light"),
-                       ports=(PortUse("router http", r.host, r.port), PortUse("router metrics", r.metrics_host, r.metrics_port)),
+                       ports=tuple(u for u in config_port_uses(cfg) if u.owner.startswith("router ")),
                        health_url=f"http://{reach_host(r.host)}:{r.port}/readiness")
 
 
@@ -383,7 +383,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     included): busy ports, a missing model dir (real runs) and a missing router are errors too.
     """
     topology = host.topology
-    warnings: list[str] = list(f"topology: {n}" for n in topology.notes)
+    warnings: list[str] = [f"topology: {n}" for n in topology.notes]
     problems = _Problems()
     strict = (not rehearse) if require_gpus is None else require_gpus
     seen: dict[int, str] = {}

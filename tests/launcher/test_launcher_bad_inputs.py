@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 import fakebox
+import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T8 = str(FIXTURES / "topology-8gpu-2node.json")

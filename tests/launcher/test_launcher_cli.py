@@ -3,15 +3,13 @@ traceback; `plan --json` is machine-readable; `--version` works. All through rea
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import fakebox
+import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T8 = str(FIXTURES / "topology-8gpu-2node.json")
@@ -41,7 +39,8 @@ ERRORS = [
      ["engine.transfer_backend", "'ucx'"]),
     ("bad-kv-dtype", lambda t: ["plan", "--topology", T8, "--set", "engine.kv_cache_dtype=fp8"], ["kv_cache_dtype"]),
     ("unknown-profile", lambda t: ["plan", "--topology", T8, "--profile", "rtx9000"], ["unknown profile 'rtx9000'"]),
-    ("gpu-overlap", lambda t: ["plan", "--topology", T8, "--set", "decode.0.gpus=[0,4,5,6]"], ["GPU 0", "prefill-0", "decode-0"]),
+    ("gpu-overlap", lambda t: ["plan", "--topology", T8, "--set", "decode.0.gpus=[0,4,5,6]"],
+     ["GPU 0", "prefill-0", "decode-0"]),
     ("tp-divisible", lambda t: ["plan", "--topology", T8, "--set", "prefill.0.tp=3"], ["not divisible", "TP size 3"]),
     ("port-collision", lambda t: ["plan", "--topology", T8, "--set", "router.port=30000"], ["port 30000 is used twice"]),
     ("not-key-value", lambda t: ["plan", "--topology", T8, "--set", "router.port"], ["not KEY=VALUE"]),
@@ -93,7 +92,8 @@ def test_plan_human_output(cli) -> None:
     res = cli("plan", "--topology", T8)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert re.search(r"prefill-0\s+prefill\s+0,1,2,3\s+0 \(membind\)\s+127.0.0.1\s+http 30000, nccl 30010, bootstrap 8998", out)
+    assert re.search(r"prefill-0\s+prefill\s+0,1,2,3\s+0 \(membind\)\s+127.0.0.1\s+"
+                     r"http 30000, nccl 30010, bootstrap 8998", out)
     assert re.search(r"decode-0\s+decode\s+4,5,6,7\s+1 \(membind\)\s+127.0.0.1\s+http 30001, nccl 30011", out)
     assert "patches  sparse_decode on, moe on, indexer on" in out and "context 131072" in out
     assert "auth     NONE" in out and "WITHOUT authentication" in out
@@ -148,10 +148,9 @@ def test_command_line_round_trips_through_the_shell() -> None:
 
     from v4flash_pd import topology as topo
     from v4flash_pd.config import load_config
+    from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
     from v4flash_pd.render import command_line
-
-    from v4flash_pd.host import Host
 
     cfg = load_config(env={}, sets=("env.TRICKY='a b; $(echo no) \"q\"'", "model.path=/models/with space"))
     plan = build_plan(cfg, Host.remote(topo.load(T8)))
@@ -161,3 +160,24 @@ def test_command_line_round_trips_through_the_shell() -> None:
         assert words[0] == "env" and words[1:1 + n] == [f"{k}={v}" for k, v in p.env]
         assert words[1 + n:] == list(p.argv)
     assert dict(plan.get("decode-0").env)["TRICKY"] == 'a b; $(echo no) "q"'
+
+
+def test_kernels_extra_pins_the_stacks_torch_and_triton() -> None:
+    """`pip install v4flash-pd[kernels]` must get the Triton the kernels were tuned and checked with."""
+    import tomllib
+
+    from v4flash_pd import stacklock
+
+    root = Path(__file__).resolve().parents[2]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["kernels"]
+    pins = dict(r.split("==", 1) for r in extra)
+    locked = {p.name: p.version for p in stacklock.load_lock(root / "stack.lock").packages if not p.marker}
+    assert pins == {"torch": locked["torch"], "triton": locked["triton"]}, (pins, locked.get("triton"))
+
+
+def test_command_list_help_is_not_truncated(cli) -> None:
+    res = cli("--help")
+    assert res.returncode == 0
+    commands = res.stdout.split("Commands:", 1)[1]
+    assert "..." not in commands, commands
+    assert "below --min-accuracy" in " ".join(commands.split())  # eval's summary, whole

@@ -9,9 +9,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 import fakebox
+import pytest
 from fakebox import BOX_8GPU_2NODE
 
 from v4flash_pd import topology as topo
@@ -98,7 +97,8 @@ def test_default_profile_on_reference_box() -> None:
         == ("30000", "30010", "8998")
     assert (flag(d.argv, "--port"), flag(d.argv, "--nccl-port")) == ("30001", "30011")
     assert flag(d.argv, "--disaggregation-bootstrap-port") == "8998"  # decode's fallback = prefill-0's
-    assert (flag(r.argv, "--port"), flag(r.argv, "--prometheus-port"), flag(r.argv, "--host")) == ("8000", "29000", "0.0.0.0")
+    assert (flag(r.argv, "--port"), flag(r.argv, "--prometheus-port"), flag(r.argv, "--host")) \
+        == ("8000", "29000", "0.0.0.0")
     assert {(u.owner, u.port) for u in plan.port_uses()} == {
         ("prefill-0 http", 30000), ("prefill-0 nccl", 30010), ("prefill-0 bootstrap", 8998),
         ("decode-0 http", 30001), ("decode-0 nccl", 30011),

@@ -95,9 +95,10 @@ def test_engine_parser_rejects_what_plan_rejects(sglang_python, tmp_path) -> Non
 
 
 def test_router_argv_accepted_by_pinned_router_parser(default_plan) -> None:
-    from sglang_router.launch_router import RouterArgs
     import argparse
     import importlib.metadata
+
+    from sglang_router.launch_router import RouterArgs
 
     assert importlib.metadata.version("sglang-router") == "0.3.2"
     _, plan = default_plan

@@ -99,7 +99,7 @@ def make_model(root: Path, with_manifest: bool = True) -> Path:
     wm = {}
     for fname, tensors in shards.items():
         (m / fname).write_bytes(safetensors_bytes(tensors))
-        wm.update({t: fname for t in tensors})
+        wm.update(dict.fromkeys(tensors, fname))
     (m / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     if with_manifest:
         from v4flash_pd.bundle.modelmanifest import ModelFile, ModelManifest

@@ -63,7 +63,7 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "StandIn":
+    def __enter__(self) -> StandIn:
         self.thread.start()
         return self
 

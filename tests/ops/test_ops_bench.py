@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
+from ops_standin import StandIn
 
 from v4flash_pd import benchmark as b
-from ops_standin import StandIn
 
 
 def test_percentile_matches_numpy_linear():

@@ -12,12 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from ops_doctor_fixtures import make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi, make_sysfs, write_lock
 
-from ops_doctor_fixtures import (make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi,
-                                 make_sysfs, write_lock)
 from v4flash_pd.config import load_config
-from v4flash_pd.doctor import (EXIT_ERROR, EXIT_OK, EXIT_WARN, DoctorInput, exit_code, expect_from_plan, render_table,
-                               run_checks, system_probe)
+from v4flash_pd.doctor import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_WARN,
+    DoctorInput,
+    exit_code,
+    expect_from_plan,
+    render_table,
+    run_checks,
+    system_probe,
+)
 from v4flash_pd.doctor import model as dmodel
 from v4flash_pd.doctor import numa as dnuma
 from v4flash_pd.doctor import storage as dstorage
@@ -171,7 +179,8 @@ def test_version_drift_from_the_lock(box):
 
 def test_old_driver_and_wrong_gpu(box):
     rc, checks = doctor(box, "--only", "gpu",
-                        V4FLASH_NVIDIA_SMI=str(make_nvidia_smi(box["tmp"], name="NVIDIA H200", cap="9.0", driver="570.86.15")))
+                        V4FLASH_NVIDIA_SMI=str(make_nvidia_smi(box["tmp"], name="NVIDIA H200", cap="9.0",
+                                                               driver="570.86.15")))
     assert rc == EXIT_ERROR
     assert checks["nvidia-driver"]["status"] == "error" and "needs >= 580" in checks["nvidia-driver"]["detail"]
     assert checks["gpus"]["status"] == "error" and "sm_120" in checks["gpus"]["detail"]

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from ops_engine import engine
+
 from v4flash_pd import arith, evalgate
 
 

@@ -10,10 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import fakebox
-
+import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

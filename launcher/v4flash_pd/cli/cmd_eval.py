@@ -43,7 +43,7 @@ def command(url: str, questions: int, min_accuracy: float, seed: int, shots: int
         result = evalgate.run_eval(url, questions, min_accuracy, seed=seed, shots=shots,
                                    concurrency=concurrency, max_tokens=max_tokens, timeout=timeout_s)
     except ValueError as exc:
-        raise UserError(str(exc), "check --url (http://HOST:PORT), --questions >= 1, 0 <= --min-accuracy <= 1")
+        raise UserError(str(exc), "check --url (http://HOST:PORT), --questions >= 1, 0 <= --min-accuracy <= 1") from None
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

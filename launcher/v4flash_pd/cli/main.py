@@ -49,8 +49,19 @@ class LazyGroup(click.Group):
             return None
         return importlib.import_module(f"v4flash_pd.cli.{mod}").command
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's whole one-line summary: click would cut it at ~45 characters with '...'."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, prog_name="v4flash-pd")
 @click.option("--debug", is_flag=True, envvar="V4FLASH_DEBUG", help="Show tracebacks for errors.")
 @click.pass_context

@@ -69,7 +69,7 @@ def check_numa_map(inp: DoctorInput) -> Check:
     problems, unknown, fixes = [], [], []
     node_ids = set(topo.node_ids())
     for w in e.workers:
-        nodes = {g: (topo.gpu(g).numa_node if topo.gpu(g) else UNKNOWN_NODE) for g in w.gpus}
+        nodes = {g: gpu.numa_node if (gpu := topo.gpu(g)) is not None else UNKNOWN_NODE for g in w.gpus}
         known = {g: n for g, n in nodes.items() if n != UNKNOWN_NODE}
         unknown += [g for g, n in nodes.items() if n == UNKNOWN_NODE]
         if w.numa_node is None:

@@ -63,8 +63,9 @@ def run(inp: DoctorInput) -> list[Check]:
                             "profile targets, do not restrict --cpuset-mems, or --set <role>.<i>.numa_node=N with a node "
                             "listed by `numactl --hardware`")]
     if weaker:
-        items = "; ".join(f"{w.name} node {w.numa_node} gets --{'preferred' if w.policy == 'preferred' else 'cpunodebind only'}"
-                          f" ({w.reason})" for w in weaker)
+        items = "; ".join(f"{w.name} node {w.numa_node} gets "
+                          f"--{'preferred' if w.policy == 'preferred' else 'cpunodebind only'} ({w.reason})"
+                          for w in weaker)
         return out + [warn("numa-membind", f"membind not permitted: {items}", CAP_FIX)]
     nodes = sorted({w.numa_node for w in good if w.numa_node is not None})
     how = "--preferred (numa = preferred)" if e.numa_mode == "preferred" else "--cpunodebind/--membind"

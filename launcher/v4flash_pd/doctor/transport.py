@@ -91,12 +91,13 @@ def check_ucx(inp: DoctorInput) -> Check:
     if moddir and not Path(moddir).is_dir():
         return error("ucx-transports", f"UCX_MODULE_DIR={moddir} does not exist",
                      "point UCX_MODULE_DIR at <site-packages>/nixl_cu13.libs/ucx (or leave the profile's 'auto')")
-    source, found = "", ()
+    source = ""
+    found: tuple[str, ...] = ()
     ucx_info = p.which("ucx_info")
     if ucx_info:
         r = p.run([ucx_info, "-d"], 60.0, dict(inp.expect.worker_env))
         found = parse_ucx_transports(r.out) if r.rc == 0 else ()
-        source = f"`ucx_info -d`" if r.rc == 0 else ""
+        source = "`ucx_info -d`" if r.rc == 0 else ""
     if not source:
         libs = _libs_dir(inp)
         cand = Path(moddir) if moddir else (libs / "ucx" if libs else None)
