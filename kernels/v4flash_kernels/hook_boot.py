@@ -14,7 +14,10 @@ import sys
 # The sglang 0.5.13.post1 modules whose functions `v4flash_kernels.patches.PATCHES` replace; a
 # literal here (this module imports nothing), checked against the registry by the hook tests.
 TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
-TARGET_MODULES = frozenset({TARGET_MODULE})
+TARGET_MODULES = frozenset({
+    TARGET_MODULE,
+    "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton",
+})
 
 
 class SglangKernelFinder:

@@ -48,7 +48,17 @@ SPARSE_DECODE = PatchSpec(
     ours_attr="sparse_mla_decode",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE,)
+MOE = PatchSpec(
+    name="moe",
+    title="MXFP4 MoE",
+    switch_env="V4FLASH_MOE",
+    target_module="sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton",
+    target_attr="mxfp4_moe_forward_triton",
+    ours_module="v4flash_kernels.moe",
+    ours_attr="mxfp4_moe_forward",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE)
 
 
 def by_name(name: str) -> PatchSpec:
