@@ -94,6 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--from-json", default=None, help="re-render a finished run's --json (no GPU needed)")
     args = ap.parse_args(argv)
     try:
         specs = specs_from(args)
@@ -103,6 +104,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.dry_run:
         print(R.plan_text(specs))
         return 0
+    if args.from_json:
+        return from_json(args.from_json, args)
 
     try:
         import torch
@@ -128,17 +131,24 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
     t0 = time.time()
     ops, meas = runner.run(specs, seed, log=lambda s: print(s, flush=True))
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
+                sms=props.multi_processor_count, l2_mb=props.L2_cache_size >> 20, copy_bw_tbs=bw / 1e12,
+                graph_overhead_us=overhead, torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("V4FLASH_COMMIT") or _git_commit(), argv=sys.argv[1:], seed=seed,
+                wall_s=time.time() - t0, heads_patched=specs[0].heads_patched if specs else None,
+                wheel=os.environ.get("V4FLASH_SGLANG_WHEEL"))
+    return emit(specs, meas, gpu, meta, args)
+
+
+def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) -> int:
+    """Compose every spec from the measurements, print the tables, write JSON / markdown; 1 on a failed op."""
+    from v4flash_kernels.step import runner
+
     pairs = []
     for s in specs:
         sops = M.step_ops(s)
         us, src = runner.path_times(sops, meas)
         pairs.append((M.compose(s, "upstream", sops, us, src, gpu), M.compose(s, "patched", sops, us, src, gpu)))
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
-                sms=props.multi_processor_count, l2_mb=props.L2_cache_size >> 20, copy_bw_tbs=bw / 1e12,
-                graph_overhead_us=overhead, torch=torch.__version__, triton=triton.__version__,
-                commit=_git_commit(), argv=sys.argv[1:], seed=seed, wall_s=time.time() - t0,
-                heads_patched=specs[0].heads_patched if specs else None,
-                wheel=os.environ.get("V4FLASH_SGLANG_WHEEL"))
     print(json.dumps(meta))
     print()
     print(R.summary_table(pairs, md=False))
@@ -169,6 +179,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     return 0
 
+
+def from_json(path: str, args) -> int:
+    """Re-compose and re-render a finished run's measurements (no GPU): same specs, new tables."""
+    from v4flash_kernels.step import runner
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        meta = data["meta"]
+        meas = {(m["key"], m["impl"]): runner.Measurement(**m) for m in data["measurements"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: cannot read measurements from {path}: {exc}\nfix: pass the --json file a GPU run wrote",
+              file=sys.stderr)
+        return 2
+    specs = [M.StepSpec(s.phase, s.batch, s.configured_ctx, s.actual_ctx, s.heads_upstream,
+                        meta.get("heads_patched") or s.heads_patched) for s in specs_from(args)]
+    gpu = M.machine_for(meta["gpu"], meta["copy_bw_tbs"] * 1e12)
+    try:
+        return emit(specs, meas, gpu, meta, args)
+    except KeyError as exc:
+        print(f"error: the run in {path} has no measurement for {exc}\nfix: give the same --batches/--contexts/"
+              "--actual-context/--prefill as that run", file=sys.stderr)
+        return 2
 
 if __name__ == "__main__":
     sys.exit(main())

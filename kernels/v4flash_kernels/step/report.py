@@ -11,6 +11,17 @@ def _f(x: float, nd: int = 2) -> str:
     return "-" if x != x else f"{x:.{nd}f}"
 
 
+def _sig(x: float) -> str:
+    """About three significant digits without exponents (tiny floors stay readable)."""
+    if x != x:
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
 def _shape(op: M.Op) -> str:
     p = {k: v for k, v in op.params if k != "variant"}
     return " ".join(f"{k}={v}" for k, v in p.items())
@@ -61,18 +72,18 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     body = []
     for l, p in _per_op_rows(up, pa):
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
-        body.append([l.name, str(l.count), _f(l.us_call, 1), _f(p.us_call, 1), _f(l.ms_step / div, 3),
-                     _f(p.ms_step / div, 3), _f(p.floor_rtx_ms / div, 3), _f(p.floor_gpu_ms / div, 3),
-                     _f(ratio, 1) + "x", p.source])
-    body.append(["**timed ops**" if md else "timed ops", "", "", "", _f(up.timed_ms / div, 3), _f(pa.timed_ms / div, 3),
-                 _f(pa.floor_rtx_ms / div, 3), _f(pa.floor_gpu_ms / div, 3),
-                 _f(pa.timed_ms / pa.floor_gpu_ms, 1) + "x", ""])
+        body.append([l.name, str(l.count), _sig(l.us_call), _sig(p.us_call), _sig(l.ms_step / div),
+                     _sig(p.ms_step / div), _sig(p.floor_rtx_ms / div), _sig(p.floor_gpu_ms / div),
+                     _sig(ratio) + "x", p.source])
+    body.append(["**timed ops**" if md else "timed ops", "", "", "", _sig(up.timed_ms / div), _sig(pa.timed_ms / div),
+                 _sig(pa.floor_rtx_ms / div), _sig(pa.floor_gpu_ms / div),
+                 _sig(pa.timed_ms / pa.floor_gpu_ms) + "x", ""])
     for e in up.estimates:
         v = e.count * e.us_per_call / 1e3 / div
-        body.append([f"{e.name} (estimate)", str(e.count), _f(e.us_per_call, 1), _f(e.us_per_call, 1), _f(v, 3),
-                     _f(v, 3), "", "", "", e.source])
+        body.append([f"{e.name} (estimate)", str(e.count), _sig(e.us_per_call), _sig(e.us_per_call), _sig(v),
+                     _sig(v), "", "", "", e.source])
     tot = "**total**" if md else "total"
-    body.append([tot, "", "", "", _f(up.total_ms / div, 3), _f(pa.total_ms / div, 3), "", "", "", ""])
+    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), "", "", "", ""])
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
                      "", "", "", ""])
