@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import fakebox  # noqa: E402
+import fakebox
 
 PY = sys.executable
 
@@ -79,9 +79,10 @@ def run_up(tmp: Path, topo: Path, load: float, grace: float, hang_window: float,
             ev = _events(run)
             at = {(e["event"], e.get("name")): e["t"] for e in ev}
             start = at[("start", "prefill-0")]
-            res["workers_healthy_beyond_load"] = max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")]) - start - load
+            healthy = max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")])
+            res["workers_healthy_beyond_load"] = healthy - start - load
             res["router_start_to_smoke"] = at[("smoke", None)] - at[("start", "router")]
-            res["healthy_to_router_start"] = at[("start", "router")] - max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")])
+            res["healthy_to_router_start"] = at[("start", "router")] - healthy
             if hang:
                 t_stop = time.time()
                 os.killpg(pids["decode-0"], signal.SIGSTOP)

@@ -86,7 +86,7 @@ class Probes:
         threading.Thread(target=run, name=f"probe-{name}", daemon=True).start()
 
     def results(self) -> list[tuple[str, float, Reply]]:
-        out = []
+        out: list[tuple[str, float, Reply]] = []
         while True:
             try:
                 item = self._done.get_nowait()

@@ -38,16 +38,17 @@ class Identity:
                 "cmdlines": [list(c) for c in self.cmdlines]}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> "Identity":
+    def from_dict(cls, d: Mapping[str, object]) -> Identity:
         pid = d.get("pid")
         start = d.get("start_time")
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(start, int):
             raise ValueError(f"not a process identity: {d!r}")
-        raw = d.get("cmdlines") or []
-        cmdlines = tuple(tuple(str(a) for a in c) for c in raw if isinstance(c, list))  # type: ignore[union-attr]
+        raw = d.get("cmdlines")
+        items: list[object] = raw if isinstance(raw, list) else []
+        cmdlines = tuple(tuple(str(a) for a in c) for c in items if isinstance(c, list))
         return cls(pid, start, str(d.get("boot_id") or ""), cmdlines)
 
-    def with_cmdline(self, cmdline: tuple[str, ...]) -> "Identity":
+    def with_cmdline(self, cmdline: tuple[str, ...]) -> Identity:
         if not cmdline or cmdline in self.cmdlines:
             return self
         return Identity(self.pid, self.start_time, self.boot_id, self.cmdlines + (cmdline,))
@@ -129,7 +130,7 @@ def refuse_reason(pgid: int) -> str:
 
 
 def group_members(pgid: int, proc: Path = PROC) -> list[Stat]:
-    out = []
+    out: list[Stat] = []
     try:
         entries = list(proc.iterdir())
     except OSError:
@@ -286,11 +287,11 @@ class ProcessGroup:
                 return
             if pid == 0:
                 return
-            c = by_pid.get(pid)
-            if c is not None and c.returncode is None:
-                c.returncode = os.waitstatus_to_exitcode(status)
-                if c.popen is not None:
-                    c.popen.returncode = c.returncode
+            reaped = by_pid.get(pid)
+            if reaped is not None and reaped.returncode is None:
+                reaped.returncode = os.waitstatus_to_exitcode(status)
+                if reaped.popen is not None:
+                    reaped.popen.returncode = reaped.returncode
 
     def first_exited(self) -> Child | None:
         self.reap()

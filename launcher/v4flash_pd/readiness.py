@@ -69,7 +69,7 @@ def router_check(fetch: Fetch, readiness_url: str, expected: tuple[tuple[str, in
                  timeout: float = 5.0) -> tuple[bool, str]:
     rep = fetch(readiness_url, timeout)
     if rep.status != 200:
-        return False, f"router /readiness {describe(rep, timeout=timeout) if not rep.status else 'HTTP %d' % rep.status}"
+        return False, f"router /readiness {f'HTTP {rep.status}' if rep.status else describe(rep, timeout=timeout)}"
     base = readiness_url.rsplit("/", 1)[0]
     counts = worker_counts(fetch(base + "/workers", timeout))
     missing = [f"{role} {counts.get(role, 0)}/{n}" for role, n in expected if counts.get(role, 0) < n]

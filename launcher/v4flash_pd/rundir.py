@@ -28,7 +28,7 @@ class RunDir:
     path: Path
 
     @classmethod
-    def create(cls, path: Path | None = None) -> "RunDir":
+    def create(cls, path: Path | None = None) -> RunDir:
         root = runs_root().absolute()
         if path is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -55,7 +55,7 @@ class RunDir:
         return cls(path)
 
     @classmethod
-    def find(cls, path: Path | None) -> "RunDir":
+    def find(cls, path: Path | None) -> RunDir:
         if path is None:
             latest = runs_root() / "latest"
             if not latest.exists():
@@ -184,7 +184,7 @@ class RunDir:
 
     def patch_status(self) -> list[dict[str, Any]]:
         """Every worker process's kernel patch report (`patch/patch-<pid>.json`), normalized."""
-        out = []
+        out: list[dict[str, Any]] = []
         for p in sorted((self.path / "patch").glob("patch-*.json")):
             try:
                 data = json.loads(p.read_text())

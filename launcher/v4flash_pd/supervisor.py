@@ -13,6 +13,7 @@ leave a process behind.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -25,10 +26,26 @@ from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.poll import SYSTEM_CLOCK, Clock
-from v4flash_pd.procgroup import Child, Identity, ProcessGroup, Signaller, describe_state, identify, pid_file_text, read_cmdline
-from v4flash_pd.readiness import (HealthGate, is_miss_when_ready, is_miss_while_loading, router_check,
-                                  smoke_text, worker_counts)
+from v4flash_pd.procgroup import (
+    Child,
+    Identity,
+    ProcessGroup,
+    Signaller,
+    describe_state,
+    identify,
+    pid_file_text,
+    read_cmdline,
+)
+from v4flash_pd.readiness import (
+    HealthGate,
+    is_miss_when_ready,
+    is_miss_while_loading,
+    router_check,
+    smoke_text,
+    worker_counts,
+)
 from v4flash_pd.render import command_line
+from v4flash_pd.routerauth import auth_headers
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.watchdog import Hang, Watchdog
 
@@ -66,7 +83,7 @@ class Supervisor:
     smoke_prompt: str = "The capital of France is"
     poll: float = 0.05
     progress_every: float = float(os.environ.get("V4FLASH_PROGRESS_INTERVAL", "10"))
-    after_ready: Callable[["Supervisor"], None] | None = None  # e.g. the eval gate
+    after_ready: Callable[[Supervisor], None] | None = None  # e.g. the eval gate
     hang_timeout: float = 60.0
     clock: Clock = SYSTEM_CLOCK
     fetch: Fetch = _fetch
@@ -244,7 +261,7 @@ class Supervisor:
         def run() -> None:
             try:
                 box["value"] = fn()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            except BaseException as exc:
                 box["error"] = exc
 
         t = threading.Thread(target=run, name="blocking-call", daemon=True)
@@ -296,7 +313,8 @@ class Supervisor:
             if now > deadline:
                 raise RuntimeFailure(
                     f"timed out after {now - t0:.0f}s waiting for workers to load ({gate.detail()})",
-                    f"raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in {self.run.path}",
+                    "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
+                    f"{self.run.path}",
                 )
             if now - last >= self.progress_every:
                 self.say(f"[{now - t0:6.0f}s] waiting for workers to load: {gate.detail()}")
@@ -317,7 +335,8 @@ class Supervisor:
             if now > deadline:
                 raise RuntimeFailure(
                     f"timed out after {now - t0:.0f}s waiting for {what} ({detail})",
-                    f"raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in {self.run.path}",
+                    "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
+                    f"{self.run.path}",
                 )
             if now - last >= self.progress_every:
                 self.say(f"[{now - t0:6.0f}s] waiting for {what}: {detail}")
@@ -333,7 +352,10 @@ class Supervisor:
         url = self.plan.probe_url + "/generate"
         while True:
             timeout = max(5.0, min(600.0, deadline - self.clock.now()))
-            rep = self._interruptible(lambda: request(url, payload, timeout=timeout), "during the smoke request")
+            # a router planned with an API key answers 401 without it (routerauth: key from file/env, never argv)
+            headers = auth_headers(self.plan.router_auth)
+            rep = self._interruptible(functools.partial(request, url, payload, timeout=timeout, headers=headers),
+                                      "during the smoke request")
             text, why = smoke_text(rep)
             if text:
                 return text

@@ -3,8 +3,8 @@
 A crashed process is noticed by its exit; a hung one (deadlock, SIGSTOP, a GPU stuck in a kernel)
 keeps its pid and its port and only stops answering. The watchdog is a pure state machine over
 probe results and a clock: the supervisor feeds it, tests drive it with a fake clock. Probes run
-every window/3 (or `every`) with a timeout of at most window/3, cut to the window's end, so a hang is declared at most `window`
-seconds after the last good answer (plus one supervisor tick), and only after at least
+every window/3 (or `every`) with a timeout of at most window/3, cut to the window's end, so a hang
+is declared at most `window` seconds after the last good answer (plus one supervisor tick), and only after at least
 `min_misses` probes failed: one slow answer is not a hang.
 """
 

@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import fakebox
+import pytest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,7 +40,7 @@ def _gone(pgid: int) -> bool:
     return False
 
 
-def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
+def _wait(cond, timeout: float, what: str):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = cond()
@@ -117,7 +116,7 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
         rc = up.p.wait(60)
         out = up.text()
         for name, pid in pids.items():
-            _wait(lambda: _gone(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
+            _wait(lambda pid=pid: _gone(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
         assert rc == 0, out
         assert "stopped cleanly" in out and "Traceback" not in out, out
         assert "cannot write the run dir" in out, out

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import fakebox
+import pytest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,7 +113,7 @@ def box(tmp_path: Path):
 
 def _assert_all_gone(pids: dict[str, int]) -> None:
     for name, pid in pids.items():
-        _wait(lambda: _gone(pid), 10, f"{name} (pgid {pid}) to go")
+        _wait(lambda pid=pid: _gone(pid), 10, f"{name} (pgid {pid}) to go")
 
 
 # ------------------------------------------------------------------ closed stdout, SIGHUP

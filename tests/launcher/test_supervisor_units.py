@@ -20,11 +20,20 @@ from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import ERROR, OK, REFUSED, TIMEOUT, Reply
 from v4flash_pd.plan import Binding, Plan, ProcessSpec
 from v4flash_pd.poll import Clock, poll_until
-from v4flash_pd.procgroup import (Child, Identity, ProcessGroup, Signaller, Verdict, identify, parse_pid_file,
-                                  pid_file_text, verify)
+from v4flash_pd.procgroup import (
+    Child,
+    Identity,
+    ProcessGroup,
+    Signaller,
+    Verdict,
+    identify,
+    parse_pid_file,
+    pid_file_text,
+    verify,
+)
 from v4flash_pd.readiness import HealthGate, describe
-from v4flash_pd.rundir import RunDir, normalize_patch_status
-from v4flash_pd.supervisor import StopRequested, Supervisor
+from v4flash_pd.rundir import RunDir
+from v4flash_pd.supervisor import Supervisor
 from v4flash_pd.watchdog import Watchdog
 
 pytestmark = pytest.mark.timeout(60)

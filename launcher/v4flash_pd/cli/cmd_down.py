@@ -65,7 +65,8 @@ def command(run_dir: Path | None, timeout: float, grace: float, as_json: bool) -
         _wait_gone(sig, pending, 5.0)
     stopped = [n for n in leftovers if not sig.alive(procs[n])]
     if stopped:
-        how += f"; stopped leftover process groups: {', '.join(stopped)}" + (f" (SIGKILL: {', '.join(killed)})" if killed else "")
+        how += f"; stopped leftover process groups: {', '.join(stopped)}"
+        how += f" (SIGKILL: {', '.join(killed)})" if killed else ""
     still = [n for n in leftovers if sig.alive(procs[n])]
     if stopped or how == "launcher did not stop in time":
         try:

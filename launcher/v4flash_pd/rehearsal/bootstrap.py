@@ -10,8 +10,6 @@ host, port or room fails exactly where it would on the GPU box.
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
+from v4flash_pd.httpclient import Reply, request
+from v4flash_pd.poll import poll_until
 from v4flash_pd.rehearsal.httpbase import JsonHandler, Server, make_server
 
 ROOM_PATH = "/rehearsal/room/"
@@ -108,7 +108,7 @@ def serve_bootstrap(host: str, port: int, store: RoomStore, layout: Layout,
     """Bind prefill's bootstrap server (not started: the caller runs serve_forever)."""
 
     class Handler(JsonHandler):
-        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        def do_GET(self) -> None:
             url = urlsplit(self.path)
             if url.path == "/health":
                 return self.send_text(200, "OK")
@@ -118,7 +118,7 @@ def serve_bootstrap(host: str, port: int, store: RoomStore, layout: Layout,
                 return self._room(url.path[len(ROOM_PATH):], parse_qs(url.query))
             self.send_text(404, "Not Found")
 
-        def do_PUT(self) -> None:  # noqa: N802
+        def do_PUT(self) -> None:
             self.read_body()
             self.send_text(200 if urlsplit(self.path).path == "/route" else 404, "OK")
 
@@ -150,14 +150,13 @@ def serve_bootstrap(host: str, port: int, store: RoomStore, layout: Layout,
     return make_server(host, port, Handler)
 
 
-def _get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(host.strip("[]"), port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+def _get(host: str, port: int, path: str, timeout: float) -> Reply:
+    host = host.strip("[]")
+    return request(f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}", timeout=timeout)
+
+
+def _why(rep: Reply) -> str:
+    return f"HTTP {rep.status}: {rep.body[:200]}" if rep.status else f"no answer ({rep.kind}): {rep.error}"
 
 
 def fetch_room(host: str, port: int, room: int, timeout_s: float,
@@ -169,37 +168,42 @@ def fetch_room(host: str, port: int, room: int, timeout_s: float,
     """
     deadline = time.monotonic() + timeout_s
     where = f"bootstrap server {host}:{port}"
-    last = "no attempt made"
-    layout: Layout | None = None
-    while layout is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HandshakeError(f"could not get prefill's layout from {where} within "
-                                 f"{timeout_s:g}s: {last}")
-        try:
-            status, data = _get(host, port, "/route?" + _LAYOUT_QUERY, min(left, 2.0))
-            if status == 200:
-                d = json.loads(data)
-                layout = Layout(**{k: d[k] for k in Layout.__dataclass_fields__})
-                break
-            last = f"HTTP {status}: {data.decode(errors='replace')[:200]}"
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            last = f"{type(e).__name__}: {e}"
-        time.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HandshakeError(f"bootstrap_room {room} never appeared on {where} within "
-                                 f"{timeout_s:g}s (last: {last})")
-        wait = min(left, 1.0)
-        try:
-            status, data = _get(host, port, f"{ROOM_PATH}{room}?wait={wait:.3f}", wait + 2.0)
-            if status == 200:
-                d = json.loads(data)
-                return layout, Room(**{k: d[k] for k in Room.__dataclass_fields__})
-            last = f"HTTP {status}"
-            if status == 404:
-                continue
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            last = f"{type(e).__name__}: {e}"
-        time.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
+    last = ["no attempt made"]
+
+    def left() -> float:
+        return max(0.01, deadline - time.monotonic())
+
+    def get_layout() -> Layout | None:
+        rep = _get(host, port, "/route?" + _LAYOUT_QUERY, min(left(), 2.0))
+        if rep.status == 200:
+            try:
+                d = rep.json()
+                return Layout(**{k: d[k] for k in Layout.__dataclass_fields__})
+            except (ValueError, KeyError, TypeError) as e:
+                last[0] = f"{type(e).__name__}: {e}"
+                return None
+        last[0] = _why(rep)
+        return None
+
+    layout = poll_until(get_layout, timeout_s, retry_s)
+    if layout is None:
+        raise HandshakeError(f"could not get prefill's layout from {where} within {timeout_s:g}s: {last[0]}")
+
+    def get_room() -> Room | None:
+        wait = min(left(), 1.0)
+        rep = _get(host, port, f"{ROOM_PATH}{room}?wait={wait:.3f}", wait + 2.0)
+        if rep.status == 200:
+            try:
+                d = rep.json()
+                return Room(**{k: d[k] for k in Room.__dataclass_fields__})
+            except (ValueError, KeyError, TypeError) as e:
+                last[0] = f"{type(e).__name__}: {e}"
+                return None
+        last[0] = f"HTTP {rep.status}" if rep.status else _why(rep)
+        return None
+
+    got = poll_until(get_room, deadline - time.monotonic(), retry_s)
+    if got is None:
+        raise HandshakeError(f"bootstrap_room {room} never appeared on {where} within "
+                             f"{timeout_s:g}s (last: {last[0]})")
+    return layout, got
