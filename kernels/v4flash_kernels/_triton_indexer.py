@@ -6,8 +6,10 @@ NPROG comes from shapes only, the loop bounds from `seq_lens` in device memory, 
 replays for any length while the work done follows the actual length, not the page-table width.
 
 Per tile: the fp8 keys `[64*PAGES, 128]` times the fp8 q of all heads `[128, BLOCK_H]` through one
-`tl.dot` (fp32 accumulation; fp8 x fp8 products are exact in fp32), ReLU, the head-weighted sum,
-then the per-token fp32 key scale.
+`tl.dot`, ReLU, the head-weighted sum, then the per-token fp32 key scale. The dot takes both
+operands as fp16 (every e4m3 value is exact in fp16, their products exact in fp32) with fp32
+accumulation, i.e. upstream's fp32 bmm to rounding: fp8 tensor-core MMAs may accumulate with fewer
+bits (Hopper's fp8 wgmma does by default), and the kernel is bound by memory, not by the MMA.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def indexer_logits_kernel(
     BLOCK_H: tl.constexpr,
     PAGES: tl.constexpr,
     FILL: tl.constexpr,
-    DOT_FP8: tl.constexpr,
+    DOT_F16: tl.constexpr,
     WRITE_TAIL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -51,8 +53,7 @@ def indexer_logits_kernel(
         hmask = h < H
         q = tl.load(Q + b * stride_qb + h[None, :] * stride_qh + d[:, None], mask=hmask[None, :], other=0.0)
         w = tl.load(W + b * stride_wb + h * stride_wh, mask=hmask, other=0.0).to(tl.float32)
-        if not DOT_FP8:
-            q = q.to(tl.float32)
+        q = q.to(tl.float16) if DOT_F16 else q.to(tl.float32)
         pt_row = PT + b * stride_pb
         t_off = tl.arange(0, TILE)
         for t in range(pid, n_tiles, nprog):
@@ -66,8 +67,8 @@ def indexer_logits_kernel(
             slot = pos % PAGE
             k = tl.load(K8 + page[:, None] * stride_kp8 + slot[:, None] * HEAD_DIM + d[None, :],
                         mask=valid[:, None], other=0.0)
-            if DOT_FP8:
-                s = tl.dot(k, q)
+            if DOT_F16:
+                s = tl.dot(k.to(tl.float16), q)
             else:
                 s = tl.dot(k.to(tl.float32), q, input_precision="ieee")
             s = tl.maximum(s, 0.0) * w[None, :]

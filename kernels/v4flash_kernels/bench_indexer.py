@@ -252,13 +252,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     sweep_set = {Shape(b, c, a) for b, c, a in SWEEP_SHAPES} if args.sweep else set()
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     rows: List[dict] = []
+    failed: List[dict] = []
     t0 = time.time()
     for i, sh in enumerate(shapes + sorted(sweep_set - set(shapes), key=lambda s: (s.batch, s.context))):
-        rows.append(run_shape(sh, upstream, seed + i, sh in sweep_set))
+        try:
+            rows.append(run_shape(sh, upstream, seed + i, sh in sweep_set))
+        except Exception as exc:  # one broken shape must not lose the others' rows
+            import traceback
+
+            traceback.print_exc()
+            failed.append(dict(asdict(sh), error=f"{type(exc).__name__}: {exc}"))
+            torch.cuda.empty_cache()
+            continue
         r = rows[-1]
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
+                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows, failed=failed), f, indent=1)
         v = r["variants"]
         print(f"[{time.time() - t0:6.1f}s] B={sh.batch} ctx={sh.context} actual={sh.actual}: ours "
               f"{v['ours']['us']:.1f} us (no tail {v['ours_no_tail']['us']:.1f}) err {v['ours']['rel_err']:.1e}"
@@ -274,11 +283,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("\nconfig sweep (us, graph replay):\n" + sw)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows, failed=failed), f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")
-    all_ok = all(x.get("ok", True) for r in rows for x in r["variants"].values())
+    for f_ in failed:
+        print(f"FAILED shape: {f_}")
+    all_ok = not failed and all(x.get("ok", True) for r in rows for x in r["variants"].values())
     return 0 if all_ok else 1
 
 

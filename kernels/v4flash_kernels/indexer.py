@@ -145,7 +145,8 @@ def run(
     k8 = flat.view(torch.float8_e4m3fn)
     ks = flat.view(torch.float32)
     q = q_fp8 if q_fp8.stride(3) == 1 else q_fp8.contiguous()
-    dot_fp8 = q.dtype == torch.float8_e4m3fn and os.environ.get("TRITON_INTERPRET") != "1"
+    # fp16 operands when q is fp8 (exact); fp32 for another q dtype and under the interpreter.
+    dot_f16 = q.dtype == torch.float8_e4m3fn and os.environ.get("TRITON_INTERPRET") != "1"
 
     cfg = config or DEFAULT
     if nprog is None:
@@ -162,7 +163,7 @@ def run(
         BLOCK_H=block_h,
         PAGES=cfg.pages,
         FILL=cfg.fill,
-        DOT_FP8=dot_fp8,
+        DOT_F16=dot_f16,
         WRITE_TAIL=write_tail,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

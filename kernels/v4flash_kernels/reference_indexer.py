@@ -75,8 +75,8 @@ def logits_error(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
     `inf_ok`: -inf exactly where the reference is -inf; `nan`: any NaN in `out`.
     """
-    o = out.detach().cpu().to(torch.float64)
     r = ref.to(torch.float64)
+    o = out.detach().to(device=r.device, dtype=torch.float64)
     nan = bool(torch.isnan(o).any())
     inf_ok = o.shape == r.shape and bool(torch.equal(torch.isneginf(o), torch.isneginf(r)))
     fin = torch.isfinite(r)
