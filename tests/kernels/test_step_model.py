@@ -3,7 +3,6 @@ composition arithmetic, the report with stand-in timings, and the CLI's --dry-ru
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -158,7 +157,7 @@ def test_compose_arithmetic():
     assert pa.timed_ms == pytest.approx((calls - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
     assert up.total_ms == pytest.approx(up.timed_ms + up.estimate_ms)
     assert up.tok_s() == pytest.approx(16 / (up.total_ms / 1e3))
-    moe = [l for l in pa.lines if l.group == "moe"][0]
+    moe = [ln for ln in pa.lines if ln.group == "moe"][0]
     assert moe.source == "ours" and moe.ms_step == pytest.approx(43 * 0.5 / 1e3)
     assert pa.floor_rtx_ms > pa.floor_gpu_ms > 0
 
@@ -267,14 +266,15 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
             meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 10.0 if impl == "upstream" else 5.0,
                                                           1, 3, True, 1e-3, "", impl)))
     run = tmp_path / "run.json"
-    run.write_text(json.dumps(dict(meta=dict(gpu="NVIDIA H200", copy_bw_tbs=4.2, heads_patched=64), measurements=meas)))
+    meta = {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64}
+    run.write_text(json.dumps({"meta": meta, "measurements": meas}))
     md = tmp_path / "out.md"
     args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run), "--md", str(md)]
     assert main(args) == 0
     text = md.read_text()
     assert "| decode B=1 C=128K L=8K |" in text and "routed MoE (MXFP4)" in text
     # 10 µs per upstream call, 5 µs for our attention/MoE/indexer: the patched timed total is smaller
-    line = [l for l in text.splitlines() if l.startswith("| decode B=1")][0].split("|")
+    line = [ln for ln in text.splitlines() if ln.startswith("| decode B=1")][0].split("|")
     assert float(line[2]) > float(line[3])
     assert main(["--batches", "16", "--contexts", "128K", "--prefill", "", "--from-json", str(run)]) == 2
     assert "no measurement" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List
 
 from v4flash_kernels.step import model as M
 from v4flash_kernels.step import report as R
@@ -44,7 +44,8 @@ def parse_sizes(text: str, what: str) -> List[int]:
         try:
             v = int(part) * mult
         except ValueError:
-            raise UsageError(f"--{what} {text!r}: {part!r} is not a number", f"give e.g. --{what} 1,16 or 128K,1M")
+            raise UsageError(f"--{what} {text!r}: {part!r} is not a number",
+                             f"give e.g. --{what} 1,16 or 128K,1M") from None
         if v <= 0:
             raise UsageError(f"--{what} {text!r}: sizes must be positive", f"give e.g. --{what} 1,16")
         out.append(v)
@@ -84,7 +85,7 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.step", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,16,32,64", help="decode requests per GPU")
     ap.add_argument("--contexts", default="128K,1M", help="configured --context-length values")
@@ -131,12 +132,14 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
     t0 = time.time()
     ops, meas = runner.run(specs, seed, log=lambda s: print(s, flush=True))
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
-                sms=props.multi_processor_count, l2_mb=props.L2_cache_size >> 20, copy_bw_tbs=bw / 1e12,
-                graph_overhead_us=overhead, torch=torch.__version__, triton=triton.__version__,
-                commit=os.environ.get("V4FLASH_COMMIT") or _git_commit(), argv=sys.argv[1:], seed=seed,
-                wall_s=time.time() - t0, heads_patched=specs[0].heads_patched if specs else None,
-                wheel=os.environ.get("V4FLASH_SGLANG_WHEEL"))
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+        "sms": props.multi_processor_count, "l2_mb": props.L2_cache_size >> 20, "copy_bw_tbs": bw / 1e12,
+        "graph_overhead_us": overhead, "torch": torch.__version__, "triton": triton.__version__,
+        "commit": os.environ.get("V4FLASH_COMMIT") or _git_commit(), "argv": sys.argv[1:], "seed": seed,
+        "wall_s": time.time() - t0, "heads_patched": specs[0].heads_patched if specs else None,
+        "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
+    }
     return emit(specs, meas, gpu, meta, args)
 
 
@@ -158,15 +161,17 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
     bad = [m for m in meas.values() if not m.ok]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, measurements=[runner.to_json(m) for m in meas.values()],
-                           compositions=[dict(spec=up.spec.label, upstream_ms=up.total_ms, patched_ms=pa.total_ms,
-                                              upstream_timed_ms=up.timed_ms, patched_timed_ms=pa.timed_ms,
-                                              estimate_ms=up.estimate_ms, floor_rtx6000_ms=pa.floor_rtx_ms,
-                                              floor_gpu_ms=pa.floor_gpu_ms,
-                                              upstream_tok_s=up.tok_s(), patched_tok_s=pa.tok_s(),
-                                              lines=[dict(path=c.path, **l.__dict__) for c in (up, pa)
-                                                     for l in c.lines])
-                                         for up, pa in pairs]), f, indent=1, default=str)
+            json.dump({
+                "meta": meta,
+                "measurements": [runner.to_json(m) for m in meas.values()],
+                "compositions": [{
+                    "spec": up.spec.label, "upstream_ms": up.total_ms, "patched_ms": pa.total_ms,
+                    "upstream_timed_ms": up.timed_ms, "patched_timed_ms": pa.timed_ms,
+                    "estimate_ms": up.estimate_ms, "floor_rtx6000_ms": pa.floor_rtx_ms, "floor_gpu_ms": pa.floor_gpu_ms,
+                    "upstream_tok_s": up.tok_s(), "patched_tok_s": pa.tok_s(),
+                    "lines": [dict(path=c.path, **ln.__dict__) for c in (up, pa) for ln in c.lines],
+                } for up, pa in pairs],
+            }, f, indent=1, default=str)
     if args.md:
         with open(args.md, "w") as f:
             f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True)}\n")

@@ -12,9 +12,8 @@ mxfp4_marlin_moe.py) at attention-TP = MoE-TP = 4 with DeepSeek-V4-Flash's confi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
-
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Tuple
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,13 @@ class Op:
     bytes: int
     flops: int
     params: Tuple[Tuple[str, object], ...] = ()
-    patch: Optional[str] = None  # which of our kernels replaces it in the patched path
+    patch: str | None = None  # which of our kernels replaces it in the patched path
 
     @property
     def p(self) -> Dict[str, object]:
         return dict(self.params)
 
-    def floor_us(self, machine: "Machine") -> float:
+    def floor_us(self, machine: Machine) -> float:
         return machine.floor_us(self.bytes, self.flops, fp8=self.group in ("fp8_gemm", "indexer"))
 
 
@@ -189,7 +188,7 @@ def attention_tokens(kind: str, actual_ctx: int) -> int:
 
 
 def attention_op(kind: str, rows: int, heads_needed: int, total_tokens: int, count: int, key: str,
-                 params: Tuple[Tuple[str, object], ...], distinct_tokens: Optional[int] = None) -> Op:
+                 params: Tuple[Tuple[str, object], ...], distinct_tokens: int | None = None) -> Op:
     """Floor: each distinct attended fp8_ds_mla token once, the int32 indices, q in / out.
 
     `heads_needed` is 16 at TP4 whatever the kernel computes (upstream pads q to all 64 heads).
@@ -203,7 +202,7 @@ def attention_op(kind: str, rows: int, heads_needed: int, total_tokens: int, cou
 
 
 def indexer_op(rows: int, configured_c4: int, actual_c4_per_row: float, count: int, key: str,
-               params: Tuple[Tuple[str, object], ...], distinct_keys: Optional[int] = None) -> Op:
+               params: Tuple[Tuple[str, object], ...], distinct_keys: int | None = None) -> Op:
     """Floor: the valid fp8 keys + scales, q, weights, and the full [rows, configured/4] fp32 logits.
 
     The logits tensor is part of the drop-in contract (top-k reads it), so it counts in full.
@@ -433,7 +432,7 @@ class Composition:
 
     @property
     def timed_ms(self) -> float:
-        return sum(l.ms_step for l in self.lines)
+        return sum(ln.ms_step for ln in self.lines)
 
     @property
     def estimate_ms(self) -> float:
@@ -445,11 +444,11 @@ class Composition:
 
     @property
     def floor_rtx_ms(self) -> float:
-        return sum(l.floor_rtx_ms for l in self.lines)
+        return sum(ln.floor_rtx_ms for ln in self.lines)
 
     @property
     def floor_gpu_ms(self) -> float:
-        return sum(l.floor_gpu_ms for l in self.lines)
+        return sum(ln.floor_gpu_ms for ln in self.lines)
 
     def tok_s(self, include_estimates: bool = True) -> float:
         ms = self.total_ms if include_estimates else self.timed_ms

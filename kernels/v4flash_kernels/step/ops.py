@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +123,7 @@ PATCHES = {
 }
 
 
-def patch_function(kind: str) -> Tuple[Optional[Callable], str]:
+def patch_function(kind: str) -> Tuple[Callable | None, str]:
     """(our function or None, why): None with "no patch yet" when its module does not exist."""
     mod_name, attr = PATCHES[kind]
     if importlib.util.find_spec(mod_name) is None:
@@ -302,7 +302,7 @@ def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     tokens (all of them when fewer); c128 = all (t+1)//128 compressed tokens, length clamped to 1
     like `c128_topk_lengths_clamp1` (an index of -1 marks the empty slot).
     """
-    from v4flash_kernels.reference import CacheSpec, HEAD_DIM, make_cache
+    from v4flash_kernels.reference import HEAD_DIM, CacheSpec, make_cache
 
     kind, T, heads = str(p["kind"]), int(p["rows"]), M.N_HEADS
     g = torch.Generator().manual_seed(seed)
@@ -315,15 +315,15 @@ def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     shift = M.WINDOW - win_len
     col = torch.arange(M.WINDOW, device=dev)[None, :] + shift[:, None]
     win_idx = torch.where(col < M.WINDOW, torch.gather(win_pos, 1, col.clamp(max=M.WINDOW - 1)), -1)
-    kw = dict(
-        q=_randn((T, 1, heads, HEAD_DIM), gc),
-        k_cache=make_cache(CacheSpec(math.ceil(T / 256), 256), dev, g),
-        indices=win_idx.to(torch.int32).view(T, 1, M.WINDOW).contiguous(),
-        topk_length=win_len.to(torch.int32),
-        attn_sink=(torch.randn((heads,), generator=gc, device=dev) * 2.0),
-        head_dim_v=HEAD_DIM,
-        softmax_scale=HEAD_DIM ** -0.5,
-    )
+    kw = {
+        "q": _randn((T, 1, heads, HEAD_DIM), gc),
+        "k_cache": make_cache(CacheSpec(math.ceil(T / 256), 256), dev, g),
+        "indices": win_idx.to(torch.int32).view(T, 1, M.WINDOW).contiguous(),
+        "topk_length": win_len.to(torch.int32),
+        "attn_sink": (torch.randn((heads,), generator=gc, device=dev) * 2.0),
+        "head_dim_v": HEAD_DIM,
+        "softmax_scale": HEAD_DIM ** -0.5,
+    }
     if kind == "c4":
         n_c = max(1, T // 4)
         valid = (t + 1) // 4
@@ -437,8 +437,8 @@ def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
     q = torch.randn((rows, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
     w = torch.randn((rows, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     # the caller passes c4 seq lens as [rows, 1] (indexer.py: `_c4sl.unsqueeze(-1)`)
-    return dict(q_fp8=q, kvcache_fp8=kv, weight=w, seq_lens=seq.clamp(min=1).unsqueeze(-1), page_table=pt,
-                deep_gemm_metadata=None, max_seq_len=width * M.INDEX_PAGE, clean_logits=False)
+    return {"q_fp8": q, "kvcache_fp8": kv, "weight": w, "seq_lens": seq.clamp(min=1).unsqueeze(-1), "page_table": pt,
+                "deep_gemm_metadata": None, "max_seq_len": width * M.INDEX_PAGE, "clean_logits": False}
 
 
 def indexer_ref(kw: dict, rows: List[int]) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 from v4flash_kernels.step import model as M
 
@@ -56,10 +56,10 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
 def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple]:
     """Rows pairing the upstream and patched line of the same op (attention differs by key)."""
     rows = []
-    pa_by_name = {l.name: l for l in pa.lines}
-    for l in up.lines:
-        p = pa_by_name[l.name]
-        rows.append((l, p))
+    pa_by_name = {ln.name: ln for ln in pa.lines}
+    for ln in up.lines:
+        p = pa_by_name[ln.name]
+        rows.append((ln, p))
     return rows
 
 
@@ -70,9 +70,9 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     head = ["op", "calls", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
             f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor", "patched source"]
     body = []
-    for l, p in _per_op_rows(up, pa):
+    for ln, p in _per_op_rows(up, pa):
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
-        body.append([l.name, str(l.count), _sig(l.us_call), _sig(p.us_call), _sig(l.ms_step / div),
+        body.append([ln.name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
                      _sig(p.ms_step / div), _sig(p.floor_rtx_ms / div), _sig(p.floor_gpu_ms / div),
                      _sig(ratio) + "x", p.source])
     body.append(["**timed ops**" if md else "timed ops", "", "", "", _sig(up.timed_ms / div), _sig(pa.timed_ms / div),
@@ -114,6 +114,9 @@ def _table(head: List[str], body: List[List[str]], md: bool) -> str:
         return "\n".join(out)
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     widths[-1] = min(widths[-1], 70)
-    fmt = lambda r: "  ".join(str(c)[:70].ljust(widths[i]) if i == 0 or i == len(r) - 1 else str(c).rjust(widths[i])
-                              for i, c in enumerate(r))
+
+    def fmt(r: List[str]) -> str:
+        return "  ".join(str(c)[:70].ljust(widths[i]) if i == 0 or i == len(r) - 1 else str(c).rjust(widths[i])
+                         for i, c in enumerate(r))
+
     return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])

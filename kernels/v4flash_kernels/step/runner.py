@@ -8,10 +8,9 @@ measurement each. Repetitions are capped by count and by time.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 
@@ -34,7 +33,7 @@ class Measurement:
     rel_err: float
     detail: str
     source: str
-    error: Optional[str] = None  # why there is no time (no patch yet, mismatch, exception)
+    error: str | None = None  # why there is no time (no patch yet, mismatch, exception)
 
 
 def impls_for(op: M.Op) -> List[str]:
@@ -116,7 +115,7 @@ def copy_bandwidth() -> float:
 
 
 def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
-    base = dict(key=op.key, impl=impl, name=op.name)
+    base = {"key": op.key, "impl": impl, "name": op.name}
     try:
         prep = O.build(op, impl, l2, seed)
     except O.Unavailable as exc:

@@ -50,7 +50,7 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     try:
         levels = benchmark.parse_concurrency(concurrency)
     except ValueError as exc:
-        raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64")
+        raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
     if n_requests is not None and n_requests < 1:
         raise UserError(f"--requests must be >= 1, got {n_requests}")
     spec = benchmark.BenchSpec(url=url, concurrency=levels, requests=n_requests, input_len=input_len,
@@ -58,9 +58,9 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     try:
         report = benchmark.run_bench(spec)
     except ValueError as exc:
-        raise UserError(str(exc), "pass --url http://HOST:PORT")
+        raise UserError(str(exc), "pass --url http://HOST:PORT") from None
     except ConnectionError as exc:
-        raise RuntimeFailure(str(exc), "is the router up? check `v4flash-pd status` and the router log")
+        raise RuntimeFailure(str(exc), "is the router up? check `v4flash-pd status` and the router log") from None
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -78,7 +78,8 @@ def _run_step_bench(step_args: str) -> None:
     try:
         extra = shlex.split(step_args)
     except ValueError as exc:
-        raise UserError(f"--step-args {step_args!r}: {exc}", "quote it as one shell word, e.g. --step-args '--batches 1,16'")
+        raise UserError(f"--step-args {step_args!r}: {exc}",
+                        "quote it as one shell word, e.g. --step-args '--batches 1,16'") from None
     if importlib.util.find_spec("v4flash_kernels") is None:
         raise UserError("the kernel package v4flash_kernels is not importable in this environment",
                         "run from the built environment (`make venv`, or the image), where the kernels are installed")
