@@ -58,7 +58,17 @@ MOE = PatchSpec(
     ours_attr="mxfp4_moe_forward",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE)
+INDEXER = PatchSpec(
+    name="indexer",
+    title="indexer logits",
+    switch_env="V4FLASH_INDEXER",
+    target_module="sglang.srt.layers.attention.dsv4.indexer",
+    target_attr="fp8_paged_mqa_logits_torch_sm120",
+    ours_module="v4flash_kernels.indexer",
+    ours_attr="fp8_paged_mqa_logits",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER)
 
 
 def by_name(name: str) -> PatchSpec:
