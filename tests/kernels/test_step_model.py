@@ -278,3 +278,65 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
     assert float(line[2]) > float(line[3])
     assert main(["--batches", "16", "--contexts", "128K", "--prefill", "", "--from-json", str(run)]) == 2
     assert "no measurement" in capsys.readouterr().err
+
+
+def _cpu_ops(monkeypatch):
+    ops = pytest.importorskip("v4flash_kernels.step.ops")
+    monkeypatch.setattr(ops, "DEVICE", "cpu")
+    return ops
+
+
+def _wheel_or_skip():
+    from v4flash_kernels import upstream
+
+    if upstream.find_wheel() is None:
+        pytest.skip("pinned sglang wheel not present (make venv fetches it)")
+
+
+def _small_indexer_op():
+    return M.indexer_op(3, 1024, 150, 1, "idx-test",
+                        (("actual_ctx", 600), ("configured_ctx", 4096), ("prefill", False), ("rows", 3)))
+
+
+def test_indexer_check_passes_for_upstream_and_catches_a_wrong_kernel(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    _wheel_or_skip()
+    op = _small_indexer_op()
+    assert ops.build(op, "upstream", 1 << 20, 3).check().ok  # the wheel's torch function vs our fp64 reference
+    up = ops.upstream_indexer().fp8_paged_mqa_logits_torch_sm120
+
+    def off_by_5pct(*args):
+        return up(*args) * 1.05
+
+    monkeypatch.setattr(ops, "patch_function", lambda kind: (off_by_5pct, "ours: broken"))
+    m = runner.measure_one(op, "ours", 1 << 20, 3)  # a mismatch is reported before any timing (no GPU needed)
+    assert not m.ok and m.error.startswith("MISMATCH") and m.us != m.us
+    assert not runner.all_ok({(op.key, "ours"): m})
+
+
+def test_missing_patch_is_no_patch_yet_not_a_failure(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    monkeypatch.setitem(ops.PATCHES, "indexer", ("v4flash_kernels.no_such_module", "fn"))
+    m = runner.measure_one(_small_indexer_op(), "ours", 1 << 20, 3)
+    assert m.ok and m.error == "no patch yet" and m.us != m.us
+
+
+def test_gemm_and_topk_checks_on_cpu(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    for op in (M.bf16_gemm("x", 3, 64, 256, 1), M.bf16_gemm("x", 3, 64, 256, 1, out_fp32=True),
+               M.bf16_gemm("x", 3, 64, 256, 1, groups=2), M.topk_op(3, 4096, 1)):
+        prep = ops.build(op, "upstream", 1 << 20, 5)
+        assert prep.check().ok, op.key
+    assert ops.rotations(8 << 20, 60 << 20) == 16 and ops.rotations(300 << 20, 60 << 20) == 1
+
+
+def test_moe_reference_matches_a_hand_dequant(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    import torch
+
+    # one byte 0x2F: low nibble 0xF = -6.0 (even k), high nibble 0x2 = 1.0 (odd k); scale 2^-1 per 32
+    packed = torch.full((1, 16), 0x2F, dtype=torch.uint8).view(torch.int8)
+    deq = ops.mxfp4_dequant(packed, torch.full((1, 1), 0.5))
+    assert deq.shape == (1, 32) and deq[0, 0].item() == -3.0 and deq[0, 1].item() == 0.5

@@ -138,8 +138,9 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
                            detail="", source=prep.source, error=f"{type(exc).__name__}: {exc}")
     finally:
         del prep
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
 
 def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, str], Measurement]:
