@@ -1,14 +1,20 @@
 """Triton kernels for DeepSeek-V4 sparse-MLA decode over fp8_ds_mla paged caches.
 
-Two launches per call, no torch glue in between:
+One or two launches per call, no torch glue in between:
 
 * ``split_kernel`` — grid ``(num_splits, head_blocks, B)``. Splits ``[0, S_A)`` walk chunks of the
   main (SWA) cache's top-k axis, splits ``[S_A, NS)`` chunks of the extra (c4/c128) cache, so one
   launch covers both caches and the GPU is filled even at B=1. Each program gathers and dequantizes
   a tile of ``BLOCK_T`` tokens once and shares it across ``BLOCK_H`` heads through two ``tl.dot``
-  (heads are the MMA M dimension). It writes the normalised partial output and its base-2 LSE.
-* ``combine_kernel`` — grid ``(H, B)``: merges every split of both caches by LSE, applies the
-  attention sink and writes ``out`` (bf16) and ``lse`` (natural log, fp32).
+  (heads are the MMA M dimension). Its ``EPILOGUE``: 0 writes the normalised partial output and its
+  base-2 LSE for the combine kernel; 1 (grids small enough to be resident at once) also merges: the
+  split programs of a row wait for each other on a self-resetting counter, then each merges a slice
+  of the columns; 2 (one split per row) writes the final output directly.
+* ``combine_kernel`` — grid ``(H, B)``, after EPILOGUE 0 only: merges every split of both caches by
+  LSE, applies the attention sink and writes ``out`` (bf16) and ``lse`` (natural log, fp32).
+
+Heads: q / out / lse / sink arrive as views of this call's head range (decode.run), and rows at or
+past ``H`` are masked, so heads outside the range are never read or written.
 
 Why the token is decoded as ``[BLOCK_T, 8, 64]``: the 512-wide latent is 7 fp8 groups of 64 (one
 ue8m0 scale byte each) plus 64 bf16 RoPE values, i.e. exactly 8 groups of 64. A 3-D tile lets the
@@ -161,7 +167,7 @@ def split_kernel(
     LSE,  # fp32, (b, h) at LSE + b*stride_lb + h
     stride_lb,
     SINK,  # fp32 [H] or dummy
-    CNT,  # int32 [B * head_blocks] arrival counters, zero between calls (EPILOGUE 1)
+    CNT,  # int32 [2 * B * head_blocks] arrival / departure counters, zero between calls (EPILOGUE 1)
     HAS_LEN_A: tl.constexpr,
     HAS_LEN_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -169,9 +175,11 @@ def split_kernel(
     PREFETCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     KSPLIT: tl.constexpr = 1,  # 4: the latent as four 128-wide parts (wide head blocks)
-    EPILOGUE: tl.constexpr = 0,  # 0: partials only (combine_kernel merges); 1: last arrival merges; 2: NS == 1
+    EPILOGUE: tl.constexpr = 0,  # 0: partials only (combine_kernel merges); 1: cooperative merge; 2: NS == 1
     HAS_SINK: tl.constexpr = False,
-    MERGE_SB: tl.constexpr = 4,  # splits per merge load (EPILOGUE 1)
+    MERGE_SB: tl.constexpr = 16,  # splits per merge load (EPILOGUE 1)
+    MERGE_COLS: tl.constexpr = 32,  # columns per merge slice (EPILOGUE 1)
+    DSPLIT: tl.constexpr = False,  # latent split across 4 warps (batched dots), see the loop
 ):
     sid = tl.program_id(0)
     hb = tl.program_id(1)
@@ -264,6 +272,43 @@ def split_kernel(
             acc_3 = tl.dot(pd, kv_3, acc=acc_3 * alpha[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
+    elif DSPLIT:
+        # The 512-wide latent as 4 parts of 128 (2 fp8 groups each; part 3 = group 6 + RoPE), one
+        # per warp through batched dots: each warp keeps only its quarter of q and of the
+        # accumulator, and the only cross-warp step is summing the 4 partial score tiles.
+        offs_p = tl.arange(0, 4)
+        offs_c = tl.arange(0, 64)
+        p4 = offs_p[:, None, None, None]
+        half = tl.arange(0, 2)[None, None, :, None]
+        c4 = offs_c[None, None, None, :]
+        grp = p4 * 2 + half  # [4,1,2,1] fp8 group (7 = RoPE)
+        q4 = tl.load(Q + b.to(tl.int64) * stride_qb + offs_h[None, :, None, None] * stride_qh + grp * 64 + c4,
+                     mask=hmask[None, :, None, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
+        q3 = tl.reshape(q4, [4, BLOCK_H, 128])
+        acc3 = tl.zeros([4, BLOCK_H, 128], tl.float32)
+        for t0 in range(start, end, BLOCK_T):
+            base, sc, valid = _tile_addr(ks64, idx, page_size, page_bytes, scale_section)
+            t = t0 + BLOCK_T + offs_t
+            idx = tl.load(idx_row + t, mask=t < end, other=-1)
+            b4 = base[None, :, None, None]
+            v4 = valid[None, :, None, None]
+            rb = tl.multiple_of(base // 2 + 224, 8)
+            nope = tl.load(k8 + b4 + grp * 64 + c4, mask=v4 & (grp < 7), other=0.0)  # [4,T,2,64]
+            rope = tl.load(kbf + rb[None, :, None, None] + c4, mask=v4, other=0.0)  # [1,T,1,64]
+            byte = ((sc[None, :, None, None] >> (grp.to(tl.int64) * 8)) & 0xFF).to(tl.int32)  # [4,T,2,1]
+            scale = (byte << 23).to(tl.float32, bitcast=True)
+            kv4 = tl.where(grp == 7, rope.to(tl.float32).to(DOT_DTYPE), nope.to(DOT_DTYPE) * scale.to(DOT_DTYPE))
+            kv3 = tl.reshape(kv4, [4, BLOCK_T, 128])
+            s = tl.sum(tl.dot(q3, tl.permute(kv3, (0, 2, 1))), axis=0) * qk_scale  # [BLOCK_H, BLOCK_T]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p3 = tl.broadcast_to(p.to(DOT_DTYPE)[None, :, :], [4, BLOCK_H, BLOCK_T])
+            acc3 = tl.dot(p3, kv3, acc=acc3 * alpha[None, :, None])
+            m_i = m_new
+        acc = tl.reshape(tl.permute(acc3, (1, 0, 2)), [BLOCK_H, 512])
     elif PREFETCH:
         # Register double buffering: the next tile's gather is in flight while this tile's math
         # runs, and indices run two tiles ahead. Costs registers: only configs that stay
@@ -297,16 +342,11 @@ def split_kernel(
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if EPILOGUE == 2:
         # One split covers the row: finish here (sink, bf16 out, natural-log lse), no workspace.
+        # (Never with KSPLIT == 4: see decode.epilogue_for.)
         lse_n, factor = _finish_scale(lse2, tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0), SINK, offs_h,
                                       hmask, HAS_SINK)
         o_row = OUT + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh
-        if KSPLIT == 4:
-            tl.store(o_row + offs_d2[None, :], (acc_0 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-            tl.store(o_row + 128 + offs_d2[None, :], (acc_1 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-            tl.store(o_row + 256 + offs_d2[None, :], (acc_2 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-            tl.store(o_row + 384 + offs_d2[None, :], (acc_3 * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-        else:
-            tl.store(o_row + offs_d[None, :], (acc * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
+        tl.store(o_row + offs_d[None, :], (acc * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
         tl.store(LSE + b.to(tl.int64) * stride_lb + offs_h, lse_n, mask=hmask)
     else:
         row = (b * H + offs_h).to(tl.int64) * NS + sid
@@ -322,18 +362,25 @@ def split_kernel(
             tl.store(WS_O + row[:, None] * 512 + offs_d[None, :], o, mask=hmask[:, None])
         tl.store(WS_L + row, lse2, mask=hmask)
         if EPILOGUE == 1:
-            # Last program of this (batch, head block) to arrive merges every split. The barrier puts
-            # all of this CTA's partial stores before the counter's release; the acquire (and .cg
-            # loads, which skip the non-coherent L1) make the other programs' partials visible. The
-            # winner puts the counter back to 0, so the buffer is ready for the next call or graph
-            # replay with no reset kernel.
+            # Cooperative merge, no second launch: every split program of this (batch, head block)
+            # announces its partial, waits until all NS have (the host only picks this when the
+            # whole grid is resident at once, so the wait cannot starve), then merges its own
+            # slices of the 512 columns. The barrier puts this CTA's partial stores before the
+            # release; the acquire polls (and .cg loads, which skip the non-coherent L1) see the
+            # others'. The last to leave zeroes both counters for the next call / graph replay.
             tl.debug_barrier()
-            cnt_ptr = CNT + b * tl.num_programs(1) + hb
-            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == NS - 1:
-                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
-                _merge_rows(WS_O, WS_L, (b * H + offs_h).to(tl.int64) * NS, hmask, NS, OUT, stride_ob, stride_oh,
-                            LSE, stride_lb, SINK, b, offs_h, HAS_SINK, BLOCK_H, MERGE_SB)
+            arr_ptr = CNT + 2 * (b * tl.num_programs(1) + hb)
+            tl.atomic_add(arr_ptr, 1, sem="release", scope="gpu")
+            seen = tl.atomic_add(arr_ptr, 0, sem="acquire", scope="gpu")
+            while seen < NS:
+                seen = tl.atomic_add(arr_ptr, 0, sem="acquire", scope="gpu")
+            _merge_slices(WS_O, WS_L, (b * H + offs_h).to(tl.int64) * NS, hmask, NS, sid, OUT, stride_ob, stride_oh,
+                          LSE, stride_lb, SINK, b, offs_h, HAS_SINK, BLOCK_H, MERGE_SB, MERGE_COLS)
+            tl.debug_barrier()
+            left = tl.atomic_add(arr_ptr + 1, 1, sem="acq_rel", scope="gpu")
+            if left == NS - 1:
+                tl.atomic_xchg(arr_ptr, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(arr_ptr + 1, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -351,14 +398,16 @@ def _finish_scale(lse2, factor, SINK, offs_h, hmask, HAS_SINK: tl.constexpr):
 
 
 @triton.jit
-def _merge_rows(WS_O, WS_L, row0, hmask, NS, OUT, stride_ob, stride_oh, LSE, stride_lb, SINK, b, offs_h,
-                HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, MERGE_SB: tl.constexpr):
-    """Merge the NS partials of BLOCK_H heads by LSE, apply the sink, write bf16 out and lse.
+def _merge_slices(WS_O, WS_L, row0, hmask, NS, sid, OUT, stride_ob, stride_oh, LSE, stride_lb, SINK, b, offs_h,
+                  HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_COLS: tl.constexpr):
+    """Split program `sid`'s share of the merge: column slices sid, sid + NS, ... of BLOCK_H heads.
 
-    Loads MERGE_SB splits x 128 columns per step so several L2 requests are in flight at once.
+    Every program recomputes the per-head max / total from the NS base-2 LSEs (a few hundred
+    bytes); program 0 writes the lse. Partial loads do not depend on the weights, so a step's
+    loads are all in flight together.
     """
     offs_s = tl.arange(0, MERGE_SB)
-    offs_c = tl.arange(0, 128)
+    offs_c = tl.arange(0, MERGE_COLS)
     mx = tl.full([BLOCK_H], float("-inf"), tl.float32)
     for s0 in range(0, NS, MERGE_SB):
         sm = (s0 + offs_s) < NS
@@ -377,21 +426,22 @@ def _merge_rows(WS_O, WS_L, row0, hmask, NS, OUT, stride_ob, stride_oh, LSE, str
     lse_n, factor = _finish_scale(tl.where(has, mx_safe + tl.math.log2(safe_tot), float("-inf")),
                                   tl.where(has, 1.0 / safe_tot, 0.0), SINK, offs_h, hmask, HAS_SINK)
     o_row = OUT + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh
-    for c0 in tl.static_range(0, 512, 128):
-        acc = tl.zeros([BLOCK_H, 128], tl.float32)
+    for cb in range(sid, 512 // MERGE_COLS, NS):
+        c0 = cb * MERGE_COLS
+        acc = tl.zeros([BLOCK_H, MERGE_COLS], tl.float32)
         for s0 in range(0, NS, MERGE_SB):
-            sm = (s0 + offs_s) < NS
-            m2 = hmask[:, None] & sm[None, :]
+            m2 = hmask[:, None] & ((s0 + offs_s) < NS)[None, :]
             lv = tl.load(WS_L + row0[:, None] + s0 + offs_s[None, :], mask=m2, other=float("-inf"),
                          cache_modifier=".cg")
-            w = tl.where(lv == float("-inf"), 0.0, tl.math.exp2(lv - mx_safe[:, None]))  # [H, SB]
             part = tl.load(
                 WS_O + ((row0[:, None] + s0 + offs_s[None, :]) * 512)[:, :, None] + c0 + offs_c[None, None, :],
-                mask=(m2 & (w > 0.0))[:, :, None], other=0.0, cache_modifier=".cg",
+                mask=m2[:, :, None], other=0.0, cache_modifier=".cg",
             )
+            w = tl.where(lv == float("-inf"), 0.0, tl.math.exp2(lv - mx_safe[:, None]))  # [H, SB]
             acc += tl.sum(w[:, :, None] * part, axis=1)
         tl.store(o_row + c0 + offs_c[None, :], (acc * factor[:, None]).to(tl.bfloat16), mask=hmask[:, None])
-    tl.store(LSE + b.to(tl.int64) * stride_lb + offs_h, lse_n, mask=hmask)
+    if sid == 0:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + offs_h, lse_n, mask=hmask)
 
 
 @triton.jit

@@ -93,17 +93,18 @@ def _split_signature() -> dict:
 
 
 def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
-    """One split-kernel binary; `epilogue` 1 = the last split program merges, 2 = one split finishes
-    the row (0, partials for the separate combine kernel, is launched only by A/B runs)."""
+    """One split-kernel binary; `epilogue` 0 = partials for the combine kernel, 1 = cooperative
+    merge, 2 = one split finishes the row (see decode.epilogue_for)."""
     import triton.language as tl
 
     from v4flash_kernels import _triton_sparse as k
-    from v4flash_kernels.decode import merge_splits_per_load
+    from v4flash_kernels.decode import MERGE_COLS, merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
              "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
-             "KSPLIT": cfg.ksplit, "DOT_DTYPE": tl.bfloat16, "EPILOGUE": epilogue, "HAS_SINK": True,
-             "MERGE_SB": merge_splits_per_load(cfg)}
+             "KSPLIT": cfg.ksplit, "DSPLIT": cfg.dsplit, "DOT_DTYPE": tl.bfloat16, "EPILOGUE": epilogue,
+             "HAS_SINK": True,
+             "MERGE_SB": merge_splits_per_load(cfg), "MERGE_COLS": MERGE_COLS}
     sig = _split_signature()
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "CHUNK", "stride_ob",
                                                                  "stride_oh", "stride_lb"]

@@ -36,13 +36,14 @@ class KernelConfig:
     num_stages: int = 1
     prefetch: bool = False  # double-buffer the next tile's gather in registers
     ksplit: int = 1  # 4: the latent as four 128-wide parts with q re-read per tile (wide head blocks)
+    dsplit: bool = False  # the latent split across 4 warps with batched dots (16-head blocks)
     shared_bytes: int = 0  # compiled shared memory on sm_120 (and sm_90 unless given below); check_sm120 verifies it
     shared_bytes_sm90: int = 0  # sm_90's value where it differs (Hopper lowers wide-block dots to wgmma)
 
     @property
     def name(self) -> str:
         return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
-                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}")
+                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}")
 
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
@@ -101,7 +102,7 @@ class Plan:
     chunk: int  # tokens per split (multiple of block_t)
     splits_main: int
     splits_extra: int
-    fused: bool = True  # the last split program to finish merges (one launch); False: combine kernel
+    fused: bool = False  # split programs merge cooperatively (one launch); only when the grid is resident
 
     @property
     def num_splits(self) -> int:
@@ -161,7 +162,14 @@ def make_plan(
         if s_main + s_extra <= MAX_SPLITS:
             break
         per_split *= 2
-    return Plan(cfg, per_split * bt, s_main, s_extra)
+    ns = s_main + s_extra
+    return Plan(cfg, per_split * bt, s_main, s_extra, fused=ns > 1 and coop_fits(ns * base_ctas, num_sms))
+
+
+def coop_fits(programs: int, num_sms: int) -> bool:
+    """Whether a grid may use the cooperative merge: every program must be able to be resident at
+    once (its programs wait for each other), so at most one per SM, whatever else shares the GPU."""
+    return programs <= num_sms
 
 
 _DEVICE_INFO: dict = {}
@@ -286,14 +294,17 @@ def run(
         sink = sink.reshape(-1)[h0:h1]
         if sink.dtype != torch.float32:
             sink = sink.float()
-    epilogue = epilogue_for(cfg, ns, plan.fused)
     hblocks = triton.cdiv(H, cfg.block_h)
+    # The cooperative merge needs all programs resident together: checked here too, so a
+    # hand-made plan cannot deadlock; the interpreter runs programs one after another, so never there.
+    coop = plan.fused and coop_fits(ns * hblocks * B, _num_sms(dev)) and os.environ.get("TRITON_INTERPRET") != "1"
+    epilogue = epilogue_for(cfg, ns, coop)
     if epilogue == 2:
         ws_o = ws_l = cnt = lse_v  # unused (typed dummies)
     else:
         ws_o = torch.empty((B, H, ns, _k.HEAD_DIM), dtype=torch.float32, device=dev)
         ws_l = torch.empty((B, H, ns), dtype=torch.float32, device=dev)
-        cnt = arrival_counters(dev, B * hblocks) if epilogue == 1 else ws_l
+        cnt = arrival_counters(dev, 2 * B * hblocks) if epilogue == 1 else ws_l
 
     grid = (ns, hblocks, B)
     _k.split_kernel[grid](
@@ -312,10 +323,12 @@ def run(
         BLOCK_T=cfg.block_t,
         PREFETCH=cfg.prefetch,
         KSPLIT=cfg.ksplit,
+        DSPLIT=cfg.dsplit,
         DOT_DTYPE=_dot_dtype(),
         EPILOGUE=epilogue,
         HAS_SINK=sink is not None,
         MERGE_SB=merge_splits_per_load(cfg),
+        MERGE_COLS=MERGE_COLS,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -331,20 +344,24 @@ def run(
     return out, lse.permute(0, 2, 1)
 
 
-def epilogue_for(cfg: KernelConfig, num_splits: int, fused: bool) -> int:
-    """How the split kernel ends: 2 = one split finishes the row, 1 = last arrival merges, 0 = partials only.
+def epilogue_for(cfg: KernelConfig, num_splits: int, coop: bool) -> int:
+    """How the split kernel ends: 2 = one split finishes the row, 1 = cooperative merge, 0 = partials
+    for `combine_kernel` (a second launch).
 
-    The wide block (ksplit 4) never takes 2: with four accumulators live that path spills on sm_120
-    (check_sm120), and the planner only uses it with an extra cache, i.e. >= 2 splits anyway.
+    The wide block (ksplit 4) takes neither 1 nor 2: with four accumulators live both spill on
+    sm_120 (check_sm120); the planner uses it only at B >= 16 with an extra cache (>= 2 splits,
+    a grid larger than the GPU).
     """
-    if num_splits == 1 and cfg.ksplit == 1:
+    if cfg.ksplit != 1:
+        return 0
+    if num_splits == 1:
         return 2
-    return 1 if fused else 0
+    return 1 if coop else 0
 
 
 def launchable_epilogues(cfg: KernelConfig) -> Tuple[int, ...]:
-    """The epilogues `run` can launch for `cfg` with a planner-made (fused) plan: what check_sm120 compiles."""
-    return (1, 2) if cfg.ksplit == 1 else (1,)
+    """The epilogues `run` can launch for `cfg`: what check_sm120 compiles."""
+    return (0, 1, 2) if cfg.ksplit == 1 else (0,)
 
 
 def check_head_range(heads: Optional[Tuple[int, int]], total: int) -> Tuple[int, int]:
@@ -357,15 +374,18 @@ def check_head_range(heads: Optional[Tuple[int, int]], total: int) -> Tuple[int,
     return h0, h1
 
 
+MERGE_COLS = 32  # columns per slice of the cooperative merge (a c4 B=1 row: 16 slices over 20 programs)
+
+
 def merge_splits_per_load(cfg: KernelConfig) -> int:
-    """Splits the fused merge loads per step: [block_h, n, 128] fp32 stays at 64 registers a thread."""
-    return max(1, (64 * 32 * cfg.num_warps) // (cfg.block_h * 128))
+    """Splits one merge step loads: [block_h, n, MERGE_COLS] fp32 stays at 64 registers a thread."""
+    return max(1, (64 * 32 * cfg.num_warps) // (cfg.block_h * MERGE_COLS))
 
 
-# Arrival counters of the fused merge, one int32 per (batch row, head block), per device and
-# stream. Zeroed once when allocated; every call leaves them at zero again (the last program of a
-# row resets its counter), so CUDA graphs replay with no reset kernel. Buffers are never freed:
-# a captured graph keeps the pointer it was captured with.
+# Counters of the cooperative merge, two int32 (arrivals, departures) per (batch row, head block),
+# per device and stream. Zeroed once when allocated; every call leaves them at zero again (the
+# last program of a row to leave resets both), so CUDA graphs replay with no reset kernel. Buffers
+# are never freed: a captured graph keeps the pointer it was captured with.
 _COUNTERS: Dict[tuple, torch.Tensor] = {}
 _OLD_COUNTERS: List[torch.Tensor] = []
 
