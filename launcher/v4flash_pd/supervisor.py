@@ -344,7 +344,9 @@ class Supervisor:
             self.clock.sleep(self.poll)
 
     def _router_check(self, router: ProcessSpec) -> Callable[[], tuple[bool, str]]:
-        return lambda: router_check(self.fetch, router.health_url, self.plan.expected)
+        headers = auth_headers(self.plan.router_auth)  # the router's /workers needs the API key too
+        fetch = self.fetch if not headers else (lambda url, timeout: request(url, timeout=timeout, headers=headers))
+        return lambda: router_check(fetch, router.health_url, self.plan.expected)
 
     def smoke(self, deadline: float) -> str:
         """One real generate through the front door; retried until the deadline (cold UCX paths)."""

@@ -36,7 +36,7 @@ for p in plan["processes"]:
         "model_path", "tensor_parallel_size", "host", "port", "nccl_port", "kv_cache_dtype",
         "moe_runner_backend", "mem_fraction_static", "cuda_graph_max_bs", "enable_metrics",
         "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-        "trust_remote_code")}
+        "trust_remote_code", "context_length", "chunked_prefill_size")}
 choices = {}
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
@@ -77,6 +77,9 @@ def test_engine_argv_accepted_by_pinned_sglang_parser(default_plan, sglang_pytho
     assert dec["cuda_graph_max_bs"] == 32 and pre["cuda_graph_max_bs"] is None
     assert (pre["port"], dec["port"], pre["nccl_port"], dec["nccl_port"]) == (30000, 30001, 30010, 30011)
     assert pre["trust_remote_code"] and pre["enable_metrics"]
+    assert pre["context_length"] == dec["context_length"] == 131072
+    assert pre["chunked_prefill_size"] == 8192 <= cfgmod.MAX_PREFILL_CHUNK  # the profile's, under the sm_120 limit
+    assert dec["chunked_prefill_size"] is None
     # the choices `plan` checks in milliseconds are the pinned parser's, exactly
     assert got["choices"]["disaggregation_transfer_backend"] == list(cfgmod.TRANSFER_BACKENDS)
     assert got["choices"]["kv_cache_dtype"] == list(cfgmod.KV_CACHE_DTYPES)
