@@ -239,38 +239,44 @@ def default_variants(shape: Shape) -> Dict[str, Callable]:
 
 # ---------------------------------------------------------------- --quick: candidate sweep
 
-SWEEP_G1_DECODE = ((16, 8, 256, 4, 3), (16, 16, 256, 4, 3), (16, 16, 128, 4, 4), (16, 32, 256, 4, 3),
-                   (16, 16, 512, 8, 2), (16, 8, 512, 4, 2))
-SWEEP_G2_DECODE = ((16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 64, 256, 4, 2), (16, 32, 128, 4, 3),
-                   (16, 64, 128, 8, 3))
-SWEEP_G1_PREFILL = ((64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (128, 64, 64, 8, 3), (64, 32, 128, 4, 3),
-                    (32, 64, 128, 4, 3))
-SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (64, 64, 128, 4, 3),
-                    (32, 64, 128, 4, 3))
+# Candidates for --quick (block_m, block_n, block_k, warps, stages, mode); mode 0 = tl.dot(x, w^T),
+# 1 = tl.dot(w, x^T), 2 = FMA. Decode sweeps whole plans (inline and sorted grouping); prefill varies
+# one GEMM at a time around the planner's choice.
+DECODE_G1 = ((16, 16, 256, 4, 3, 0), (16, 16, 256, 4, 3, 1), (16, 32, 256, 4, 3, 1), (16, 16, 256, 8, 3, 1),
+             (1, 16, 256, 4, 1, 2), (1, 32, 256, 8, 1, 2), (1, 16, 512, 4, 1, 2), (1, 8, 256, 4, 1, 2),
+             (1, 16, 256, 8, 1, 2), (2, 16, 256, 4, 1, 2))
+DECODE_G2 = ((16, 32, 128, 4, 3, 0), (16, 32, 256, 4, 3, 1), (16, 64, 256, 4, 3, 1), (1, 32, 512, 4, 1, 2),
+             (1, 64, 256, 8, 1, 2), (2, 32, 256, 4, 1, 2), (1, 16, 512, 4, 1, 2))
+DECODE_SORTED = (((16, 16, 256, 4, 3, 0), (16, 32, 128, 4, 3, 0)), ((16, 16, 256, 4, 3, 1), (16, 32, 256, 4, 3, 1)),
+                 ((2, 16, 256, 4, 1, 2), (2, 32, 256, 4, 1, 2)), ((4, 16, 256, 4, 1, 2), (4, 32, 256, 4, 1, 2)),
+                 ((1, 16, 256, 4, 1, 2), (1, 32, 512, 4, 1, 2)))
+SWEEP_G1_PREFILL = ((32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 2),
+                    (64, 64, 128, 4, 3), (128, 64, 64, 8, 3, 1))
+SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 64, 4, 3), (32, 64, 128, 4, 3),
+                    (64, 64, 64, 4, 4))
 
 
 def sweep_variants(shape: Shape) -> Dict[str, Callable]:
+    """Ours (the planner's plan) plus every candidate plan for this size."""
     from v4flash_kernels import moe
 
     base = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
-    decode = base.inline
-    g1s = SWEEP_G1_DECODE if decode else SWEEP_G1_PREFILL
-    g2s = SWEEP_G2_DECODE if decode else SWEEP_G2_PREFILL
     out = {"ours": bind_plan(base)}
     seen = {base}
-    for c in g1s:
-        p = replace(base, gemm1=moe.GemmConfig(*c))
+    plans = []
+    if base.inline:
+        base_g2 = moe.GemmConfig(*DECODE_G2[0])
+        plans += [moe.Plan(True, moe.GemmConfig(*c), base_g2) for c in DECODE_G1]
+        base_g1 = moe.GemmConfig(*DECODE_G1[0])
+        plans += [moe.Plan(True, base_g1, moe.GemmConfig(*c)) for c in DECODE_G2]
+        plans += [moe.Plan(False, moe.GemmConfig(*a), moe.GemmConfig(*b)) for a, b in DECODE_SORTED]
+    else:
+        plans += [replace(base, gemm1=moe.GemmConfig(*c)) for c in SWEEP_G1_PREFILL]
+        plans += [replace(base, gemm2=moe.GemmConfig(*c)) for c in SWEEP_G2_PREFILL]
+    for p in plans:
         if p not in seen:
             seen.add(p)
             out[p.name] = bind_plan(p)
-    for c in g2s:
-        p = replace(base, gemm2=moe.GemmConfig(*c))
-        if p not in seen:
-            seen.add(p)
-            out[p.name] = bind_plan(p)
-    if decode:  # the sorting prep path with the decode tiles, for the inline/sorted crossover
-        p = replace(base, inline=False)
-        out[p.name] = bind_plan(p)
     return out
 
 
@@ -339,7 +345,7 @@ def default_shapes(tps, decode, prefill) -> List[Shape]:
     return shapes
 
 
-QUICK_SHAPES = (Shape(4, 1), Shape(4, 16), Shape(4, 64), Shape(4, 1024), Shape(4, 4096))
+QUICK_SIZES = "1,16,64,1024,4096"
 
 
 def _warm_worker(job) -> int:
@@ -382,7 +388,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--decode", default="1,2,4,8,16,32,64")
     ap.add_argument("--prefill", default="256,1024,4096,8192")
     ap.add_argument("--copies", type=int, default=4, help="weight copies rotated per timed call")
-    ap.add_argument("--quick", action="store_true", help="sweep candidate configs at a few sizes")
+    ap.add_argument("--quick", action="store_true", help="sweep candidate configs at a few sizes (TP4)")
+    ap.add_argument("--quick-sizes", default=QUICK_SIZES, help="the sizes --quick sweeps")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--prewarm", type=int, default=8, help="processes compiling kernels up front (0 = off)")
     ap.add_argument("--json", default=None)
@@ -399,7 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from v4flash_kernels import moe
 
     if args.quick:
-        shapes = list(QUICK_SHAPES)
+        shapes = [Shape(4, int(m)) for m in args.quick_sizes.split(",") if m]
     else:
         ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
         shapes = default_shapes(ints(args.tp), ints(args.decode), ints(args.prefill))

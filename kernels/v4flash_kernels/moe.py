@@ -35,10 +35,12 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    mode: int = 0  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T); 2: FMA (no tensor cores; tiny M per expert)
 
     @property
     def name(self) -> str:
-        return f"m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+        tag = {0: "", 1: "_wl", 2: "_fma"}[self.mode]
+        return f"m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}{tag}"
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,16 @@ class Plan:
 
 # Every GEMM config the planner may launch; check_sm120 cross-compiles each (GATED for gemm1
 # entries, plain for gemm2 entries) for sm_120 and sm_90.
+# H200, 2026-11-30 (kernels/BENCH.md, bench_moe --quick): the prefill GEMM1 tile follows the mean
+# rows per expert (M=1024 -> 24: 32-row blocks best; M=4096 -> 96: 128-row blocks best); GEMM2's
+# 64x64 tile won at both.
 DECODE_G1 = GemmConfig(16, 16, 256, 4, 3)
-DECODE_G2 = GemmConfig(16, 32, 256, 4, 3)
+DECODE_G2 = GemmConfig(16, 32, 128, 4, 3)
+PREFILL_G1_SMALL = GemmConfig(32, 64, 128, 4, 3)
 PREFILL_G1 = GemmConfig(64, 64, 64, 4, 3)
+PREFILL_G1_LARGE = GemmConfig(128, 64, 64, 8, 3)
 PREFILL_G2 = GemmConfig(64, 64, 64, 4, 3)
-GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, PREFILL_G1)
+GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, PREFILL_G1_SMALL, PREFILL_G1, PREFILL_G1_LARGE)
 GEMM2_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G2, PREFILL_G2)
 
 INLINE_MAX_SLOTS = 512  # inline grouping costs O(slots) per program; above this the prep sorts
@@ -76,7 +83,14 @@ def make_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int)
     slots = tokens * topk
     if slots <= INLINE_MAX_SLOTS:
         return Plan(True, DECODE_G1, DECODE_G2)
-    return Plan(False, PREFILL_G1, PREFILL_G2)
+    rows_per_expert = slots / max(1, num_experts)
+    if rows_per_expert <= 32:
+        g1 = PREFILL_G1_SMALL
+    elif rows_per_expert <= 64:
+        g1 = PREFILL_G1
+    else:
+        g1 = PREFILL_G1_LARGE
+    return Plan(False, g1, PREFILL_G2)
 
 
 def fit_block_k(cfg: GemmConfig, kd: int) -> int:
@@ -131,7 +145,7 @@ def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, 
         GATED=gated, HAS_CLAMP=clamp is not None, INLINE=inline, BLOCK_S=block_s,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_U8=s_u8,
         DEQ_ASM=not _interpret(), DOT_DTYPE=tl.float32 if _interpret() else tl.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        MODE=cfg.mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
