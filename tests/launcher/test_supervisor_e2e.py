@@ -319,3 +319,51 @@ def test_a_second_up_on_the_same_run_dir_is_refused(box: Box, tmp_path: Path) ->
     down = box.cli("down", "--run-dir", str(run))
     assert down.returncode == 0
     _assert_all_gone(first)
+
+
+def test_down_stops_what_a_killed_launcher_left_including_the_retitled_router(box: Box) -> None:
+    """The launcher dies (kill -9) and leaves the trio running; `down` stops each group itself after
+    checking it is ours (the router renames itself `sglang::router`, recorded after READY)."""
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology))
+    assert res.returncode == 0, res.stdout + res.stderr
+    st = box.state()
+    pids = box.pids()
+    router_cmd = Path(f"/proc/{pids['router']}/cmdline").read_bytes().split(b"\0")[0]
+    assert router_cmd.startswith(b"sglang::router"), router_cmd
+    os.kill(int(st["launcher_pid"]), signal.SIGKILL)
+    time.sleep(0.3)
+    assert not any(_gone(p) for p in pids.values())
+    down = box.cli("down", "--grace", "5")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped leftover process groups" in down.stdout and "router" in down.stdout, down.stdout
+    _assert_all_gone(pids)
+    assert box.state()["status"] == "stopped"
+
+
+def test_status_reports_each_kernel_patch_per_worker_in_both_file_formats(box: Box) -> None:
+    res = box.cli("up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = box.run_dir()
+    pids = box.pids()
+    (run / "patch" / f"patch-{pids['decode-0']}.json").write_text(json.dumps({
+        "pid": pids["decode-0"], "patches": {
+            "sparse_decode": {"active": True, "reason": "replaced flash_mla_sparse_decode_triton"},
+            "moe": {"active": False, "reason": "V4FLASH_MOE=0"},
+            "indexer": {"active": True, "reason": "replaced fp8_paged_mqa_logits_torch_sm120"}}}))
+    (run / "patch" / f"patch-{pids['prefill-0']}.json").write_text(json.dumps({
+        "pid": pids["prefill-0"], "active": False, "reason": "sglang is not the pinned version"}))
+    (run / "patch" / "patch-999999.json").write_text("{broken")
+    try:
+        info = json.loads(box.cli("status", "--json").stdout)
+        by = {r["worker"]: r for r in info["kernel_patch"] if r.get("worker")}
+        assert set(by["decode-0"]["patches"]) == {"sparse_decode", "moe", "indexer"}
+        assert by["decode-0"]["patches"]["moe"] == {"active": False, "reason": "V4FLASH_MOE=0"}
+        assert by["prefill-0"]["patches"] == {"sparse_decode": {"active": False,
+                                                               "reason": "sglang is not the pinned version"}}
+        assert any(r.get("error") == "unreadable" and r["pid"] == 999999 for r in info["kernel_patch"])
+        text = box.cli("status").stdout
+        assert "kernel patch moe            decode-0 pid" in text and "inactive (V4FLASH_MOE=0)" in text, text
+        assert "kernel patch indexer        decode-0" in text and "kernel patch sparse_decode  prefill-0" in text, text
+    finally:
+        assert box.cli("down").returncode == 0
+    _assert_all_gone(pids)
