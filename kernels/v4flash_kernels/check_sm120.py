@@ -130,6 +130,74 @@ def compile_combine(arch: int) -> CompileResult:
                          SMEM_LIMIT[arch])
 
 
+def _moe_gemm_signature(scale_u8: bool) -> dict:
+    return {"A": "*bf16", "stride_am": "i32", "W": "*u8", "stride_we": "i64", "stride_wn": "i32",
+            "SC": "*u8" if scale_u8 else "*fp32", "stride_se": "i64", "stride_sn": "i32", "OUT": "*bf16",
+            "stride_om": "i32", "IDS": "*i32", "TW": "*fp32", "SORTED": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
+            "S": "i32", "N": "i32", "KD": "i32", "A_DIV": "i32", "clamp_limit": "fp32", "out_scale": "fp32"}
+
+
+def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) -> CompileResult:
+    """One MoE GEMM binary; inline grouping at its largest slot block (the most registers)."""
+    import triton
+    import triton.language as tl
+
+    from v4flash_kernels import _triton_moe as k
+    from v4flash_kernels.moe import INLINE_MAX_SLOTS
+
+    const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
+                 BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
+                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_U8=scale_u8, DEQ_ASM=True,
+                 DOT_DTYPE=tl.bfloat16, MODE=cfg.mode)
+    sig = _moe_gemm_signature(scale_u8)
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
+                                                                 "stride_sn", "stride_om", "KD"]
+    ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    name = f"{'w13' if gated else 'w2'}/{'inline' if inline else 'sorted'}/{'u8' if scale_u8 else 'f32'}/{cfg.name}"
+    return CompileResult("moe_gemm", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def compile_moe_aux(arch: int) -> List[CompileResult]:
+    """The MoE routing-prep kernels and the top-k combine, as moe.py launches them."""
+    import triton
+
+    from v4flash_kernels import _triton_moe as k
+    from v4flash_kernels import moe
+
+    e_p2 = triton.next_power_of_2(256)
+    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline})
+    jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
+             dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
+    for bm in bms:
+        jobs.append(("moe_scan", k.scan_kernel, {"HIST": "*i32", "OFFS": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
+                                                 "NCH": "i32", "E": "i32", "NB": "i32"},
+                     dict(BLOCK_M=bm, E_P2=e_p2, CB=moe.PREP_SCAN_CB, BB=moe.PREP_SCAN_BB), 8, f"m{bm}"))
+    jobs.append(("moe_scatter", k.scatter_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "OFFS": "*i32",
+                                                   "SORTED": "*i32", "S": "i32", "E": "i32"},
+                 dict(CHUNK=moe.PREP_CHUNK), 4, ""))
+    jobs.append(("moe_combine", k.combine_kernel, {"DOWN": "*bf16", "IDS": "*i32", "OUT": "*bf16", "stride_om": "i32",
+                                                   "K": "i32"},
+                 dict(TOPK=6, BLOCK=moe.COMBINE_BLOCK), moe.COMBINE_NUM_WARPS, ""))
+    out = []
+    for kernel, fn, sig, const, warps, tag in jobs:
+        hinted = [n for n, t in sig.items() if t.startswith("*")]
+        ck = _compile(fn, sig, const, hinted, arch, warps, 1)
+        regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+        out.append(CompileResult(kernel, tag or f"w{warps}", arch, int(ck.metadata.shared), regs, st, ld,
+                                 SMEM_LIMIT[arch]))
+    return out
+
+
+def check_moe(arch: int) -> List[CompileResult]:
+    """Every MoE binary the planner can launch (fp32 and e8m0 scales) plus its helper kernels."""
+    from v4flash_kernels.moe import launchable
+
+    results = [compile_moe_gemm(cfg, gated, inline, u8, arch)
+               for cfg, gated, inline in launchable() for u8 in (False, True)]
+    return results + compile_moe_aux(arch)
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
@@ -141,15 +209,17 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             for epilogue in launchable_epilogues(cfg):
                 results.append(compile_split(cfg, arch, epilogue))
         results.append(compile_combine(arch))
+        if configs is None:  # the shipped tables: the MoE kernels too
+            results += check_moe(arch)
     return results
 
 
 def format_table(results: Sequence[CompileResult]) -> str:
-    head = f"{'kernel':<15} {'config':<19} {'arch':>5} {'smem B':>8} {'limit':>7} {'regs':>5} {'spill st/ld':>12}  ok"
+    head = f"{'kernel':<15} {'config':<36} {'arch':>5} {'smem B':>8} {'limit':>7} {'regs':>5} {'spill st/ld':>12}  ok"
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.kernel:<15} {r.config:<19} {'sm_' + str(r.arch):>5} {r.shared_bytes:>8} {r.smem_limit:>7} "
+            f"{r.kernel:<15} {r.config:<36} {'sm_' + str(r.arch):>5} {r.shared_bytes:>8} {r.smem_limit:>7} "
             f"{r.registers:>5} {f'{r.spill_stores}/{r.spill_loads}':>12}  {'yes' if r.ok else 'NO'}"
         )
     return "\n".join(lines)

@@ -70,6 +70,12 @@ PREFILL_G2 = GemmConfig(64, 64, 64, 4, 3)
 GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, PREFILL_G1_SMALL, PREFILL_G1, PREFILL_G1_LARGE)
 GEMM2_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G2, PREFILL_G2)
 
+def launchable() -> Tuple[Tuple[GemmConfig, bool, bool], ...]:
+    """(config, GATED, INLINE) of every GEMM binary the planner can launch (for check_sm120)."""
+    return ((DECODE_G1, True, True), (DECODE_G2, False, True)) + tuple(
+        (c, True, False) for c in GEMM1_CONFIGS if c is not DECODE_G1) + ((PREFILL_G2, False, False),)
+
+
 INLINE_MAX_SLOTS = 512  # inline grouping costs O(slots) per program; above this the prep sorts
 PREP_CHUNK = 128
 PREP_SCAN_CB = 32
