@@ -69,6 +69,7 @@ def run_up(tmp: Path, topo: Path, load: float, grace: float, hang_window: float,
     res: dict = {}
     with open(out, "w") as f:
         t0 = time.perf_counter()
+        wall0 = time.time()
         p = subprocess.Popen(_cli("up", "--rehearse", "--config", str(cfg), "--topology", str(topo),
                                   "--set", f"hang_timeout={hang_window}"),
                              env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -81,8 +82,11 @@ def run_up(tmp: Path, topo: Path, load: float, grace: float, hang_window: float,
             start = at[("start", "prefill-0")]
             healthy = max(at[("healthy", "prefill-0")], at[("healthy", "decode-0")])
             res["workers_healthy_beyond_load"] = healthy - start - load
-            res["router_start_to_smoke"] = at[("smoke", None)] - at[("start", "router")]
+            res["launcher_to_workers_spawned"] = start - wall0
             res["healthy_to_router_start"] = at[("start", "router")] - healthy
+            res["router_start_to_router_ready"] = at[("router_ready", None)] - at[("start", "router")]
+            res["router_ready_to_smoke"] = at[("smoke", None)] - at[("router_ready", None)]
+            res["smoke_to_ready_line"] = wall0 + res["ready"] - at[("smoke", None)]
             if hang:
                 t_stop = time.time()
                 os.killpg(pids["decode-0"], signal.SIGSTOP)
@@ -137,9 +141,12 @@ def main() -> None:
     lines = [f"{'metric (seconds)':<48} {'median':>8} {'max':>8} {'target':>14}",
              _row("plan", plan, "<= 0.100"),
              _row("up --rehearse READY beyond the engines' load", col(ups + hangs, "ready_beyond_load"), "<= 1.0"),
+             _row("  launcher start -> workers spawned (CLI, plan)", col(ups + hangs, "launcher_to_workers_spawned"), ""),
              _row("  workers healthy beyond load (spawn, import)", col(ups + hangs, "workers_healthy_beyond_load"), ""),
              _row("  last healthy -> router spawned", col(ups + hangs, "healthy_to_router_start"), ""),
-             _row("  router spawned -> smoke answered", col(ups + hangs, "router_start_to_smoke"), ""),
+             _row("  router spawned -> router sees both (its start)", col(ups + hangs, "router_start_to_router_ready"), ""),
+             _row("  router ready -> smoke generate answered", col(ups + hangs, "router_ready_to_smoke"), ""),
+             _row("  smoke answered -> READY printed", col(ups + hangs, "smoke_to_ready_line"), ""),
              _row("SIGTERM -> all process groups gone", col(ups, "sigterm_to_all_stopped"), "<= 1.0"),
              _row(f"SIGSTOP decode -> declared hung (window {a.hang_window:g})", col(hangs, "hang_detected_after"),
                   f"<= {a.hang_window + 1:g}"),

@@ -390,6 +390,7 @@ class Supervisor:
         if router is not None:
             self.start(router)
             self._wait("the router to see all workers", deadline, self._router_check(router))
+            self.note("router_ready")
         self.say("sending one generate request through " + self.plan.probe_url)
         text = self.smoke(deadline)
         self.note("smoke", text=text)
