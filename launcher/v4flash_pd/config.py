@@ -10,10 +10,8 @@ a second `[[prefill]]` entry adds a second prefill worker (2P1D is a config chan
 from __future__ import annotations
 
 import copy
-import datetime
 import math
 import os
-import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,10 +20,14 @@ from typing import Any, Mapping
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import DEFAULT_PROFILE, get_profile
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 hosts only
-    import tomli as tomllib
+
+def _tomllib() -> Any:
+    """tomllib, imported on first use: `plan` of a profile alone never parses TOML (start-up time)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 hosts only
+        import tomli as tomllib
+    return tomllib
 
 # Choices of the pinned sglang 0.5.13.post1 argument parser (tests check them against the real one),
 # so `plan` can refuse a bad value in milliseconds instead of importing torch.
@@ -218,9 +220,12 @@ def parse_value(text: str) -> Any:
     TOML dates and times come back as the text typed: no config key takes a date, and
     `--set model.served_name=2026-11-29` means that string, not a `datetime.date`.
     """
+    import datetime
+
+    toml = _tomllib()
     try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = toml.loads(f"v = {text}")["v"]
+    except toml.TOMLDecodeError:
         return text
     return text if isinstance(value, (datetime.date, datetime.time)) else value
 
@@ -329,9 +334,10 @@ def read_text_file(path: Path, what: str, fix_missing: str) -> str:
 def read_config_file(path: Path) -> dict[str, Any]:
     text = read_text_file(path, "config file",
                           "pass an existing TOML file with --config, or drop --config to use the profile alone")
+    toml = _tomllib()
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        return dict(toml.loads(text))
+    except toml.TOMLDecodeError as exc:
         raise UserError(f"config file {path} is not valid TOML: {exc}",
                         "fix the syntax at the line shown (TOML: key = value, [table], [[prefill]])") from None
 
@@ -452,6 +458,8 @@ def _env_pairs(value: Any, key: str) -> tuple[tuple[str, str], ...]:
 
 def _args(value: Any, key: str) -> tuple[str, ...]:
     if isinstance(value, str):
+        import shlex
+
         try:
             return tuple(shlex.split(value))
         except ValueError as exc:

@@ -125,14 +125,14 @@ def _check_url(url: str) -> urllib.parse.SplitResult:
     return u
 
 
-def post_generate(url: str, payload: dict, timeout: float) -> tuple[str, str]:
+def post_generate(url: str, payload: dict, timeout: float, headers: dict[str, str] | None = None) -> tuple[str, str]:
     """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
     u = _check_url(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = cls(u.hostname or "", u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
     try:
         conn.request("POST", u.path.rstrip("/") + "/generate", body=json.dumps(payload).encode(),
-                     headers={"Content-Type": "application/json"})
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         raw = resp.read()
         if resp.status != 200:
@@ -153,7 +153,8 @@ def post_generate(url: str, payload: dict, timeout: float) -> tuple[str, str]:
 def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
              min_accuracy: float = DEFAULT_MIN_ACCURACY, *, seed: int = 0, shots: int = 2,
              concurrency: int = 8, max_tokens: int = 512, timeout: float = 600.0,
-             on_answer: Callable[[Graded], None] | None = None) -> EvalResult:
+             on_answer: Callable[[Graded], None] | None = None,
+             headers: dict[str, str] | None = None) -> EvalResult:
     """Ask `questions` generated problems, grade each by exact final-number match.
 
     Never raises for a bad server (failed requests grade as wrong, with the error kept), so
@@ -167,7 +168,7 @@ def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
     problems = arith.make_problems(questions, seed=seed)
 
     def ask(p: arith.Problem) -> Graded:
-        text, err = post_generate(url, generate_payload(build_prompt(p, shots), max_tokens), timeout)
+        text, err = post_generate(url, generate_payload(build_prompt(p, shots), max_tokens), timeout, headers)
         g = grade(p, text, err)
         if on_answer is not None:
             on_answer(g)

@@ -8,10 +8,7 @@ nothing else. `probe_host` is the only function that looks at this machine.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +79,8 @@ def planned_nodes(cfg: Config, topology: topo.Topology) -> tuple[int, ...]:
 
 def ucx_module_dir() -> str:
     """Where nixl-cu13 bundles UCX's CUDA transports, found without importing nixl."""
+    import importlib.util
+
     loaded = sys.modules.get(NIXL_PKG)  # find_spec() may raise for an already imported module
     try:
         spec = loaded.__spec__ if loaded is not None else importlib.util.find_spec(NIXL_PKG)
@@ -95,6 +94,8 @@ def ucx_module_dir() -> str:
 
 
 def _addresses(name: str) -> tuple[str, ...]:
+    import socket
+
     if is_ip(name):
         return (name,)
     try:
@@ -114,6 +115,9 @@ def config_hosts(cfg: Config) -> tuple[str, ...]:
 def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
                topology: topo.Topology | None = None) -> Host:
     """Probe this machine for everything `build_plan` needs to plan `cfg` here."""
+    import importlib.util
+    import shutil
+
     from v4flash_pd.plan import config_port_uses
 
     env = os.environ if env is None else env

@@ -9,7 +9,6 @@ at a fake that behaves like a container without CAP_SYS_NICE).
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +57,8 @@ def allowed_mem_nodes(status_path: Path = Path("/proc/self/status")) -> tuple[in
 
 
 def _try(argv: tuple[str, ...]) -> tuple[bool, str]:
+    import subprocess
+
     try:
         res = subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -7,8 +7,6 @@ the plan names every port and we refuse to start if one is taken.
 from __future__ import annotations
 
 import errno
-import ipaddress
-import socket
 from dataclasses import dataclass
 
 WILDCARD_HOSTS = ("0.0.0.0", "::")
@@ -22,11 +20,11 @@ class PortUse:
 
 
 def is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    """An IP literal (no resolver involved). Host names cannot contain ':', so any ':' is IPv6."""
+    if ":" in host:
+        return True
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) <= 255 for p in parts)
 
 
 def url_host(host: str) -> str:
@@ -40,6 +38,8 @@ def port_problem(host: str, port: int) -> str:
     SO_REUSEADDR like uvicorn/SGLang, so a TIME_WAIT left by the previous run is not mistaken for a
     busy port. An address that is not on this host cannot be busy here ('').
     """
+    import socket
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
@@ -71,6 +71,8 @@ def busy_ports(uses: tuple[PortUse, ...] | list[PortUse]) -> list[PortUse]:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """An ephemeral port that is free right now (tests and rehearsal helpers)."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -123,6 +121,9 @@ def _int(text: str, default: int = 0) -> int:
 
 def probe(env: Mapping[str, str] | None = None) -> Topology:
     """Probe this host. No GPUs (or no nvidia-smi) is not an error here: the plan decides."""
+    import shutil
+    import subprocess
+
     env = os.environ if env is None else env
     sysfs_root = Path(env.get("V4FLASH_SYSFS_ROOT", "/sys"))
     smi = env.get("V4FLASH_NVIDIA_SMI") or shutil.which("nvidia-smi") or ""

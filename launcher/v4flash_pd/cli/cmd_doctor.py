@@ -27,8 +27,17 @@ def command(params: dict[str, Any]) -> None:
     Exit code: 0 all ok, 3 warnings, 4 errors (2 = the options or config themselves are wrong).
     """
     from v4flash_pd import topology as topo_mod
-    from v4flash_pd.doctor import (FAMILIES, DoctorInput, Check, exit_code, expect_from_plan, render_table,
-                                   run_checks, system_probe, to_json)
+    from v4flash_pd.doctor import (
+        FAMILIES,
+        Check,
+        DoctorInput,
+        exit_code,
+        expect_from_plan,
+        render_table,
+        run_checks,
+        system_probe,
+        to_json,
+    )
     from v4flash_pd.errors import UserError
     from v4flash_pd.host import probe_host
     from v4flash_pd.plan import build_plan

@@ -30,18 +30,26 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               envvar="V4FLASH_EVAL_SHOW_FAILURES", help="How many failed questions to print.")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_EVAL_JSON",
               help="Print the result as JSON (accuracy, threshold, failures).")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_EVAL_API_KEY_FILE",
+              help="File holding the router's API key (a router started with router.api_key_file).")
+@click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_EVAL_API_KEY_ENV",
+              help="Environment variable holding the router's API key.")
 def command(url: str, questions: int, min_accuracy: float, seed: int, shots: int, concurrency: int,
-            max_tokens: int, timeout_s: float, show_failures: int, as_json: bool) -> None:
+            max_tokens: int, timeout_s: float, show_failures: int, as_json: bool, api_key_file: str | None,
+            api_key_env: str | None) -> None:
     """Ask generated arithmetic word problems; exit 1 if accuracy is below --min-accuracy.
 
     Catches the failure class where serving looks healthy but answers are wrong (e.g. a KV
     transfer that silently drops state between prefill and decode).
     """
     from v4flash_pd import evalgate
+    from v4flash_pd.routerauth import auth_headers
 
+    source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
+    headers = auth_headers(source)
     try:
         result = evalgate.run_eval(url, questions, min_accuracy, seed=seed, shots=shots,
-                                   concurrency=concurrency, max_tokens=max_tokens, timeout=timeout_s)
+                                   concurrency=concurrency, max_tokens=max_tokens, timeout=timeout_s, headers=headers)
     except ValueError as exc:
         raise UserError(str(exc), "check --url (http://HOST:PORT), --questions >= 1, 0 <= --min-accuracy <= 1") from None
     if as_json:

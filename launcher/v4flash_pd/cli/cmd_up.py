@@ -80,12 +80,13 @@ def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str)
                          f"watch `v4flash-pd status --run-dir {run.path}`, or `v4flash-pd down --run-dir {run.path}`")
 
 
-def _eval_gate(questions: int, min_accuracy: float):  # noqa: ANN202
+def _eval_gate(questions: int, min_accuracy: float):
     def gate(sup: Supervisor) -> None:
         from v4flash_pd.evalgate import render, run_eval
+        from v4flash_pd.routerauth import auth_headers
 
         sup.echo(f"accuracy gate: {questions} generated arithmetic problems through {sup.plan.probe_url}")
-        res = run_eval(sup.plan.probe_url, questions, min_accuracy)
+        res = run_eval(sup.plan.probe_url, questions, min_accuracy, headers=auth_headers(sup.plan.router_auth))
         sup.run.write_json("eval.json", res.to_dict())
         sup.echo(render(res))
         if not res.passed:
@@ -116,7 +117,8 @@ def command(params: dict[str, Any]) -> None:
     run.write_json("fingerprint.json", fingerprint(r.topology))
     sup = Supervisor(plan, run, echo=lambda m: click.echo(m), grace=cfg.grace_period,
                      ready_timeout=cfg.ready_timeout, smoke_prompt=cfg.smoke_prompt, hang_timeout=cfg.hang_timeout,
-                     after_ready=_eval_gate(params["eval_questions"], params["eval_min_accuracy"]) if params["eval_gate"] else None)
+                     after_ready=(_eval_gate(params["eval_questions"], params["eval_min_accuracy"])
+                                  if params["eval_gate"] else None))
     sup.install_signal_handlers()  # SIGTERM, SIGINT and SIGHUP
     sup.say(plan_text(plan, show_commands=False))  # say: a closed stdout stops the run, it never orphans it
     sup.say(f"run dir  {run.path}")
