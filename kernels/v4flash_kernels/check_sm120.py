@@ -198,6 +198,22 @@ def check_moe(arch: int) -> List[CompileResult]:
     return results + compile_moe_aux(arch)
 
 
+def compile_indexer(cfg, arch: int) -> CompileResult:
+    """One indexer-logits binary as `indexer.run` launches it for SGLang (64 heads, fp8 q, fp16 MMA)."""
+    from v4flash_kernels import _triton_indexer as k
+
+    sig = {"Q": "*fp8e4nv", "stride_qb": "i32", "stride_qh": "i32", "K8": "*fp8e4nv", "KS": "*fp32",
+           "stride_kp8": "i32", "stride_kps": "i32", "W": "*fp32", "stride_wb": "i32", "stride_wh": "i32",
+           "SEQ": "*i32", "stride_sb": "i32", "PT": "*i32", "stride_pb": "i32", "OUT": "*fp32", "stride_ob": "i32",
+           "H": "i32", "max_seq_len": "i32", "num_pages": "i32"}
+    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True, "WRITE_TAIL": True}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "stride_kp8", "stride_kps"]
+    ck = _compile(k.indexer_logits_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("indexer_logits", cfg.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch],
+                         cfg.shared_bytes)
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
@@ -211,6 +227,9 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
         results.append(compile_combine(arch))
         if configs is None:  # the shipped tables: the MoE kernels too
             results += check_moe(arch)
+            from v4flash_kernels.indexer import CONFIGS as INDEXER_CONFIGS
+
+            results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
     return results
 
 

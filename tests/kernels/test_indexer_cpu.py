@@ -188,3 +188,28 @@ def test_negative_page_id_inside_the_length_reads_what_upstream_reads(upstream):
     out = _poisoned(kw)
     _assert_close(out, ref)
     _assert_close(upstream.fp8_paged_mqa_logits_torch_sm120(*kw.values()), ref)
+
+
+@pytest.mark.timeout(600)
+def test_shipped_configs_fit_sm120(tmp_path):
+    """Every launchable indexer config cross-compiles for sm_120 within 101376 B of smem, no spills
+    (a subprocess: under TRITON_INTERPRET=1 `triton.jit` gives interpreter objects)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from dataclasses import asdict\n"
+        "from v4flash_kernels.check_sm120 import compile_indexer\n"
+        "from v4flash_kernels.indexer import CONFIGS\n"
+        "print(json.dumps([dict(asdict(compile_indexer(c, 120)), ok=compile_indexer(c, 120).ok) for c in CONFIGS]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [r["config"] for r in rows] == [c.name for c in indexer.CONFIGS]
+    for r in rows:
+        assert r["ok"] and r["shared_bytes"] <= 101376 and r["spill_stores"] == 0 and r["registers"] > 0, r
