@@ -1,0 +1,153 @@
+"""The MoE patch against the real pinned sglang 0.5.13.post1 wheel, each scenario in a fresh interpreter.
+
+The consumer scenario runs SGLang's own sm_120 MoE path, `Mxfp4MarlinMoEMethod.apply` with
+`layer._dsv4_mxfp4_backend == "sm120_triton"` (it imports `mxfp4_moe_forward_triton` from the
+patched module inside the call, at call time), on CPU under TRITON_INTERPRET=1. Stand-ins only for
+what a loaded model would hold: the layer's weight attributes and the runner's config. Patched and
+unpatched runs must enter the function they claim and both match the fp64 reference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hookenv import build_hook_env, sglang_overlay
+from v4flash_kernels.reference_moe import ref_of, rel_err
+
+TARGET = "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton"
+UPSTREAM = f"{TARGET}.mxfp4_moe_forward_triton"
+OURS = "v4flash_kernels.moe.mxfp4_moe_forward"
+
+IDENTITY = """
+import importlib, json, os
+mod = importlib.import_module("sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton")
+fn = mod.mxfp4_moe_forward_triton
+from v4flash_kernels import hook, moe
+res = {"pid": os.getpid(), "fn": f"{fn.__module__}.{fn.__qualname__}", "is_ours": fn is moe.mxfp4_moe_forward,
+       "status": hook.patch_status("moe")}
+if os.environ.get("PROBE_ALSO_ATTENTION"):
+    importlib.import_module("sglang.srt.layers.attention.flash_mla_sm120_triton")
+    res["attention"] = hook.patch_status("sparse_decode")
+print("PROBE-JSON " + json.dumps(res, default=str))
+"""
+
+CONSUMER = """
+import importlib, json, os, sys
+from types import SimpleNamespace
+
+from triton.runtime import autotuner as _a
+from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
+_orig = _i._patch_lang_tensor
+def _patched(tensor, scope):
+    _orig(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+_i._patch_lang_tensor = _patched
+# upstream's @triton.autotune benchmarks through a GPU driver the interpreter lacks: equal timings
+# make its first config run; the math is unchanged.
+_a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
+
+import torch
+from sglang.srt.layers.moe.topk import StandardTopKOutput
+from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
+from v4flash_kernels import hook
+from v4flash_kernels.reference_moe import MoeCase, make_inputs
+
+seed, out_path = int(sys.argv[1]), sys.argv[2]
+kw = make_inputs(MoeCase(tokens=3, experts=8, topk=6, hidden=128, inter=64, hole_frac=0.25,
+                         clamp_limit=0.4, routed_scaling_factor=2.5), seed=seed)
+P = lambda t: torch.nn.Parameter(t, requires_grad=False)
+layer = SimpleNamespace(_dsv4_mxfp4_backend="sm120_triton", w13_weight=P(kw["w13_packed"]),
+                        w2_weight=P(kw["w2_packed"]), w13_weight_scale_inv=P(kw["w13_scale"]),
+                        w2_weight_scale_inv=P(kw["w2_scale"]))
+method = Mxfp4MarlinMoEMethod(fp8_method=None, prefix="model.layers.3.mlp.experts")
+method.runner = SimpleNamespace(config=SimpleNamespace(routed_scaling_factor=kw["routed_scaling_factor"],
+                                                       swiglu_limit=kw["clamp_limit"]))
+dispatch = SimpleNamespace(hidden_states=kw["hidden_states"], topk_output=StandardTopKOutput(
+    topk_weights=kw["topk_weights"], topk_ids=kw["topk_ids"], router_logits=torch.zeros(3, 8)))
+who = {("v4flash_kernels/moe.py", "mxfp4_moe_forward"): "ours",
+       ("fused_moe_triton/mxfp4_moe_sm120_triton.py", "mxfp4_moe_forward_triton"): "upstream"}
+entered = []
+def prof(frame, event, arg):
+    if event == "call":
+        for (suffix, name), w in who.items():
+            if frame.f_code.co_name == name and frame.f_code.co_filename.replace(os.sep, "/").endswith(suffix):
+                entered.append(w)
+sys.setprofile(prof)
+try:
+    combine = method.apply(layer, dispatch)
+finally:
+    sys.setprofile(None)
+torch.save({"kw": kw, "out": combine.hidden_states}, out_path)
+print("PROBE-JSON " + json.dumps({"entered": entered, "status": hook.patch_status("moe")}, default=str))
+"""
+
+
+def _probe(env, code: str, *args: str, extra_env: dict, timeout: int = 240) -> tuple:
+    p = env.python_args("-c", code, *args, env=extra_env, timeout=timeout)
+    res = None
+    for ln in p.stdout.splitlines():
+        if ln.startswith("PROBE-JSON "):
+            res = json.loads(ln[len("PROBE-JSON "):])
+    hook_lines = [ln for ln in p.stderr.splitlines() if ln.startswith("[v4flash-kernels]")]
+    return p, res, hook_lines
+
+
+def test_import_swaps_the_moe_function(hook_env):
+    p, res, lines = _probe(hook_env, IDENTITY, extra_env={})
+    assert p.returncode == 0, p.stderr
+    assert res["is_ours"] and res["fn"] == OURS
+    assert res["status"]["active"] is True, res["status"]
+    assert len(lines) == 1 and "MXFP4 MoE patch ACTIVE" in lines[0] and UPSTREAM in lines[0] and OURS in lines[0]
+
+
+def test_moe_switch_off_is_independent_of_attention(hook_env):
+    p, res, lines = _probe(hook_env, IDENTITY, extra_env={"V4FLASH_MOE": "0", "PROBE_ALSO_ATTENTION": "1"})
+    assert p.returncode == 0, p.stderr
+    assert not res["is_ours"] and res["fn"] == UPSTREAM
+    assert res["status"]["active"] is False and "V4FLASH_MOE=0" in res["status"]["reason"]
+    assert res["attention"]["active"] is True  # the other patch does not follow this switch
+    assert not any("WARNING" in ln for ln in lines), lines
+
+
+@pytest.mark.slow  # both MoE implementations under the Triton interpreter
+@pytest.mark.timeout(900)
+def test_sglang_sm120_moe_path_on_and_off_agree(hook_env, tmp_path):
+    runs = {}
+    for mode, extra in (("on", {}), ("off", {"V4FLASH_MOE": "0"})):
+        out = tmp_path / f"{mode}.pt"
+        p, res, _ = _probe(hook_env, CONSUMER, "5", str(out), extra_env={"TRITON_INTERPRET": "1", **extra},
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        runs[mode] = (res, torch.load(out, weights_only=False))
+    assert runs["on"][0]["entered"] == ["ours"] and runs["on"][0]["status"]["active"] is True
+    assert runs["off"][0]["entered"] == ["upstream"] and runs["off"][0]["status"]["active"] is False
+    kw = runs["on"][1]["kw"]
+    for k, v in runs["off"][1]["kw"].items():  # same seed -> the same inputs in both interpreters
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, kw[k]), k
+    ref = ref_of(kw)
+    ours, up = runs["on"][1]["out"], runs["off"][1]["out"]
+    assert ours.shape == up.shape == kw["hidden_states"].shape and ours.dtype == up.dtype == torch.bfloat16
+    assert rel_err(ours, ref) <= 1e-2
+    # Upstream rounds through four bf16 buffers and the interpreter's fp32->bf16 cast truncates: ~1 %.
+    assert rel_err(up, ref) <= 3e-2
+    assert rel_err(ours, up.double()) <= 3e-2
+
+
+def test_changed_upstream_signature_no_moe_patch_one_warning(tmp_path, hook_wheel, sglang_layer):
+    rel = "sglang/srt/layers/moe/fused_moe_triton/mxfp4_moe_sm120_triton.py"
+    old = "    clamp_limit: Optional[float] = None,\n) -> torch.Tensor:"
+    new = "    clamp_limit: Optional[float] = None,\n    out: Optional[torch.Tensor] = None,\n) -> torch.Tensor:"
+    overlay = sglang_overlay(tmp_path / "overlay", sglang_layer, edit=(rel, old, new))
+    env = build_hook_env(tmp_path / "venv", hook_wheel, sglang_layer, overlay)
+    p, res, lines = _probe(env, IDENTITY, extra_env={"PROBE_ALSO_ATTENTION": "1"})
+    assert p.returncode == 0, p.stderr
+    assert res["fn"] == UPSTREAM and not res["is_ours"]
+    assert res["status"]["active"] is False and "signature differs" in res["status"]["reason"]
+    assert res["attention"]["active"] is True  # refusing one patch leaves the other in place
+    moe_lines = [ln for ln in lines if "MoE" in ln]
+    assert len(moe_lines) == 1, p.stderr
+    assert "WARNING" in moe_lines[0] and "signature differs" in moe_lines[0] and "out=None" in moe_lines[0]
