@@ -216,9 +216,9 @@ def render_table(levels: Iterable[LevelStats]) -> str:
             "/".join(_fmt(v) for v in (s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99)),
             "/".join(_fmt(v) for v in (s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99)),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    out = "\n".join(lines)
+    from v4flash_pd.table import format_table
+
+    out = "\n".join(format_table(rows[0], rows[1:], right=range(len(header))))
     for s in levels:
         for e in s.error_samples:
             out += f"\n  c={s.concurrency} error: {e}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] | range = (),
                  indent: str = "") -> list[str]:
     """Lines of a table: columns two spaces apart, `right` = indices of right-aligned columns,
     trailing blanks stripped. Every cell is text already (callers format numbers their own way)."""

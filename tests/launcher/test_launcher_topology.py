@@ -53,7 +53,9 @@ def test_unknown_numa_node_is_minus_one(tmp_path: Path, cli) -> None:
     assert [g["numa_node"] for g in t["gpus"]] == [0, -1]
     human = cli("topology", env=fakebox.box_env(tmp_path / "h", box))
     assert human.returncode == 0
-    assert "GPU 1  0000:3d:00.0  numa ?" in human.stdout and "GPU 0  0000:17:00.0  numa 0" in human.stdout
+    rows = {line.split()[0]: line.split()[:3] for line in human.stdout.splitlines() if "0000:" in line}
+    assert rows["0"] == ["0", "0000:17:00.0", "0"] and rows["1"] == ["1", "0000:3d:00.0", "?"]
+    assert "GPU  BUS ID" in human.stdout and "NODE  CPUS" in human.stdout
 
 
 def test_save_is_a_valid_topology_for_plan(tmp_path: Path, cli) -> None:

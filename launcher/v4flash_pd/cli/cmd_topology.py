@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from v4flash_pd import topology as topo
+from v4flash_pd.table import format_table
 
 
 @click.command("topology")
@@ -24,13 +25,15 @@ def command(as_json: bool, save: Path | None) -> None:
     else:
         click.echo(f"source  {t.source}")
         click.echo(f"driver  {t.driver_version or '-'}")
-        for g in t.gpus:
-            node = "?" if g.numa_node < 0 else g.numa_node
-            click.echo(f"GPU {g.index}  {g.bus_id}  numa {node}  sm {g.compute_cap or '?'}  {g.memory_mib} MiB  {g.name}")
-        if not t.gpus:
+        if t.gpus:
+            rows = [(str(g.index), g.bus_id, "?" if g.numa_node < 0 else str(g.numa_node), g.compute_cap or "?",
+                     f"{g.memory_mib} MiB", g.name) for g in t.gpus]
+            for line in format_table(("GPU", "BUS ID", "NUMA", "SM", "MEMORY", "NAME"), rows):
+                click.echo(line)
+        else:
             click.echo("no GPUs detected")
-        for n in t.nodes:
-            click.echo(f"node {n.id}  cpus {n.cpus}")
+        for line in format_table(("NODE", "CPUS"), [(str(n.id), n.cpus) for n in t.nodes]) if t.nodes else []:
+            click.echo(line)
         for note in t.notes:
             click.echo(f"note: {note}")
     if save:
