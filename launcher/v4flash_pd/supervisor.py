@@ -14,6 +14,7 @@ leave a process behind.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import sys
@@ -25,7 +26,7 @@ from typing import Any, Callable
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
-from v4flash_pd.poll import SYSTEM_CLOCK, Clock
+from v4flash_pd.poll import SYSTEM_CLOCK, Clock, poll_until
 from v4flash_pd.procgroup import (
     Child,
     Identity,
@@ -276,20 +277,32 @@ class Supervisor:
             raise box["error"]
         return box.get("value")
 
+    def _guard(self, phase: str) -> None:
+        """Every wait's first step: a stop request or an exited process ends the wait."""
+        self._check_stop()
+        c = self.exited()
+        if c is not None:
+            self._fail_exited(c, phase)
+
+    def _timed_out(self, what: str, waited: float, detail: str) -> RuntimeFailure:
+        return RuntimeFailure(
+            f"timed out after {waited:.0f}s waiting for {what} ({detail})",
+            "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
+            f"{self.run.path}",
+        )
+
     def _health_gate(self, workers: list[ProcessSpec], deadline: float) -> None:
         """Until every worker answered /health 200; a worker that went silent for hang_timeout fails."""
         gate = HealthGate(tuple(w.name for w in workers))
         dog = Watchdog(self.hang_timeout, every=0.1)
         probes = Probes(self.fetch)
-        now = self.clock.now()
+        t0 = self.clock.now()
+        last = [t0]
         for w in workers:
-            dog.add(w.name, w.health_url, now)
-        t0 = last = now
-        while True:
-            self._check_stop()
-            c = self.exited()
-            if c is not None:
-                self._fail_exited(c, "while waiting for workers to load")
+            dog.add(w.name, w.health_url, t0)
+
+        def tick() -> bool:
+            self._guard("while waiting for workers to load")
             now = self.clock.now()
             for name, url, timeout in dog.due(now):
                 if name not in gate.healthy:
@@ -305,43 +318,35 @@ class Supervisor:
                     self.say(f"{name} is healthy ({self.plan.get(name).health_url})")
                     self.note("healthy", name=name)
             if gate.done():
-                return
+                return True
             for h in dog.hung(self.clock.now()):
                 if h.name not in gate.healthy:
                     self._fail_hung(h, "while loading")
             now = self.clock.now()
-            if now > deadline:
-                raise RuntimeFailure(
-                    f"timed out after {now - t0:.0f}s waiting for workers to load ({gate.detail()})",
-                    "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
-                    f"{self.run.path}",
-                )
-            if now - last >= self.progress_every:
+            if now - last[0] >= self.progress_every:
                 self.say(f"[{now - t0:6.0f}s] waiting for workers to load: {gate.detail()}")
-                last = now
-            self.clock.sleep(self.poll)
+                last[0] = now
+            return False
+
+        if not poll_until(tick, deadline - t0, self.poll, self.clock):
+            raise self._timed_out("workers to load", self.clock.now() - t0, gate.detail())
 
     def _wait(self, what: str, deadline: float, check: Callable[[], tuple[bool, str]]) -> None:
-        t0 = last = self.clock.now()
-        while True:
-            self._check_stop()
-            c = self.exited()
-            if c is not None:
-                self._fail_exited(c, f"while waiting for {what}")
-            ok, detail = self._interruptible(check, f"while waiting for {what}")
-            if ok:
-                return
+        t0 = self.clock.now()
+        last = [t0]
+        detail = ["no check yet"]
+
+        def tick() -> bool:
+            self._guard(f"while waiting for {what}")
+            ok, detail[0] = self._interruptible(check, f"while waiting for {what}")
             now = self.clock.now()
-            if now > deadline:
-                raise RuntimeFailure(
-                    f"timed out after {now - t0:.0f}s waiting for {what} ({detail})",
-                    "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
-                    f"{self.run.path}",
-                )
-            if now - last >= self.progress_every:
-                self.say(f"[{now - t0:6.0f}s] waiting for {what}: {detail}")
-                last = now
-            self.clock.sleep(self.poll)
+            if not ok and now - last[0] >= self.progress_every:
+                self.say(f"[{now - t0:6.0f}s] waiting for {what}: {detail[0]}")
+                last[0] = now
+            return ok
+
+        if not poll_until(tick, deadline - t0, self.poll, self.clock):
+            raise self._timed_out(what, self.clock.now() - t0, detail[0])
 
     def _router_check(self, router: ProcessSpec) -> Callable[[], tuple[bool, str]]:
         headers = auth_headers(self.plan.router_auth)  # the router's /workers needs the API key too
@@ -352,19 +357,23 @@ class Supervisor:
         """One real generate through the front door; retried until the deadline (cold UCX paths)."""
         payload = {"text": self.smoke_prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
         url = self.plan.probe_url + "/generate"
-        while True:
+        why = ["no attempt made"]
+
+        def attempt() -> str:
+            self._guard("during the smoke request")
             timeout = max(5.0, min(600.0, deadline - self.clock.now()))
             # a router planned with an API key answers 401 without it (routerauth: key from file/env, never argv)
             headers = auth_headers(self.plan.router_auth)
             rep = self._interruptible(functools.partial(request, url, payload, timeout=timeout, headers=headers),
                                       "during the smoke request")
-            text, why = smoke_text(rep)
-            if text:
-                return text
-            if self.clock.now() > deadline:
-                raise RuntimeFailure(f"the smoke generate through {url} failed: {why}",
-                                     f"check the decode/prefill logs in {self.run.path} (KV transfer, bootstrap port)")
-            self._interruptible(lambda: time.sleep(0.5), "during the smoke request")
+            text, why[0] = smoke_text(rep)
+            return text
+
+        text = poll_until(attempt, deadline - self.clock.now(), 0.25, self.clock)
+        if not text:
+            raise RuntimeFailure(f"the smoke generate through {url} failed: {why[0]}",
+                                 f"check the decode/prefill logs in {self.run.path} (KV transfer, bootstrap port)")
+        return text
 
     # ------------------------------------------------------------ lifecycle
 
@@ -408,11 +417,9 @@ class Supervisor:
         now = self.clock.now()
         for name in self.order:
             dog.add(name, _liveness_url(self.plan.get(name)), now)
-        while True:
-            self._check_stop()
-            c = self.exited()
-            if c is not None:
-                self._fail_exited(c, "unexpectedly")
+
+        def tick() -> bool:
+            self._guard("unexpectedly")
             now = self.clock.now()
             for name, url, timeout in dog.due(now):
                 probes.start(name, url, timeout, now)
@@ -424,7 +431,9 @@ class Supervisor:
             hung = dog.hung(self.clock.now())
             if hung:
                 self._fail_hung(hung[0], "after READY")
-            self.clock.sleep(self.poll)
+            return False
+
+        poll_until(tick, math.inf, self.poll, self.clock)
 
 
 def print_err(msg: str) -> None:
