@@ -305,3 +305,17 @@ def test_ucx_module_dir_auto_never_reaches_a_worker_literally() -> None:
     assert "UCX_MODULE_DIR" not in dict(build_plan(c, host).get("decode-0").env)
     found = build_plan(c, replace(host, ucx_module_dir="/x/nixl_cu13.libs/ucx")).get("decode-0")
     assert dict(found.env)["UCX_MODULE_DIR"] == "/x/nixl_cu13.libs/ucx"
+
+
+def test_prefill_chunk_limit_is_exactly_the_sm120_threshold() -> None:
+    """SGLang compares `q.shape[0] > 11673`: a chunk of 11673 is fine, 11674 would crash sm_120."""
+    from v4flash_pd.config import MAX_PREFILL_CHUNK
+
+    assert MAX_PREFILL_CHUNK == 11673
+    assert load_config(env=NO_ENV, sets=("engine.chunked_prefill_size=11673",)).chunked_prefill_size == 11673
+    for bad in ("11674", "-1", "0"):
+        with pytest.raises(UserError, match="chunked_prefill_size"):
+            load_config(env=NO_ENV, sets=(f"engine.chunked_prefill_size={bad}",))
+    with pytest.raises(UserError, match="11674"):
+        load_config(env=NO_ENV, sets=('engine.extra_args="--chunked-prefill-size=11674"',))
+    assert load_config(env=NO_ENV).chunked_prefill_size == 8192  # the profiles say it explicitly
