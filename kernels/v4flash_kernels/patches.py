@@ -46,6 +46,8 @@ SPARSE_DECODE = PatchSpec(
     target_attr="flash_mla_sparse_decode_triton",
     ours_module="v4flash_kernels.decode",
     ours_attr="sparse_mla_decode",
+    # At attention-TP > 1 only this rank's heads of the 64-head q are real: compute just those.
+    adapter="v4flash_kernels.tp_heads:make_tp_aware",
 )
 
 MOE = PatchSpec(

@@ -102,4 +102,5 @@ def make_tp_aware(ours: Callable[..., Any], read: Callable[[], Optional[AttnTp]]
         )
 
     flash_mla_sparse_decode_triton.v4flash_attn_tp = rank  # type: ignore[attr-defined]  # for status/tests
+    flash_mla_sparse_decode_triton.v4flash_ours = ours  # type: ignore[attr-defined]  # what it wraps
     return flash_mla_sparse_decode_triton

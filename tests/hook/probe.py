@@ -28,12 +28,15 @@ def identity() -> dict:
 
     mod = importlib.import_module(TARGET)
     fn = mod.flash_mla_sparse_decode_triton
+    adapter = fn if hasattr(fn, "v4flash_ours") else None  # a patch adapter (tp_heads) wrapping ours
+    fn = getattr(fn, "v4flash_ours", fn)
     from v4flash_kernels import hook
 
     return {
         "pid": os.getpid(),
         "fn": f"{fn.__module__}.{fn.__qualname__}",
         "is_ours": fn is importlib.import_module("v4flash_kernels.decode").sparse_mla_decode,
+        "adapter": f"{adapter.__module__}.{adapter.__qualname__}" if adapter else None,
         "status": hook.status(),
         "booted": sys.modules["v4flash_kernels.hook_boot"].booted,
     }
