@@ -80,8 +80,8 @@ def main() -> int:
     print("empty kernel graph", round(res["empty_kernel_us"], 2), flush=True)
 
     # 1. correctness of the production call, every rank, vs fp64 and upstream on the rank's heads
-    for i, (kind, B) in enumerate(SHAPES[:7]):
-        for rank in (0, 1, 2, 3):
+    for i, (kind, B) in enumerate(SHAPES[:5]):
+        for rank in ((0, 3) if B > 1 else (0, 1, 2, 3)):
             sh = bench.Shape(kind, B, 64, "tp4", rank)
             kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda",
                              seed=900 + 10 * i + rank)
@@ -108,7 +108,7 @@ def main() -> int:
     dump()
 
     # 2. race check: graph replays of the fused path must be bit-identical
-    for kind, B in (("c4", 1), ("c4", 4), ("c128@256K", 1), ("c4", 64)):
+    for kind, B in (("c4", 1), ("c4", 4), ("c128@256K", 1)):
         kw = make_inputs(Case(batch=B, heads=64, hole_frac=0.01, **bench.KINDS[kind]), device="cuda", seed=77)
         bench.poison_other_heads(kw["q"], slice(16, 32))
         fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(1, 4))
@@ -121,12 +121,12 @@ def main() -> int:
         torch.cuda.synchronize()
         first_o, first_l = o[:, :, 16:32].clone(), l[:, 16:32].clone()
         bad = 0
-        for _ in range(300):
+        for _ in range(100):
             o[:, :, 16:32].fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
             bad += int(not (torch.equal(o[:, :, 16:32], first_o) and torch.equal(l[:, 16:32], first_l)))
-        res["race"].append(dict(kind=kind, B=B, replays=300, mismatches=bad))
+        res["race"].append(dict(kind=kind, B=B, replays=100, mismatches=bad))
         print("race", kind, B, "mismatches", bad, flush=True)
     dump()
 
