@@ -8,7 +8,7 @@ Run on a GPU from the repo root (V4FLASH_SGLANG_WHEEL points at the carried sgla
    48 heads of q holding NaN/Inf/3e38, against the fp64 reference on the rank's slice and against
    upstream on the same heads; every plan variant is checked the same way (NaN-poisoned out/lse,
    the other heads must stay unwritten) before it is timed.
-2. Race check of the one-launch (cooperative) merge: one graph replayed 300 times must give
+2. Race check of the one-launch (cooperative) merge: one graph replayed 100 times must give
    bit-identical outputs.
 3. Timings (CUDA-graph replay, L2 flushed, median): the two-kernel path (split + combine) vs the
    one-launch path, over configs x split sizes; plus an empty-kernel graph as the launch floor.

@@ -237,6 +237,7 @@ def ref_inputs(kw: dict, keep: slice) -> dict:
 
 
 def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
+    """Check then time every variant of one shape (upstream only if given)."""
     import torch
 
     from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
@@ -318,11 +319,12 @@ def format_markdown(rows: List[dict]) -> str:
         v = r["variants"]
         ours = v["ours"]
         up = v.get("upstream", {}).get("us", float("nan"))
+        up_s = "– | –" if math.isnan(up) else f"{up:.0f} | {up / ours['us']:.1f}x"
         ok = "" if ours["ok"] else " FAIL"
         lines.append(
             f"| {r['kind']} | {r.get('mode', '')} | {r['batch']} | {r['heads']} | {r['tokens']} | {r['floor_h200_us']:.2f} | "
             f"{r['floor_rtx6000_us']:.2f} | **{ours['us']:.1f}** | {v.get(SM120_VARIANT, {}).get('us', float('nan')):.1f} | "
-            f"{up:.0f} | {up / ours['us']:.1f}x | "
+            f"{up_s} | "
             f"{ours['rel_err']:.1e}{ok} | {r['plan']} |"
         )
     return "\n".join(lines)
@@ -348,6 +350,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rank", type=int, default=1, help="attention-TP rank of the tp4 mode (0-3)")
     ap.add_argument("--sweep", action="store_true", help="also time every config/plan in the table")
     ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--upstream-modes", default="tp4", help="modes whose rows also time upstream (its 64-head "
+                    "calls are slow; full64/h16 upstream rows are in the earlier BENCH.md tables)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="also write the markdown table (for kernels/BENCH.md)")
     ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs each run")
@@ -375,14 +379,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     t0 = time.time()
     for i, sh in enumerate(shapes):
-        rows.append(run_shape(sh, args.sweep, upstream, seed + i))
+        up = upstream if sh.mode in args.upstream_modes.split(",") else None
+        rows.append(run_shape(sh, args.sweep, up, seed + i))
         r = rows[-1]
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
                 json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
         print(f"[{time.time() - t0:6.1f}s] {sh.kind} {sh.mode} B={sh.batch} H={sh.heads}: ours {r['variants']['ours']['us']:.1f} us"
               f" err {r['variants']['ours']['rel_err']:.2e}"
-              + (f", upstream {r['variants']['upstream']['us']:.1f} us" if upstream else ""), flush=True)
+              + (f", upstream {r['variants']['upstream']['us']:.1f} us" if "upstream" in r["variants"] else ""),
+              flush=True)
     table = format_table(rows)
     props = torch.cuda.get_device_properties(0)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,

@@ -416,3 +416,24 @@ def test_read_attn_tp_without_sglang_process_groups_means_all_heads():
     from v4flash_kernels.tp_heads import read_attn_tp
 
     assert read_attn_tp() is None  # sglang absent or its groups not initialised here
+
+
+def test_bench_composes_the_decode_step_from_tp4_b1_rows():
+    """Attention per decode step at B=1, 128K: 2 SWA + 21 c4 + 20 c128 calls; None when a row is missing."""
+    from v4flash_kernels import bench
+
+    def row(kind, mode, batch, us):
+        return dict(kind=kind, mode=mode, batch=batch, heads=64, tokens=1, floor_h200_us=0.1, floor_rtx6000_us=0.2,
+                    plan="p", variants={"ours": dict(us=us, ok=True, rel_err=1e-3)})
+
+    rows = [row("swa", "tp4", 1, 10.0), row("c4", "tp4", 1, 11.0), row("c128@128K", "tp4", 1, 12.0),
+            row("c4", "full64", 1, 99.0), row("c4", "tp4", 4, 99.0)]
+    assert bench.step_time_us(rows) == 2 * 10.0 + 21 * 11.0 + 20 * 12.0
+    assert bench.step_time_us(rows[1:]) is None
+    assert "| c4 | tp4 | 1 |" in bench.format_markdown(rows) and "– | –" in bench.format_markdown(rows)
+    assert "tp4" in bench.format_table(rows)
+    assert bench.Shape("c4", 1, 64, "tp4", 3).head_slice == slice(48, 64)
+    q = torch.zeros(1, 1, 64, 512)
+    bench.poison_other_heads(q, slice(16, 32))
+    assert torch.isfinite(q[:, :, 16:32]).all() and not torch.isfinite(q[:, :, :16]).all()
+    assert torch.isnan(q[:, :, 32]).all() and (q[:, :, 35] == 3.0e38).all()
