@@ -77,11 +77,13 @@ class Probes:
         self._done: queue.SimpleQueue[tuple[str, float, Reply]] = queue.SimpleQueue()
         self.in_flight: set[str] = set()
 
-    def start(self, name: str, url: str, timeout: float, started: float) -> None:
+    def start(self, name: str, url: str, timeout: float, started: float,
+              fetch: Callable[[str, float], Reply] | None = None) -> None:
         self.in_flight.add(name)
+        get = fetch or self._fetch
 
         def run() -> None:
-            self._done.put((name, started, self._fetch(url, timeout)))
+            self._done.put((name, started, get(url, timeout)))
 
         threading.Thread(target=run, name=f"probe-{name}", daemon=True).start()
 

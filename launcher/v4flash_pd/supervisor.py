@@ -414,6 +414,8 @@ class Supervisor:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
         dog = Watchdog(self.hang_timeout)
         probes = Probes(self.fetch)
+        headers = auth_headers(self.plan.router_auth)  # should the router guard its probes one day
+        router_fetch = (lambda url, timeout: request(url, timeout=timeout, headers=headers)) if headers else None
         now = self.clock.now()
         for name in self.order:
             dog.add(name, _liveness_url(self.plan.get(name)), now)
@@ -422,7 +424,7 @@ class Supervisor:
             self._guard("unexpectedly")
             now = self.clock.now()
             for name, url, timeout in dog.due(now):
-                probes.start(name, url, timeout, now)
+                probes.start(name, url, timeout, now, router_fetch if self.procs[name].role == "router" else None)
             for name, started, rep in probes.results():
                 state = describe_state(self.procs[name].ident.pid)
                 state = "" if state == "gone" else state

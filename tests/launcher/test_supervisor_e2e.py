@@ -367,3 +367,21 @@ def test_status_reports_each_kernel_patch_per_worker_in_both_file_formats(box: B
     finally:
         assert box.cli("down").returncode == 0
     _assert_all_gone(pids)
+
+
+def test_the_watchdog_probes_a_router_with_an_api_key_without_false_alarms(box: Box) -> None:
+    """With client authentication on the router, its health probes still count as answers: no hang is
+    declared over several windows; SIGSTOP on the router still is one."""
+    key = box.tmp / "router.key"
+    key.write_text("s3cret-for-tests\n")
+    key.chmod(0o600)
+    p = box.up("--set", "hang_timeout=1.5", "--set", f"router.api_key_file={key}")
+    box.wait_text("READY", p)
+    pids = box.pids()
+    time.sleep(5)  # over three windows of probing
+    assert p.poll() is None, box.text()
+    os.killpg(pids["router"], signal.SIGSTOP)
+    assert p.wait(30) == 1, box.text()
+    assert "router is not answering after READY" in box.text()
+    assert "s3cret-for-tests" not in box.text()
+    _assert_all_gone(pids)
