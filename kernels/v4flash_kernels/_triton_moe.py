@@ -111,7 +111,7 @@ def gemm_kernel(
     SCALE_U8: tl.constexpr,
     DEQ_ASM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    MODE: tl.constexpr = 0,  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T) (w in the left operand); 2: FMA
+    MODE: tl.constexpr = 0,  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T) (w in the left operand); 2: FMA; 3: FMA + prefetch
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -159,22 +159,31 @@ def gemm_kernel(
             slot = tl.load(SORTED + pid_b * BLOCK_M + offs_m, mask=row_ok, other=0)
         a_row = (slot // A_DIV).to(tl.int64)
         a_ptr = A + a_row[:, None] * stride_am + offs_k[None, :]
-        if MODE == 2:  # FMA: products accumulated elementwise, one reduction after the loop
+        if MODE >= 2:  # FMA: products accumulated elementwise, one reduction after the loop
             acc3 = tl.zeros([BLOCK_M, NW, BLOCK_K // 2], dtype=tl.float32)
         elif MODE == 1:  # W is the MMA's left operand: acc^T [NW, BLOCK_M]
             acc_t = tl.zeros([NW, BLOCK_M], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, NW], dtype=tl.float32)
+        if MODE == 3:  # FMA with the next W tile's bytes and scales loaded one step ahead
+            packed_nx = tl.load(w_base, mask=w_ok[:, None, None], other=0)
+            sc_nx = tl.load(s_base, mask=w_ok[:, None], other=0)
         for k0 in range(0, KD, BLOCK_K):
+            if MODE == 3:
+                packed, sc = packed_nx, sc_nx
+                more = (k0 + BLOCK_K) < KD
+                packed_nx = tl.load(w_base + (k0 + BLOCK_K) // 2, mask=w_ok[:, None, None] & more, other=0)
+                sc_nx = tl.load(s_base + (k0 + BLOCK_K) // 32, mask=w_ok[:, None] & more, other=0)
+            else:
+                packed = tl.load(w_base + k0 // 2, mask=w_ok[:, None, None], other=0)
+                sc = tl.load(s_base + k0 // 32, mask=w_ok[:, None], other=0)
             a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
-            if MODE == 2:
+            if MODE >= 2:
                 a = a.to(tl.float32)
             else:
                 a = a.to(DOT_DTYPE)
             a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
-            packed = tl.load(w_base + k0 // 2, mask=w_ok[:, None, None], other=0)
-            sc = tl.load(s_base + k0 // 32, mask=w_ok[:, None], other=0)
-            if MODE == 2:
+            if MODE >= 2:
                 lo, hi = _dequant(packed, _scale_exp(sc, SCALE_U8), DEQ_ASM, tl.float32)
                 lo = tl.reshape(lo, [NW, BLOCK_K // 2])
                 hi = tl.reshape(hi, [NW, BLOCK_K // 2])
@@ -189,7 +198,7 @@ def gemm_kernel(
                 else:
                     acc = tl.dot(a_even, tl.trans(lo), acc)
                     acc = tl.dot(a_odd, tl.trans(hi), acc)
-        if MODE == 2:
+        if MODE >= 2:
             acc = tl.sum(acc3, axis=2) * SHIFT
         elif MODE == 1:
             acc = tl.trans(acc_t) * SHIFT

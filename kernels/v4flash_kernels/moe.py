@@ -35,11 +35,11 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
-    mode: int = 0  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T); 2: FMA (no tensor cores; tiny M per expert)
+    mode: int = 0  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T); 2: FMA (no tensor cores; tiny M per expert); 3: FMA + prefetch
 
     @property
     def name(self) -> str:
-        tag = {0: "", 1: "_wl", 2: "_fma"}[self.mode]
+        tag = {0: "", 1: "_wl", 2: "_fma", 3: "_fmapf"}[self.mode]
         return f"m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}{tag}"
 
 
