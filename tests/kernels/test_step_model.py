@@ -85,7 +85,8 @@ def test_attention_and_indexer_bytes():
     # valid keys of 8K/4 positions, q + weights, and the full configured-width fp32 logits
     assert idx.bytes == 2048 * 132 + 64 * 132 + (MIB // 4) * 4
     topk = _by_name(ops, "indexer top-512")
-    assert topk.p == {"rows": 1, "width": MIB // 4}
+    assert topk.p == {"rows": 1, "width": MIB // 4, "valid": 2048}  # reads only the row's c4 length
+    assert topk.bytes == 2048 * 4 + 512 * 4
 
 
 def test_prefill_shares_the_request_cache():
@@ -326,7 +327,8 @@ def test_missing_patch_is_no_patch_yet_not_a_failure(monkeypatch):
 def test_gemm_and_topk_checks_on_cpu(monkeypatch):
     ops = _cpu_ops(monkeypatch)
     for op in (M.bf16_gemm("x", 3, 64, 256, 1), M.bf16_gemm("x", 3, 64, 256, 1, out_fp32=True),
-               M.bf16_gemm("x", 3, 64, 256, 1, groups=2), M.topk_op(3, 4096, 1)):
+               M.bf16_gemm("x", 3, 64, 256, 1, groups=2), M.topk_op(3, 4096, 1, 1000),
+               M.topk_op(3, 256, 1, 256)):
         prep = ops.build(op, "upstream", 1 << 20, 5)
         assert prep.check().ok, op.key
     assert ops.rotations(8 << 20, 60 << 20) == 16 and ops.rotations(300 << 20, 60 << 20) == 1

@@ -214,9 +214,13 @@ def indexer_op(rows: int, configured_c4: int, actual_c4_per_row: float, count: i
     return Op("indexer logits (c4)", "indexer", key, count, nbytes, flops, params, patch="indexer")
 
 
-def topk_op(rows: int, width: int, count: int) -> Op:
-    nbytes = rows * width * 4 + rows * INDEX_TOPK * 4
-    return Op("indexer top-512", "indexer", f"topk:{rows}x{width}", count, nbytes, 0, _params(rows=rows, width=width))
+def topk_op(rows: int, width: int, count: int, valid: int) -> Op:
+    """Top-512 of each row's first `valid` logits (the row's c4 length; the rest of the configured
+    `width` is -inf). The pinned JIT kernel (`topk_v1.cuh`, one CTA per row) reads only those."""
+    valid = min(valid, width)
+    nbytes = rows * valid * 4 + rows * INDEX_TOPK * 4
+    return Op("indexer top-512", "indexer", f"topk:{rows}x{width}:v{valid}", count, nbytes, 0,
+              _params(rows=rows, width=width, valid=valid))
 
 
 # ---------------------------------------------------------------- one step
@@ -291,7 +295,7 @@ def decode_ops(spec: StepSpec) -> List[Op]:
     c4_conf = C // 4
     ops.append(indexer_op(B, c4_conf, L / 4, counts["c4"], f"idx:B{B}:C{C}:L{L}",
                           _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False)))
-    ops.append(topk_op(B, c4_conf, counts["c4"]))
+    ops.append(topk_op(B, c4_conf, counts["c4"], L // 4))
     ops.append(moe_op(B, counts["all"]))
     ops.extend(linear_ops(B, counts))
     ops.append(lm_head_op(B))
@@ -323,7 +327,7 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
     ops.append(indexer_op(T, c4_width, mean_c4, counts["c4"], f"idx-prefill:T{T}",
                           _params(rows=T, configured_ctx=math.ceil(T / RAW_PAGE) * RAW_PAGE, actual_ctx=T,
                                   prefill=True), distinct_keys=T // 4))
-    ops.append(topk_op(T, c4_width, counts["c4"]))
+    ops.append(topk_op(T, c4_width, counts["c4"], T // 4))
     ops.append(moe_op(T, counts["all"]))
     ops.extend(linear_ops(T, counts))
     ops.append(lm_head_op(1))

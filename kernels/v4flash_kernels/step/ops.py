@@ -497,29 +497,31 @@ def build_indexer(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 
 def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    """torch.topk over the logits: a stand-in for the JIT radix `topk_transform_512` (one CTA per
-    row, needs sglang's JIT toolchain), which this GPU cannot build without sglang."""
+    """torch.topk over each row's valid prefix: a stand-in for the JIT radix `topk_transform_512`
+    (topk_v1.cuh: one CTA per row over its first seq_len scores, plus the page translation), which
+    needs sglang's JIT toolchain. The rows here share one length (decode) or the chunk's longest
+    (prefill, an upper bound)."""
     p = op.p
-    rows, width = int(p["rows"]), int(p["width"])
+    rows, width, valid = int(p["rows"]), int(p["width"]), int(p["valid"])
     g = _gen(seed)
     logits = torch.randn((rows, width), generator=g, device=DEVICE)
-    valid = max(1, width // 8)  # the actual context is a fraction of the configured width
     logits[:, valid:] = float("-inf")
-    k = min(M.INDEX_TOPK, width)
+    head = logits[:, :valid]
+    k = min(M.INDEX_TOPK, valid)
 
     def call():
-        return torch.topk(logits, k, dim=1, largest=True, sorted=False)
+        return torch.topk(head, k, dim=1, largest=True, sorted=False)
 
     def check() -> Check:
-        vals, _ = call()
+        vals, idx = call()
         ref = torch.sort(logits, dim=1, descending=True).values[:, :k]
         got = torch.sort(vals, dim=1, descending=True).values
-        fin = torch.isfinite(ref)
-        ok = torch.equal(torch.isfinite(got), fin)
-        err = rel_err(got[fin], ref[fin]) if ok else float("nan")
+        ok = torch.equal(torch.gather(logits, 1, idx), vals) and bool(torch.isfinite(got).all())
+        err = rel_err(got, ref) if ok else float("nan")
         return check_of(err)
 
-    return Prepared(lambda: call(), 1, check, "proxy: torch.topk (JIT topk_transform_512 not buildable here)")
+    return Prepared(lambda: call(), 1, check, "proxy: torch.topk over the valid prefix (JIT topk_transform_512 "
+                    "not buildable here)")
 
 
 # ---------------------------------------------------------------- routed MoE (MXFP4)
