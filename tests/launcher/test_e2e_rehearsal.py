@@ -18,9 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import fakebox
+import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +38,8 @@ def box(tmp_path: Path) -> dict:
         "V4FLASH_GRACE": "5",
     })
     env.pop("V4FLASH_SET", None)
-    return {"cfg": cfg, "topology": fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE), "env": env, "ports": p, "tmp": tmp_path,
+    return {"cfg": cfg, "topology": fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE), "env": env, "ports": p,
+            "tmp": tmp_path,
             "router": f"http://127.0.0.1:{p[5]}"}
 
 
@@ -132,7 +132,8 @@ def test_ready_generate_handshake_then_sigterm_leaves_nothing(box: dict, up) -> 
 
     run = u.run_dir()
     # the PD handshake: decode fetched exactly the room prefill registered, over prefill's bootstrap port
-    registered = {r["bootstrap_room"] for r in fakebox.json_records((run / "prefill-0.log").read_text()) if r.get("rehearsal") == "room_registered"}
+    registered = {r["bootstrap_room"] for r in fakebox.json_records((run / "prefill-0.log").read_text())
+                  if r.get("rehearsal") == "room_registered"}
     fetched = [r for r in fakebox.json_records((run / "decode-0.log").read_text()) if r.get("bootstrap_room") is not None
                and r.get("path") == "/generate"]
     assert registered, "prefill never registered a bootstrap room"

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import fakebox
 import pytest
 
-import fakebox
 from v4flash_pd.plan import Binding, Plan, ProcessSpec
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import Supervisor

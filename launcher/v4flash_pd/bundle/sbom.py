@@ -62,7 +62,8 @@ def sbom_from_lock(lock: StackLock, created: str, tool_version: str) -> dict[str
         },
         "components": components(lock),
         "dependencies": [
-            {"ref": "v4flash-pd", "dependsOn": [purl(p.name, p.version) for p in sorted(lock.packages, key=lambda p: p.name)]}
+            {"ref": "v4flash-pd",
+             "dependsOn": [purl(p.name, p.version) for p in sorted(lock.packages, key=lambda p: p.name)]}
         ],
     }
 

@@ -85,4 +85,4 @@ def parse_engine_args(argv: list[str]) -> EngineArgs:
                                               ns.disaggregation_bootstrap_port)):
         if not 0 < value < 65536:
             build_parser().error(f"{name} must be in 1..65535, got {value}")
-    return EngineArgs(ignored=tuple(rest), **{k: v for k, v in vars(ns).items()})
+    return EngineArgs(ignored=tuple(rest), **dict(vars(ns)))

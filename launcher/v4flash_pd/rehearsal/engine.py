@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 from v4flash_pd.rehearsal import REHEARSAL_MARK
 from v4flash_pd.rehearsal import protocol as P
 from v4flash_pd.rehearsal.args import EngineArgs, parse_engine_args
-from v4flash_pd.rehearsal.bootstrap import (HandshakeError, Layout, Room, RoomStore, fetch_room,
-                                            serve_bootstrap)
+from v4flash_pd.rehearsal.bootstrap import HandshakeError, Layout, Room, RoomStore, fetch_room, serve_bootstrap
 from v4flash_pd.rehearsal.httpbase import JsonHandler, Server, make_server
 from v4flash_pd.rehearsal.knobs import KnobError, Knobs, knobs_from_env
 from v4flash_pd.rehearsal.textgen import Completion, generate
@@ -157,12 +156,12 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                        "status": status, "ms": round((time.monotonic() - t0) * 1000, 1),
                        **extra})
 
-        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        def do_GET(self) -> None:
             t0 = time.monotonic()
             status = self._get(urlsplit(self.path).path)
             self._log(status, t0)
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self.do_GET()
 
         def _get(self, path: str) -> int:
@@ -200,7 +199,7 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             self.send_json(404, {"detail": "Not Found"})
             return 404
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             t0 = time.monotonic()
             path = urlsplit(self.path).path
             try:
@@ -245,7 +244,7 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                 status, n, err = 499, 0, "client disconnected"
             finally:
                 state.end(req.prompt.n_tokens)
-            extra = {"completion_tokens": n}
+            extra: dict[str, int | str] = {"completion_tokens": n}
             if err:
                 extra["error"] = err
             self._log(status, t0, **fields, **extra)

@@ -42,7 +42,7 @@ class JsonHandler(BaseHTTPRequestHandler):
     server_version = "v4flash-rehearsal"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Silenced: the engine writes one JSON line per request itself."""
 
     def read_body(self) -> bytes:

@@ -11,8 +11,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from v4flash_pd.rehearsal.textgen import (EOS_TOKEN_ID, Completion, Prompt, prompt_from_ids,
-                                          prompt_from_messages, prompt_from_text)
+from v4flash_pd.rehearsal.textgen import (
+    EOS_TOKEN_ID,
+    Completion,
+    Prompt,
+    prompt_from_ids,
+    prompt_from_messages,
+    prompt_from_text,
+)
 
 SGLANG_VERSION = "0.5.13.post1"
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang disaggregation/utils.py: health checks use this host
@@ -85,8 +91,8 @@ def parse_generate(body: dict[str, Any]) -> GenRequest:
         raise BadRequest("batched requests are not emulated by the rehearsal stand-in")
     if isinstance(text, str):
         prompt = prompt_from_text(text)
-    elif _ids(ids) is not None:
-        prompt = prompt_from_ids(ids)
+    elif (checked := _ids(ids)) is not None:
+        prompt = prompt_from_ids(checked)
     else:
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
     sp = body.get("sampling_params") or {}
@@ -115,8 +121,8 @@ def parse_completions(body: dict[str, Any]) -> GenRequest:
         p = p[0]
     if isinstance(p, str):
         prompt = prompt_from_text(p)
-    elif _ids(p) is not None:
-        prompt = prompt_from_ids(p)
+    elif (checked := _ids(p)) is not None:
+        prompt = prompt_from_ids(checked)
     elif isinstance(p, list):
         raise BadRequest("batched prompts are not emulated by the rehearsal stand-in")
     else:

@@ -84,7 +84,7 @@ class Completion:
         """Token i as an OpenAI stream delta; the deltas concatenate to `text`."""
         return self.words[i] if i == 0 else " " + self.words[i]
 
-    def truncated(self, k: int) -> "Completion":
+    def truncated(self, k: int) -> Completion:
         if k >= len(self.words):
             return self
         return Completion(self.words[:k], "length")
