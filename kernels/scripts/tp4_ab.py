@@ -31,11 +31,12 @@ from v4flash_kernels.reference import Case, make_inputs, rel_err, sparse_mla_dec
 from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
 
 SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
-          ("c4", 4), ("c4", 16), ("c128@256K", 1), ("c128@128K", 16), ("swa", 64)]
-CONFIGS = list(decode.SPLIT_CONFIGS[:2])  # h16_t32_w4 (H200 choice), h16_t16_w4 (sm_120 choice)
-# Round 1 (2026-11-30): w8, register prefetch and q-re-read (k4) 16-head variants all lost at the
-# TP4 shapes; the latent-across-warps variant (dsplit) is new.
-EXTRA_CONFIGS = [dict(block_h=16, block_t=32, num_warps=4, dsplit=True), dict(block_h=16, block_t=16, num_warps=4, dsplit=True)]
+          ("c128@128K", 16), ("c4", 16), ("c128@256K", 1), ("c4", 4), ("swa", 64)]
+CONFIGS = list(decode.SPLIT_CONFIGS[:3])  # h16_t32_w4 (H200 choice), h16_t16_w4 (sm_120 choice), h16_t32_w8
+# Round 1 (2026-11-30): register prefetch and q-re-read (k4) 16-head variants lost at the TP4
+# shapes; round 2: latent-across-warps (dsplit) lost too. Round 3: fp16 dot operands.
+EXTRA_CONFIGS = [dict(block_h=16, block_t=32, num_warps=4, f16=True), dict(block_h=16, block_t=16, num_warps=4, f16=True),
+                 dict(block_h=16, block_t=32, num_warps=8, f16=True)]
 
 
 @triton.jit
@@ -48,15 +49,52 @@ def plans(B, H, w_a, w_b, sms, smem):
     out["sm120"] = decode.make_plan(B, H, w_a, w_b, sms, smem_per_sm=102400)
     cfgs = CONFIGS + [decode.KernelConfig(**c) for c in EXTRA_CONFIGS]
     for cfg in cfgs:
-        for mt in (1, 2, 4):
-            for cps in (2, 8):
-                q = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=mt, ctas_per_sm=cps)
-                if q not in out.values():
-                    out[f"{cfg.name}/mt{mt}/cps{cps}"] = q
-    for name, q in list(out.items()):  # every one-launch plan also as split + combine
-        if q.fused:
-            out[name + "/2kernel"] = decode.Plan(q.config, q.chunk, q.splits_main, q.splits_extra, fused=False)
+        for mt, cps in ((1, 8), (2, 8), (4, 8), (1, 4), (5, 8)):
+            q = decode.make_plan(B, H, w_a, w_b, sms, config=cfg, min_tiles=mt, ctas_per_sm=cps)
+            if q not in out.values():
+                out[f"{cfg.name}/mt{mt}/cps{cps}"] = q
+    if B == 1:
+        for name, q in list(out.items()):  # one-launch plans also as split + combine
+            if q.fused and (name in ("planner", "sm120") or name.endswith("mt1/cps8")):
+                out[name + "/2kernel"] = decode.Plan(q.config, q.chunk, q.splits_main, q.splits_extra, fused=False)
     return out
+
+
+def probe_split_only(kw, plan, heads):
+    """Where a B=1 call's time goes: the split kernel alone (its partials never merged) and the
+    combine kernel alone, launched exactly as decode.run does."""
+    from v4flash_kernels import _triton_sparse as k
+
+    q = kw["q"][:, :, heads[0]:heads[1]]
+    B, H = q.shape[0], q.shape[2]
+    k8a, ksa, kbfa, psa, pba = decode._cache_views(kw["k_cache"])
+    k8b, ksb, kbfb, psb, pbb = decode._cache_views(kw["extra_k_cache"])
+    ia, ib = decode._flat_indices(kw["indices"], B), decode._flat_indices(kw["extra_indices"], B)
+    la, lb = decode._lengths(kw["topk_length"]), decode._lengths(kw["extra_topk_length"])
+    ns = plan.num_splits
+    ws_o = torch.empty((B, H, ns, 512), dtype=torch.float32, device="cuda")
+    ws_l = torch.empty((B, H, ns), dtype=torch.float32, device="cuda")
+    out = torch.empty((B, 1, H, 512), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((B, 1, H), dtype=torch.float32, device="cuda")
+    sink = kw["attn_sink"][heads[0]:heads[1]].float()
+    cfg = plan.config
+
+    def split():
+        k.split_kernel[(ns, 1, B)](
+            q, q.stride(0), q.stride(2), k8a, ksa, kbfa, ia, la, ia.shape[1], psa, pba, ia.stride(0),
+            k8b, ksb, kbfb, ib, lb, ib.shape[1], psb, pbb, ib.stride(0), ws_o, ws_l, H, plan.splits_main, ns,
+            plan.chunk, 0.0625, out, out.stride(0), out.stride(2), lse, lse.stride(0), sink, ws_l,
+            HAS_LEN_A=True, HAS_LEN_B=True, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t, PREFETCH=cfg.prefetch,
+            KSPLIT=cfg.ksplit, DSPLIT=cfg.dsplit, DOT_DTYPE=decode._dot_dtype(cfg), EPILOGUE=0, HAS_SINK=True,
+            MERGE_SB=decode.merge_splits_per_load(cfg), MERGE_COLS=decode.MERGE_COLS,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def combine():
+        k.combine_kernel[(H, B)](ws_o, ws_l, out, out.stride(0), out.stride(2), lse, lse.stride(0), sink, H, ns,
+                                 HAS_SINK=True, SPLIT_BLOCK=decode.COMBINE_SPLIT_BLOCK,
+                                 num_warps=decode.COMBINE_NUM_WARPS)
+    split()
+    return dict(split_only_us=bench.time_graph(split), combine_only_us=bench.time_graph(combine))
 
 
 def main() -> int:
@@ -130,9 +168,19 @@ def main() -> int:
         print("race", kind, B, "mismatches", bad, flush=True)
     dump()
 
+    # 3a. where a B=1 call's time goes (c4, TP4 slice)
+    kw = make_inputs(Case(batch=1, heads=64, hole_frac=0.01, **bench.KINDS["c4"]), device="cuda", seed=321)
+    p = decode.make_plan(1, 16, 128, 512, decode._num_sms(kw["q"].device))
+    try:
+        res["probe_c4_b1"] = dict(probe_split_only(kw, p, (16, 32)), plan=f"{p.config.name} ns={p.num_splits}")
+    except Exception as exc:  # a diagnostic only: keep the timings below
+        res["probe_c4_b1"] = dict(error=repr(exc)[:300])
+    print("probe", res["probe_c4_b1"], flush=True)
+    dump()
+
     # 3. timings of plan variants, TP4 production call (rank 1), and full-64 at B=1
     for i, (kind, B) in enumerate(SHAPES):
-        for mode in (("tp4", "full64") if B == 1 and kind in ("c4", "c128@128K") else ("tp4",)):
+        for mode in ("tp4",):
             if time.time() - t0 > args.budget_s:
                 break
             sh = bench.Shape(kind, B, 64, mode, 1 if mode == "tp4" else 0)

@@ -71,6 +71,11 @@ def _dequant_tile(nope, sc, rope, BLOCK_T: tl.constexpr, DOT_DTYPE: tl.constexpr
     """[T,8,64] fp8 * 2^(scale-127) with group 7 replaced by RoPE -> [T, 512] in DOT_DTYPE (exact)."""
     grp = tl.arange(0, 8)[None, :, None]
     byte = ((sc[:, None, None] >> (grp.to(tl.int64) * 8)) & 0xFF).to(tl.int32)
+    if DOT_DTYPE == tl.float16:
+        # fp16 operands (fp8 -> fp16 is one instruction per two values, bf16 needs two more): the
+        # scale must stay inside fp16's range, 2^-24..2^15 (a group scaled outside it would hold
+        # values below 3e-5 or above 1.4e7).
+        byte = tl.minimum(tl.maximum(byte, 103), 142)
     scale = (byte << 23).to(tl.float32, bitcast=True)  # 2^(byte-127)
     kv3 = tl.where(
         grp == 7,

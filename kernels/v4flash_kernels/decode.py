@@ -37,13 +37,14 @@ class KernelConfig:
     prefetch: bool = False  # double-buffer the next tile's gather in registers
     ksplit: int = 1  # 4: the latent as four 128-wide parts with q re-read per tile (wide head blocks)
     dsplit: bool = False  # the latent split across 4 warps with batched dots (16-head blocks)
+    f16: bool = False  # fp16 dot operands instead of bf16 (16-head path; see _dequant_tile)
     shared_bytes: int = 0  # compiled shared memory on sm_120 (and sm_90 unless given below); check_sm120 verifies it
     shared_bytes_sm90: int = 0  # sm_90's value where it differs (Hopper lowers wide-block dots to wgmma)
 
     @property
     def name(self) -> str:
         return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
-                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}")
+                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}{'_f16' if self.f16 else ''}")
 
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
@@ -193,8 +194,11 @@ def _num_sms(device: torch.device) -> int:
     return _device_info(device)[0]
 
 
-def _dot_dtype():
-    # The interpreter computes bf16 on raw bits; it needs fp32 operands. GPUs always use bf16.
+def _dot_dtype(cfg: KernelConfig):
+    # The interpreter computes bf16 on raw bits, so bf16 configs get fp32 operands there; fp16 is
+    # real numpy arithmetic and runs as on the GPU.
+    if cfg.f16:
+        return tl.float16
     return tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
@@ -324,7 +328,7 @@ def run(
         PREFETCH=cfg.prefetch,
         KSPLIT=cfg.ksplit,
         DSPLIT=cfg.dsplit,
-        DOT_DTYPE=_dot_dtype(),
+        DOT_DTYPE=_dot_dtype(cfg),
         EPILOGUE=epilogue,
         HAS_SINK=sink is not None,
         MERGE_SB=merge_splits_per_load(cfg),
