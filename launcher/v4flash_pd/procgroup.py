@@ -302,7 +302,15 @@ class ProcessGroup:
         return [n for n in names if self.signaller.alive(self.children[n].ident)]
 
     def signal(self, name: str, sig: int) -> str:
-        return self.signaller.send(self.children[name].ident, sig)
+        return self.signaller.send(self.current_identity(name), sig)
+
+    def current_identity(self, name: str) -> Identity:
+        """The recorded identity, plus the child's current title while it is our unreaped child: its
+        pid cannot have been reused, so a process that renamed itself (setproctitle) is still ours."""
+        c = self.children[name]
+        if c.popen is not None and c.returncode is None and c.popen.poll() is None:
+            c.ident = c.ident.with_cmdline(read_cmdline(c.ident.pid))
+        return c.ident
 
     def _wait_gone(self, names: list[str], timeout: float) -> list[str]:
         left = poll_until(lambda: not self.alive(names) or None, timeout, 0.02, self.clock)

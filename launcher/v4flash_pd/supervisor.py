@@ -35,7 +35,6 @@ from v4flash_pd.procgroup import (
     describe_state,
     identify,
     pid_file_text,
-    read_cmdline,
 )
 from v4flash_pd.readiness import (
     HealthGate,
@@ -93,6 +92,7 @@ class Supervisor:
     write_errors: list[str] = field(default_factory=list)
     output_lost: str = ""
     _stop_signal: int | None = None
+    _starting_watch: _HangWatch | None = None
 
     def __post_init__(self) -> None:
         self.group = ProcessGroup(self.signaller, self.clock)
@@ -200,9 +200,8 @@ class Supervisor:
     def _refresh_identities(self) -> None:
         """Add each process's current title (the router renames itself) so `down` still recognises it."""
         for name, c in self.procs.items():
-            live = read_cmdline(c.ident.pid)
-            if live and live not in c.ident.cmdlines:
-                c.ident = c.ident.with_cmdline(live)
+            before = c.ident
+            if c.returncode is None and self.group.current_identity(name) != before:
                 try:
                     self._record(c.ident, name)
                 except OSError as exc:
@@ -268,21 +267,22 @@ class Supervisor:
         t = threading.Thread(target=run, name="blocking-call", daemon=True)
         t.start()
         while t.is_alive():
-            self._check_stop()
-            c = self.exited()
-            if c is not None:
-                self._fail_exited(c, phase)
+            self._guard(phase)
             t.join(self.poll)
         if "error" in box:
             raise box["error"]
         return box.get("value")
 
     def _guard(self, phase: str) -> None:
-        """Every wait's first step: a stop request or an exited process ends the wait."""
+        """Every wait's first step: a stop request, an exited process or (once the workers are
+        healthy) a frozen one ends the wait."""
         self._check_stop()
         c = self.exited()
         if c is not None:
             self._fail_exited(c, phase)
+        self._refresh_identities()
+        if self._starting_watch is not None:
+            self._starting_watch.tick(phase)
 
     def _timed_out(self, what: str, waited: float, detail: str) -> RuntimeFailure:
         return RuntimeFailure(
@@ -395,6 +395,9 @@ class Supervisor:
             self.start(w)
         self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
         self._health_gate(workers, deadline)
+        # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
+        # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
+        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers], is_miss_while_loading)
         router = self.plan.router()
         if router is not None:
             self.start(router)
@@ -405,6 +408,7 @@ class Supervisor:
         self.note("smoke", text=text)
         if self.after_ready is not None:
             self._interruptible(lambda: self.after_ready(self), "during the after-ready gate")  # type: ignore[misc]
+        self._starting_watch = None
         took = self.clock.now() - t0
         self._refresh_identities()
         self.set_state(status="ready", ready_seconds=round(took, 3), smoke_text=text)
@@ -412,30 +416,46 @@ class Supervisor:
 
     def supervise(self) -> None:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
-        dog = Watchdog(self.hang_timeout)
-        probes = Probes(self.fetch)
         headers = auth_headers(self.plan.router_auth)  # should the router guard its probes one day
-        router_fetch = (lambda url, timeout: request(url, timeout=timeout, headers=headers)) if headers else None
-        now = self.clock.now()
-        for name in self.order:
-            dog.add(name, _liveness_url(self.plan.get(name)), now)
+        router_fetch: Fetch = lambda url, timeout: request(url, timeout=timeout, headers=headers)  # noqa: E731
+        watch = _HangWatch(self, [(n, _liveness_url(self.plan.get(n))) for n in self.order], is_miss_when_ready,
+                           lambda name: router_fetch if headers and self.procs[name].role == "router" else None)
 
         def tick() -> bool:
             self._guard("unexpectedly")
-            now = self.clock.now()
-            for name, url, timeout in dog.due(now):
-                probes.start(name, url, timeout, now, router_fetch if self.procs[name].role == "router" else None)
-            for name, started, rep in probes.results():
-                state = describe_state(self.procs[name].ident.pid)
-                state = "" if state == "gone" else state
-                dog.observe(name, not is_miss_when_ready(rep, state), started, self.clock.now(),
-                            problem=state or rep.error or f"HTTP {rep.status}")
-            hung = dog.hung(self.clock.now())
-            if hung:
-                self._fail_hung(hung[0], "after READY")
+            watch.tick("after READY")
             return False
 
         poll_until(tick, math.inf, self.poll, self.clock)
+
+
+class _HangWatch:
+    """Probes `targets` in the background on every `tick` and fails the supervisor on a hang."""
+
+    def __init__(self, sup: Supervisor, targets: list[tuple[str, str]], is_miss: Callable[[Reply, str], bool],
+                 fetch_for: Callable[[str], Fetch | None] = lambda _name: None) -> None:
+        self.sup = sup
+        self.is_miss = is_miss
+        self.fetch_for = fetch_for
+        self.dog = Watchdog(sup.hang_timeout)
+        self.probes = Probes(sup.fetch)
+        now = sup.clock.now()
+        for name, url in targets:
+            self.dog.add(name, url, now)
+
+    def tick(self, phase: str) -> None:
+        clock = self.sup.clock
+        now = clock.now()
+        for name, url, timeout in self.dog.due(now):
+            self.probes.start(name, url, timeout, now, self.fetch_for(name))
+        for name, started, rep in self.probes.results():
+            state = describe_state(self.sup.procs[name].ident.pid)
+            state = "" if state == "gone" else state
+            self.dog.observe(name, not self.is_miss(rep, state), started, clock.now(),
+                             problem=state or rep.error or f"HTTP {rep.status}")
+        hung = self.dog.hung(clock.now())
+        if hung:
+            self.sup._fail_hung(hung[0], phase)
 
 
 def print_err(msg: str) -> None:

@@ -385,3 +385,20 @@ def test_the_watchdog_probes_a_router_with_an_api_key_without_false_alarms(box: 
     assert "router is not answering after READY" in box.text()
     assert "s3cret-for-tests" not in box.text()
     _assert_all_gone(pids)
+
+
+def test_a_worker_that_freezes_while_the_router_starts_fails_the_start_fast(box: Box) -> None:
+    """Healthy workers, then decode freezes before READY (router start, smoke): without a watch the
+    gate would wait for ready_timeout; it must stop everything within the hang window instead."""
+    p = box.up("--set", "hang_timeout=2", "--ready-timeout", "120")
+    box.wait_text("decode-0 is healthy", p)
+    pids = box.pids()
+    os.killpg(pids["decode-0"], signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert p.wait(60) == 1, box.text()
+    took = time.monotonic() - t0
+    assert "decode-0 is not answering while waiting for the router to see all workers" in box.text() \
+        or "decode-0 is not answering during the smoke request" in box.text(), box.text()
+    assert took < 2 + 5 + 5, f"took {took:.1f}s"  # window + grace (a stopped group gets SIGCONT) + slack
+    assert "READY" not in box.text() and "not signalled" not in box.text(), box.text()
+    _assert_all_gone(box.pids())  # the router too, although it renamed itself (sglang::router) before READY

@@ -375,3 +375,22 @@ def test_stop_all_stops_every_process_when_the_disk_is_full_or_stdout_is_gone(tm
         os.close(saved_stdout)
     for name, pid in pids.items():
         assert _group_gone(pid), f"{name} (pgid {pid}) was left running"
+
+
+def test_a_child_that_renames_itself_is_still_stopped_but_a_stranger_with_its_record_is_not(tmp_path: Path) -> None:
+    """sglang-router calls setproctitle('sglang::router') at start. Our unreaped child keeps its pid,
+    so the group stops it; the bare record (what `down` would check) refuses the new title."""
+    pytest.importorskip("setproctitle")
+    argv = [sys.executable, "-c", "import setproctitle, time; setproctitle.setproctitle('renamed::x'); time.sleep(60)"]
+    g = ProcessGroup()
+    with open(tmp_path / "child.log", "w") as log:
+        child = g.spawn("router", "router", argv, dict(os.environ), log)
+    recorded = child.ident
+    try:
+        assert poll_until(lambda: Path(f"/proc/{recorded.pid}/cmdline").read_bytes().startswith(b"renamed::x"), 10)
+        assert not verify(recorded).ours  # a stranger's view: the title is none of the recorded ones
+        rep = g.stop(grace=2.0)
+        assert rep.refused == [] and _group_gone(recorded.pid), rep
+    finally:
+        if not _group_gone(recorded.pid):
+            os.killpg(recorded.pid, signal.SIGKILL)
