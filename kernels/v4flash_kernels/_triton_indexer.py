@@ -23,6 +23,38 @@ SCALE_OFFSET_F32 = tl.constexpr(64 * 128 // 4)  # the 64 fp32 scales start 8192 
 
 
 @triton.jit
+def _fix_page(page, num_pages):
+    # torch-style negative ids (upstream gathers with them); out-of-pool ids are clamped so a bad
+    # table cannot fault (upstream would raise a device-side index error instead).
+    page = page.to(tl.int64)
+    page = tl.where(page < 0, page + num_pages, page)
+    return tl.minimum(tl.maximum(page, 0), num_pages - 1)
+
+
+@triton.jit
+def _load_keys(K8, KS, stride_kp8, stride_kps, page, pos, valid):
+    """Issue the loads of one tile's fp8 keys [TILE, 128] and fp32 scales [TILE]."""
+    slot = pos % PAGE
+    d = tl.arange(0, HEAD_DIM)
+    k = tl.load(K8 + page[:, None] * stride_kp8 + slot[:, None] * HEAD_DIM + d[None, :],
+                mask=valid[:, None], other=0.0)
+    sc = tl.load(KS + page * stride_kps + SCALE_OFFSET_F32 + slot, mask=valid, other=0.0)
+    return k, sc
+
+
+@triton.jit
+def _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16: tl.constexpr):
+    """ReLU(k . q_h) weighted over heads, times the key scale; -inf where not valid."""
+    if DOT_F16:
+        s = tl.dot(k.to(tl.float16), q)
+    else:
+        s = tl.dot(k.to(tl.float32), q, input_precision="ieee")
+    s = tl.maximum(s, 0.0) * w[None, :]
+    logit = tl.sum(s, axis=1)
+    tl.store(out_row + pos, tl.where(valid, logit * sc, float("-inf")), mask=pos < max_seq_len)
+
+
+@triton.jit
 def indexer_logits_kernel(
     Q, stride_qb, stride_qh,  # fp8 q [B, 1, H, 128] (last dim contiguous)
     K8, KS, stride_kp8, stride_kps,  # the pool as fp8 and as fp32, page strides in elements
@@ -36,45 +68,54 @@ def indexer_logits_kernel(
     FILL: tl.constexpr,
     DOT_F16: tl.constexpr,
     WRITE_TAIL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     b = tl.program_id(1).to(tl.int64)
-
-    seq = tl.load(SEQ + b * stride_sb)
-    n = tl.minimum(tl.maximum(seq, 0), max_seq_len).to(tl.int32)
     TILE: tl.constexpr = PAGES * PAGE
-
+    t_off = tl.arange(0, TILE)
     out_row = OUT + b * stride_ob
+    pt_row = PT + b * stride_pb
+
+    # One round trip for everything that does not depend on the length: seq_len, q, weights and the
+    # page ids of this program's first tile (read speculatively inside the table's max_pages columns).
+    seq = tl.load(SEQ + b * stride_sb)
+    pos = pid * TILE + t_off
+    page = tl.load(pt_row + pos // PAGE, mask=pos < max_seq_len, other=0)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HEAD_DIM)
+    hmask = h < H
+    q = tl.load(Q + b * stride_qb + h[None, :] * stride_qh + d[:, None], mask=hmask[None, :], other=0.0)
+    w = tl.load(W + b * stride_wb + h * stride_wh, mask=hmask, other=0.0).to(tl.float32)
+    q = q.to(tl.float16) if DOT_F16 else q.to(tl.float32)
+    n = tl.minimum(tl.maximum(seq, 0), max_seq_len).to(tl.int32)
     n_tiles = tl.cdiv(n, TILE)
-    if pid < n_tiles:  # programs with no valid tile skip loading q
-        h = tl.arange(0, BLOCK_H)
-        d = tl.arange(0, HEAD_DIM)
-        hmask = h < H
-        q = tl.load(Q + b * stride_qb + h[None, :] * stride_qh + d[:, None], mask=hmask[None, :], other=0.0)
-        w = tl.load(W + b * stride_wb + h * stride_wh, mask=hmask, other=0.0).to(tl.float32)
-        q = q.to(tl.float16) if DOT_F16 else q.to(tl.float32)
-        pt_row = PT + b * stride_pb
-        t_off = tl.arange(0, TILE)
+
+    if PREFETCH:
+        # Keys one tile ahead and page ids two tiles ahead, so a program keeps its next tile's bytes
+        # in flight while it computes this one (masked-off loads past the length cost nothing).
+        step = nprog * TILE
+        valid = pos < n
+        k, sc = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page, num_pages), pos, valid)
+        page_n = tl.load(pt_row + (pos + step) // PAGE, mask=pos + step < n, other=0)
         for t in range(pid, n_tiles, nprog):
             pos = t * TILE + t_off
             valid = pos < n
-            page = tl.load(pt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
-            # torch-style negative ids (upstream gathers with them); out-of-pool ids are clamped so a
-            # bad table cannot fault (upstream would raise a device-side index error instead).
-            page = tl.where(page < 0, page + num_pages, page)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-            slot = pos % PAGE
-            k = tl.load(K8 + page[:, None] * stride_kp8 + slot[:, None] * HEAD_DIM + d[None, :],
-                        mask=valid[:, None], other=0.0)
-            if DOT_F16:
-                s = tl.dot(k.to(tl.float16), q)
-            else:
-                s = tl.dot(k.to(tl.float32), q, input_precision="ieee")
-            s = tl.maximum(s, 0.0) * w[None, :]
-            logit = tl.sum(s, axis=1)
-            scale = tl.load(KS + page * stride_kps + SCALE_OFFSET_F32 + slot, mask=valid, other=0.0)
-            tl.store(out_row + pos, tl.where(valid, logit * scale, float("-inf")), mask=pos < max_seq_len)
+            pos_n = pos + step
+            valid_n = pos_n < n
+            k_n, sc_n = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page_n, num_pages), pos_n, valid_n)
+            page_n = tl.load(pt_row + (pos_n + step) // PAGE, mask=pos_n + step < n, other=0)
+            _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16)
+            k, sc = k_n, sc_n
+    else:
+        for t in range(pid, n_tiles, nprog):
+            pos = t * TILE + t_off
+            valid = pos < n
+            if t != pid:
+                page = tl.load(pt_row + pos // PAGE, mask=valid, other=0)
+            k, sc = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page, num_pages), pos, valid)
+            _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16)
 
     if WRITE_TAIL:  # -inf over [n_tiles * TILE, max_seq_len): the tail past the last valid tile
         tail0 = n_tiles * TILE
@@ -82,5 +123,5 @@ def indexer_logits_kernel(
         f_off = tl.arange(0, FILL)
         neg = tl.full((FILL,), float("-inf"), tl.float32)
         for f in range(pid, n_fill, nprog):
-            pos = tail0 + f * FILL + f_off
-            tl.store(out_row + pos, neg, mask=pos < max_seq_len)
+            pos_f = tail0 + f * FILL + f_off
+            tl.store(out_row + pos_f, neg, mask=pos_f < max_seq_len)

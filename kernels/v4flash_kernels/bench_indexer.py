@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
-SWEEP_SHAPES = ((1, "1M", "128K"), (16, "1M", "4K"), (16, "128K", "128K"), (64, "128K", "128K"),
-                (64, "1M", "4K"))
+SWEEP_SHAPES = ((1, "128K", "4K"), (1, "1M", "128K"), (16, "1M", "4K"), (16, "128K", "128K"),
+                (64, "128K", "128K"), (64, "1M", "4K"))
 
 
 def parse_tokens(text: str) -> int:
@@ -110,12 +110,14 @@ def check(out, ref, other=None) -> dict:
     return res
 
 
-def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cuda") -> dict:
+def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cuda", config=None) -> dict:
+    """One shape: ours with `config` (default: the shipped one), w/o tail, upstream; `sweep`: SWEEP only."""
     import torch
 
     from v4flash_kernels import indexer
     from v4flash_kernels.reference_indexer import IndexerCase, make_indexer_inputs, reference_for
 
+    cfg_main = config or indexer.DEFAULT
     case = IndexerCase(batch=shape.batch, width=shape.width, lengths=[shape.c4_len])
     kw = make_indexer_inputs(case, device=device, seed=seed)
     args = list(kw.values())
@@ -124,39 +126,56 @@ def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cud
     nbytes = bytes_moved(shape)
     sms = indexer._num_sms(kw["q_fp8"].device)
     row = dict(asdict(shape), c4_len=shape.c4_len, max_seq_len=msl, bytes=nbytes,
-               floor_h200_us=nbytes / BW_H200 * 1e6, config=indexer.DEFAULT.name,
-               nprog=indexer.programs_per_row(B, shape.width, sms, indexer.DEFAULT), variants={})
+               floor_h200_us=nbytes / BW_H200 * 1e6, config=cfg_main.name,
+               nprog=indexer.programs_per_row(B, shape.width, sms, cfg_main), variants={})
 
-    up_out = None
-    if upstream is not None:
-        up_out = upstream.fp8_paged_mqa_logits_torch_sm120(*args)
-        row["variants"]["upstream"] = check(up_out, ref)
-
-    def ours_fn(cfg=None, write_tail=True, out=None):
+    def ours_fn(cfg, write_tail=True, out=None):
         return lambda: indexer.run(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
                                    kw["page_table"], msl, config=cfg, write_tail=write_tail, out=out)
 
-    poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
-    row["variants"]["ours"] = check(ours_fn(out=poison)(), ref, up_out)
-    pub = indexer.fp8_paged_mqa_logits(*args)
-    row["variants"]["ours"]["public_entry_ok"] = check(pub, ref)["ok"]
-    del pub, poison
-    row["variants"]["ours"]["us"] = time_graph(ours_fn())
-    row["variants"]["ours_no_tail"] = dict(ok=True, us=time_graph(ours_fn(write_tail=False)))
-    if upstream is not None:
-        row["variants"]["upstream"]["us"] = time_graph(lambda: upstream.fp8_paged_mqa_logits_torch_sm120(*args))
-    del up_out
+    def checked(cfg, other=None) -> dict:
+        poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
+        res = check(ours_fn(cfg, out=poison)(), ref, other)
+        del poison
+        return res
+
     if sweep:
         for cfg in indexer.SWEEP:
-            poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
-            res = check(ours_fn(cfg, out=poison)(), ref)
-            del poison
+            res = checked(cfg)
             res["us"] = time_graph(ours_fn(cfg), rep_ms=40) if res["ok"] else float("nan")
             row["variants"][f"cfg:{cfg.name}"] = res
+    else:
+        up_out = None
+        if upstream is not None:
+            up_out = upstream.fp8_paged_mqa_logits_torch_sm120(*args)
+            row["variants"]["upstream"] = check(up_out, ref)
+        row["variants"]["ours"] = checked(cfg_main, up_out)
+        pub = indexer.fp8_paged_mqa_logits(*args)
+        row["variants"]["ours"]["public_entry_ok"] = check(pub, ref)["ok"]
+        del pub
+        row["variants"]["ours"]["us"] = time_graph(ours_fn(cfg_main))
+        row["variants"]["ours_no_tail"] = dict(ok=True, us=time_graph(ours_fn(cfg_main, write_tail=False)))
+        if upstream is not None:
+            row["variants"]["upstream"]["us"] = time_graph(lambda: upstream.fp8_paged_mqa_logits_torch_sm120(*args))
+        del up_out
     del kw, args, ref
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def sweep_winner(rows: List[dict]) -> Optional[str]:
+    """The SWEEP config with the lowest geometric-mean time over the sweep shapes (all checks ok)."""
+    best = None
+    names = [k for k in rows[0]["variants"] if k.startswith("cfg:")] if rows else []
+    for n in names:
+        us = [r["variants"][n]["us"] for r in rows]
+        if not all(r["variants"][n]["ok"] for r in rows) or any(u != u for u in us):
+            continue
+        gm = math.exp(sum(math.log(u) for u in us) / len(us))
+        if best is None or gm < best[0]:
+            best = (gm, n[4:])
+    return best[1] if best else None
 
 
 def _git_commit() -> str:
@@ -209,8 +228,8 @@ def format_sweep(rows: List[dict]) -> str:
 def format_markdown(rows: List[dict]) -> str:
     lines = [
         "| B | configured context | actual | c4 positions | floor H200 | **ours** | ours w/o -inf tail | upstream "
-        "| upstream / ours | rel. err vs fp64 | vs upstream |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| upstream / ours | rel. err vs fp64 | vs upstream | programs / row |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         v = r["variants"]
@@ -220,7 +239,7 @@ def format_markdown(rows: List[dict]) -> str:
         lines.append(
             f"| {r['batch']} | {r['context']} | {r['actual']} | {r['c4_len']} | {r['floor_h200_us']:.1f} | "
             f"**{o['us']:.1f}** | {v['ours_no_tail']['us']:.1f} | {up:.0f} | {up / o['us']:.0f}x | "
-            f"{o['rel_err']:.1e}{ok} | {o.get('vs_upstream', float('nan')):.1e} |"
+            f"{o['rel_err']:.1e}{ok} | {o.get('vs_upstream', float('nan')):.1e} | {r['nprog']} |"
         )
     return "\n".join(lines)
 
@@ -248,26 +267,50 @@ def main(argv: Optional[List[str]] = None) -> int:
         from v4flash_kernels.upstream import load_indexer
 
         upstream = load_indexer()
+    from v4flash_kernels import indexer
+
     shapes = shapes_for([int(b) for b in args.batches.split(",")], args.contexts.split(","), args.actual.split(","))
-    sweep_set = {Shape(b, c, a) for b, c, a in SWEEP_SHAPES} if args.sweep else set()
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     rows: List[dict] = []
+    sweep_rows: List[dict] = []
     failed: List[dict] = []
     t0 = time.time()
-    for i, sh in enumerate(shapes + sorted(sweep_set - set(shapes), key=lambda s: (s.batch, s.context))):
+
+    def dump(partial: bool, meta: dict) -> None:
+        if args.json:  # rewritten after every shape so a run cut short still leaves its rows
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=dict(meta, partial=partial), rows=rows, sweep=sweep_rows, failed=failed), f,
+                          indent=1)
+
+    def one(sh: Shape, i: int, sweep: bool, config=None) -> Optional[dict]:
         try:
-            rows.append(run_shape(sh, upstream, seed + i, sh in sweep_set))
+            return run_shape(sh, upstream, seed + i, sweep, config=config)
         except Exception as exc:  # one broken shape must not lose the others' rows
             import traceback
 
             traceback.print_exc()
-            failed.append(dict(asdict(sh), error=f"{type(exc).__name__}: {exc}"))
+            failed.append(dict(asdict(sh), sweep=sweep, error=f"{type(exc).__name__}: {exc}"))
             torch.cuda.empty_cache()
+            return None
+
+    chosen = indexer.DEFAULT
+    if args.sweep:
+        for i, (b, c, a) in enumerate(SWEEP_SHAPES):
+            r = one(Shape(b, c, a), 1000 + i, True)
+            if r is not None:
+                sweep_rows.append(r)
+                print(f"[{time.time() - t0:6.1f}s] sweep B={b} ctx={c} actual={a} done", flush=True)
+            dump(True, dict(seed=seed))
+        win = sweep_winner(sweep_rows)
+        if win is not None:
+            chosen = next(c for c in indexer.SWEEP if c.name == win)
+        print(f"sweep winner (geomean over the sweep shapes): {win}; main table uses {chosen.name}", flush=True)
+    for i, sh in enumerate(shapes):
+        r = one(sh, i, False, chosen)
+        if r is None:
             continue
-        r = rows[-1]
-        if args.json:  # rewritten after every shape so a run cut short still leaves its rows
-            with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows, failed=failed), f, indent=1)
+        rows.append(r)
+        dump(True, dict(seed=seed, config=chosen.name))
         v = r["variants"]
         print(f"[{time.time() - t0:6.1f}s] B={sh.batch} ctx={sh.context} actual={sh.actual}: ours "
               f"{v['ours']['us']:.1f} us (no tail {v['ours_no_tail']['us']:.1f}) err {v['ours']['rel_err']:.1e}"
@@ -275,21 +318,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     props = torch.cuda.get_device_properties(0)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
                 torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
-                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+                upstream_origin=getattr(upstream, "__v4flash_origin__", None), config=chosen.name)
     print(json.dumps(meta))
     print(format_table(rows))
-    sw = format_sweep(rows)
+    sw = format_sweep(sweep_rows)
     if sw:
-        print("\nconfig sweep (us, graph replay):\n" + sw)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows, failed=failed), f, indent=1)
+        print("\nconfig sweep (us, graph replay; geomean over these shapes picks the main table's config):\n" + sw)
+    dump(False, meta)
     if args.md:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")
     for f_ in failed:
         print(f"FAILED shape: {f_}")
-    all_ok = not failed and all(x.get("ok", True) for r in rows for x in r["variants"].values())
+    all_ok = not failed and all(x.get("ok", True) for r in rows + sweep_rows for x in r["variants"].values())
     return 0 if all_ok else 1
 
 
