@@ -15,46 +15,53 @@ from pathlib import Path
 import fakebox
 import pytest
 
-from v4flash_pd.plan import Binding, Plan, ProcessSpec
+from v4flash_pd import topology as topo
+from v4flash_pd.config import load_config
+from v4flash_pd.host import Host
+from v4flash_pd.plan import Plan, build_plan
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import Supervisor
 
 pytestmark = pytest.mark.timeout(120)
+T8 = Path(__file__).parent / "fixtures" / "topology-8gpu-2node.json"
 
 
-def _router(prefill: str | list[str], decode: str, port: int, metrics: int) -> subprocess.Popen:
-    pre = [a for url in ([prefill] if isinstance(prefill, str) else prefill) for a in ("--prefill", url, "8998")]
-    return subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", *pre,
-         "--decode", decode, "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-         "--prometheus-port", str(metrics), "--worker-startup-check-interval", "1",
-         "--worker-startup-timeout-secs", "60"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def _plan(prefills: list[int], decode: int, boot: int, port: int, metrics: int) -> Plan:
+    """A rehearsal plan from the product's own builders (config -> build_plan), every port given."""
+    sets = [f"python={sys.executable}", "numa=off", f"decode.0.port={decode}", f"router.port={port}",
+            f"router.metrics_port={metrics}", 'router.host="127.0.0.1"']
+    nccl = fakebox.free_ports(2 * len(prefills) + 1)
+    boots = [boot] + nccl[len(prefills) + 1:]
+    for i, pp in enumerate(prefills):
+        sets += [f"prefill.{i}.port={pp}", f"prefill.{i}.bootstrap_port={boots[i]}", f"prefill.{i}.nccl_port={nccl[i]}"]
+        if i:
+            sets += [f"prefill.{i}.gpus=[{i * 2}, {i * 2 + 1}]", f"prefill.{i}.tp=2"]
+    if len(prefills) > 1:
+        sets += ["prefill.0.gpus=[0, 1]", "prefill.0.tp=2"]
+    sets.append(f"decode.0.nccl_port={nccl[len(prefills)]}")
+    return build_plan(load_config(env={}, sets=tuple(sets)), Host.remote(topo.load(T8)), rehearse=True)
 
 
-def _engine(role: str, port: int, boot: int) -> subprocess.Popen:
-    env = dict(os.environ, V4FLASH_REHEARSAL_LOAD_SECONDS="0")
-    return subprocess.Popen([sys.executable, "-m", "v4flash_pd.rehearsal.engine", "--model-path", "m", "--host",
-                             "127.0.0.1", "--port", str(port), "--disaggregation-mode", role,
-                             "--disaggregation-bootstrap-port", str(boot)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def _spawn(plan: Plan, name: str) -> subprocess.Popen:
+    """Start one process of the plan exactly as planned (argv + the plan's env over ours)."""
+    p = plan.get(name)
+    env = dict(os.environ, **dict(p.env), V4FLASH_REHEARSAL_LOAD_SECONDS="0")
+    return subprocess.Popen(list(p.argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
-def _sup(tmp: Path, router_port: int, prefills: int = 1) -> Supervisor:
-    spec = ProcessSpec(name="router", role="router", argv=("true",), env=(), gpus=(), binding=Binding(None, "none"),
-                       ports=(), health_url=f"http://127.0.0.1:{router_port}/readiness")
-    plan = Plan(profile="t", mode="pd", rehearse=True, model_path="", processes=(spec,),
-                url=f"http://127.0.0.1:{router_port}", probe_url=f"http://127.0.0.1:{router_port}",
-                expected=(("prefill", prefills), ("decode", 1)))
+def _sup(tmp: Path, plan: Plan) -> Supervisor:
     return Supervisor(plan, RunDir.create(tmp / "run"), echo=lambda m: None)
 
 
 def test_router_gate_refuses_until_both_roles_are_healthy(tmp_path: Path) -> None:
     """Dead workers: the real router answers, but the gate must say not ready."""
-    dead_p, dead_d, port, metrics = fakebox.free_ports(4)
-    r = _router(f"http://127.0.0.1:{dead_p}", f"http://127.0.0.1:{dead_d}", port, metrics)
+    dead_p, dead_d, boot, port, metrics = fakebox.free_ports(5)
+    plan = _plan([dead_p], dead_d, boot, port, metrics)
+    r = _spawn(plan, "router")
     try:
-        check = _sup(tmp_path, port)._router_check(_sup(tmp_path, port).plan.processes[0])
+        sup = _sup(tmp_path, plan)
+        check = sup._router_check(plan.get("router"))
         seen = []
         end = time.monotonic() + 8
         while time.monotonic() < end:
@@ -71,12 +78,11 @@ def test_router_gate_refuses_until_both_roles_are_healthy(tmp_path: Path) -> Non
 def test_router_gate_waits_for_every_prefill_of_a_2p1d_plan(tmp_path: Path) -> None:
     """2P1D with one prefill still down: the router may call itself ready; the gate must not."""
     live_p, dead_p, live_d, boot, port, metrics = fakebox.free_ports(6)
-    procs = [_engine("prefill", live_p, boot), _engine("decode", live_d, boot)]
-    procs.append(_router([f"http://127.0.0.1:{live_p}", f"http://127.0.0.1:{dead_p}"],
-                         f"http://127.0.0.1:{live_d}", port, metrics))
+    plan = _plan([live_p, dead_p], live_d, boot, port, metrics)
+    procs = [_spawn(plan, "prefill-0"), _spawn(plan, "decode-0"), _spawn(plan, "router")]  # prefill-1 stays down
     try:
-        sup = _sup(tmp_path, port, prefills=2)
-        check = sup._router_check(sup.plan.processes[0])
+        sup = _sup(tmp_path, plan)
+        check = sup._router_check(plan.get("router"))
         end = time.monotonic() + 10
         details = []
         while time.monotonic() < end:
@@ -87,8 +93,10 @@ def test_router_gate_waits_for_every_prefill_of_a_2p1d_plan(tmp_path: Path) -> N
                 break
             time.sleep(0.3)
         assert "prefill 1/2" in details[-1], details
-        one = _sup(tmp_path, port, prefills=1)  # the same router satisfies a 1P1D expectation
-        assert one._router_check(one.plan.processes[0])() == (True, "ready")
+        from dataclasses import replace
+
+        one = _sup(tmp_path, replace(plan, expected=(("prefill", 1), ("decode", 1))))  # a 1P1D expectation
+        assert one._router_check(plan.get("router"))() == (True, "ready")
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
