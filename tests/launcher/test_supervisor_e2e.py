@@ -91,13 +91,15 @@ class Box:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
-        # whatever a broken launcher left behind: every process started with this test's environment
+        # whatever a broken launcher left behind: every process started with this test's environment,
+        # or writing its output into this test's directory (a retitled router's environ is overwritten)
         mark = f"V4FLASH_RUNS_ROOT={self.tmp / 'runs'}".encode()
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == os.getpid():
                 continue
             try:
-                if mark in (d / "environ").read_bytes().split(b"\0"):
+                if (mark in (d / "environ").read_bytes().split(b"\0")
+                        or os.readlink(d / "fd" / "1").startswith(str(self.tmp) + "/")):
                     os.kill(int(d.name), signal.SIGCONT)
                     os.kill(int(d.name), signal.SIGKILL)
             except (OSError, ValueError):
