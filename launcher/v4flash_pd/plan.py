@@ -104,6 +104,10 @@ def _addr_set(name: str, host: Host) -> set[str]:
     return set(LOOPBACK_NAMES.get(name, (name,)))
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def _overlap(a: set[str], b: set[str]) -> bool:
     # a wildcard listener (IPv4 or dual-stack IPv6) takes the port on every address
     return "*" in a or "*" in b or bool(a & b)
@@ -426,10 +430,18 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             warnings.append(f"the router listens on {where} port {r.port} WITHOUT authentication: anyone who can "
                             "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
                             "router.host = \"127.0.0.1\" behind a reverse proxy")
+        exposed = [u for u in config_port_uses(cfg) if u.owner != "router http" and not _loopback(u.host)]
+        if exposed:
+            warnings.append("listening beyond this box: " + ", ".join(f"{u.owner} on {u.host}:{u.port}" for u in exposed)
+                            + "; workers, bootstrap, NCCL and router metrics need no outside access: keep them on "
+                              "127.0.0.1 (the profile's default)")
     else:
         s = cfg.role("server")[0]
         url = f"http://{url_host(s.host)}:{s.port}"
         probe_url = f"http://{reach_host(s.host)}:{s.port}"
+        if not _loopback(s.host):
+            warnings.append(f"{s.name} listens on {s.host} port {s.port} WITHOUT authentication: anyone who can reach "
+                            "it can generate; keep it on 127.0.0.1 behind a reverse proxy that authenticates")
     uses = tuple(u for p in procs for u in p.ports)
     _check_port_collisions(uses, host, problems)
     problems.raise_if_any()

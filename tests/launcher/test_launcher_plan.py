@@ -476,3 +476,13 @@ def test_planned_numactl_prefix_runs_with_real_numactl(tmp_path: Path, cli) -> N
         want = topo.parse_cpulist(Path(f"/sys/devices/system/node/node{p['binding']['node']}/cpulist").read_text())
         got = set(json.loads(res.stdout))
         assert got and got <= set(want), (got, want)  # pinned to that node's CPUs
+
+
+def test_workers_off_loopback_and_an_open_server_are_named() -> None:
+    plan = build_plan(cfg("prefill.0.host=0.0.0.0", "router.metrics_host=10.0.0.5"), remote("8gpu-2node"))
+    exposed = [w for w in plan.warnings if w.startswith("listening beyond this box")]
+    assert len(exposed) == 1 and "prefill-0 bootstrap on 0.0.0.0:8998" in exposed[0]
+    assert "router metrics on 10.0.0.5:29000" in exposed[0] and "decode-0" not in exposed[0]
+    assert not [w for w in build_plan(cfg(), remote("8gpu-2node")).warnings if w.startswith("listening beyond")]
+    tp4 = build_plan(cfg(profile="rtx6000-tp4"), remote("8gpu-2node"))
+    assert [w for w in tp4.warnings if w.startswith("server-0 listens on 0.0.0.0") and "WITHOUT authentication" in w]
