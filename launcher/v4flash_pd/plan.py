@@ -30,6 +30,11 @@ ROUTER_AUTH_MODULE = "v4flash_pd.routerauth"
 # loader): every process gets them from exec, the router included.
 OFFLINE_KEYS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")
 LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
+# sglang-router 0.3.2 loads each worker's tokenizer from the model path the worker reports and, when
+# that path is not on this box (a rehearsal), downloads it with its Rust hub client, which ignores
+# HF_HUB_OFFLINE and reads only HF_ENDPOINT: offline, point that at a closed loopback port so the
+# attempt fails at once, locally, and nothing reaches out.
+OFFLINE_HF_ENDPOINT = "http://127.0.0.1:1"
 
 
 @dataclass(frozen=True)
@@ -322,6 +327,8 @@ def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> Proce
         argv += ["--policy", r.policy]
     argv += list(r.extra_args)
     env = {k: v for k, v in env_base.items() if k in OFFLINE_KEYS}
+    if env.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        env["HF_ENDPOINT"] = OFFLINE_HF_ENDPOINT
     env.update(r.env)
     env["PYTHONUNBUFFERED"] = "1"
     return ProcessSpec(name="router", role="router", argv=tuple(argv), env=tuple(sorted(env.items())), gpus=(),

@@ -117,6 +117,7 @@ def test_default_profile_on_reference_box() -> None:
         assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA indices = nvidia-smi indices
     assert "UCX_TLS" not in dict(r.env) and "CUDA_VISIBLE_DEVICES" not in dict(r.env)
     assert dict(r.env)["HF_HUB_OFFLINE"] == "1" and dict(r.env)["TRANSFORMERS_OFFLINE"] == "1"  # router offline too
+    assert dict(r.env)["HF_ENDPOINT"] == "http://127.0.0.1:1"  # its Rust hub client reads only this one
     assert plan.expected == (("prefill", 1), ("decode", 1))
     assert plan.url == "http://0.0.0.0:8000" and plan.probe_url == "http://127.0.0.1:8000"
 

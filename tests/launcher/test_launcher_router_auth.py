@@ -75,6 +75,8 @@ def test_api_key_guards_generate_and_never_leaks(source: str, tmp_path: Path) ->
         assert SECRET not in cmdline, [x for x in cmdline.split("\0") if x]
         assert (run / "router.command").exists() and "routerauth" in (run / "router.command").read_text()
         assert grep_tree(run, SECRET) == [], "the key was written into the run dir"
+        # offline: the router's tokenizer lookup for the (absent) model dir never left the box
+        assert "huggingface.co" not in (run / "router.log").read_text(errors="replace")
         assert SECRET not in out.read_text()
     finally:
         if proc.poll() is None:
