@@ -79,6 +79,15 @@ def _scale_exp(sc, SCALE_U8: tl.constexpr):
 
 
 @triton.jit
+def _swiglu(gate, up, clamp_limit, HAS_CLAMP: tl.constexpr):
+    """upstream's activation: gate clamped above, up clamped both ways, silu(gate) * up (fp32)."""
+    if HAS_CLAMP:
+        gate = tl.minimum(gate, clamp_limit)
+        up = tl.minimum(tl.maximum(up, -clamp_limit), clamp_limit)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def gemm_kernel(
     A,  # GATED: hidden [M, KD] (row = slot // A_DIV); else intermediate [S, KD] (row = slot)
     stride_am,
@@ -111,10 +120,14 @@ def gemm_kernel(
     SCALE_U8: tl.constexpr,
     DEQ_ASM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    stride_ap=0,  # elements between split-K partial planes (SPLIT_K > 1 output / A_PARTS > 0 input)
+    SPLIT_K: tl.constexpr = 1,  # GATED only: K split over grid axis 2, raw partials out, no activation
+    A_PARTS: tl.constexpr = 0,  # w2 only: A is GEMM1's A_PARTS partial planes, reduced and activated here
     MODE: tl.constexpr = 0,  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T) (w in the left operand); 2: FMA; 3: FMA + prefetch
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = tl.arange(0, BLOCK_M)
 
     if INLINE:
@@ -165,19 +178,29 @@ def gemm_kernel(
             acc_t = tl.zeros([NW, BLOCK_M], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, NW], dtype=tl.float32)
+        k_lo = pid_k * (KD // SPLIT_K)
+        k_hi = k_lo + KD // SPLIT_K
         if MODE == 3:  # FMA with the next W tile's bytes and scales loaded one step ahead
-            packed_nx = tl.load(w_base, mask=w_ok[:, None, None], other=0)
-            sc_nx = tl.load(s_base, mask=w_ok[:, None], other=0)
-        for k0 in range(0, KD, BLOCK_K):
+            packed_nx = tl.load(w_base + k_lo // 2, mask=w_ok[:, None, None], other=0)
+            sc_nx = tl.load(s_base + k_lo // 32, mask=w_ok[:, None], other=0)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             if MODE == 3:
                 packed, sc = packed_nx, sc_nx
-                more = (k0 + BLOCK_K) < KD
+                more = (k0 + BLOCK_K) < k_hi
                 packed_nx = tl.load(w_base + (k0 + BLOCK_K) // 2, mask=w_ok[:, None, None] & more, other=0)
                 sc_nx = tl.load(s_base + (k0 + BLOCK_K) // 32, mask=w_ok[:, None] & more, other=0)
             else:
                 packed = tl.load(w_base + k0 // 2, mask=w_ok[:, None, None], other=0)
                 sc = tl.load(s_base + k0 // 32, mask=w_ok[:, None], other=0)
-            a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
+            if A_PARTS > 0:  # A = the split-K partial gate/up sums of GEMM1: reduce, activate
+                g = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+                u = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+                for p in tl.static_range(A_PARTS):
+                    g += tl.load(a_ptr + p * stride_ap + k0, mask=row_ok[:, None], other=0.0)
+                    u += tl.load(a_ptr + p * stride_ap + KD + k0, mask=row_ok[:, None], other=0.0)
+                a = _swiglu(g, u, clamp_limit, HAS_CLAMP).to(tl.bfloat16)
+            else:
+                a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
             if MODE >= 2:
                 a = a.to(tl.float32)
             else:
@@ -206,13 +229,16 @@ def gemm_kernel(
             acc = acc * SHIFT
         if GATED:
             gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-            if HAS_CLAMP:
-                gate = tl.minimum(gate, clamp_limit)
-                up = tl.minimum(tl.maximum(up, -clamp_limit), clamp_limit)
-            h = gate / (1.0 + tl.exp(-gate)) * up
             ocol = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            optr = OUT + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
-            tl.store(optr, h.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (ocol < N)[None, :])
+            o_ok = row_ok[:, None] & (ocol < N)[None, :]
+            if SPLIT_K > 1:  # raw fp32 partials [SPLIT_K, S, 2N]: gate at col, up at N + col
+                optr = OUT + pid_k * stride_ap + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
+                tl.store(optr, gate, mask=o_ok)
+                tl.store(optr + N, up, mask=o_ok)
+            else:
+                h = _swiglu(gate, up, clamp_limit, HAS_CLAMP)
+                optr = OUT + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
+                tl.store(optr, h.to(OUT.dtype.element_ty), mask=o_ok)
         else:
             tw = tl.load(TW + slot, mask=row_ok, other=0.0).to(tl.float32) * out_scale
             optr = OUT + slot.to(tl.int64)[:, None] * stride_om + col[None, :]

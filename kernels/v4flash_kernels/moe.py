@@ -36,10 +36,11 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     mode: int = 0  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T); 2: FMA (no tensor cores; tiny M per expert); 3: FMA + prefetch
+    split_k: int = 1  # gemm1 only: K split over more programs; GEMM2 then reduces the partials and activates
 
     @property
     def name(self) -> str:
-        tag = {0: "", 1: "_wl", 2: "_fma", 3: "_fmapf"}[self.mode]
+        tag = {0: "", 1: "_wl", 2: "_fma", 3: "_fmapf"}[self.mode] + (f"_sk{self.split_k}" if self.split_k > 1 else "")
         return f"m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}{tag}"
 
 
@@ -141,8 +142,8 @@ def _weight_view(w: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
-                 clamp, scaling, gated, inline, block_s):
-    bk = fit_block_k(cfg, kd)
+                 clamp, scaling, gated, inline, block_s, stride_ap=0, split_k=1, a_parts=0):
+    bk = fit_block_k(cfg, kd // split_k)
     _k.gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1),
         out, out.stride(0), ids, tw, sorted_, blk_e, blk_r,
@@ -151,6 +152,7 @@ def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, 
         GATED=gated, HAS_CLAMP=clamp is not None, INLINE=inline, BLOCK_S=block_s,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_U8=s_u8,
         DEQ_ASM=not _interpret(), DOT_DTYPE=tl.float32 if _interpret() else tl.bfloat16,
+        stride_ap=stride_ap, SPLIT_K=split_k, A_PARTS=a_parts,
         MODE=cfg.mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -203,9 +205,13 @@ def run(
     clamp = float(clamp_limit) if clamp_limit is not None and clamp_limit > 0 else None
     scaling = float(routed_scaling_factor) if routed_scaling_factor is not None else 1.0
 
-    inter = torch.empty((S, I), dtype=_work_dtype(), device=dev)
-    down = torch.empty((S, K), dtype=_work_dtype(), device=dev)
     g1, g2 = plan.gemm1, plan.gemm2
+    sk = g1.split_k
+    if sk > 1:  # fp32 gate/up partials per K split; GEMM2 sums them and activates
+        inter = torch.empty((sk, S, 2 * I), dtype=torch.float32, device=dev)
+    else:
+        inter = torch.empty((S, I), dtype=_work_dtype(), device=dev)
+    down = torch.empty((S, K), dtype=_work_dtype(), device=dev)
     if plan.inline:
         nb1 = nb2 = S
         block_s = triton.next_power_of_2(S)
@@ -217,10 +223,13 @@ def run(
             sorted2, blk_e2, blk_r2, nb2 = sorted1, blk_e1, blk_r1, nb1
         else:
             sorted2, blk_e2, blk_r2, nb2 = _sort_slots(ids, S, E, g2.block_m)
-    _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n)), x, w13, s13, u13, inter, ids, tw,
-                 sorted1, blk_e1, blk_r1, S, I, K, topk, clamp, 1.0, True, plan.inline, block_s)
-    _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter, w2, s2, u2, down, ids, tw,
-                 sorted2, blk_e2, blk_r2, S, K, I, 1, None, scaling, False, plan.inline, block_s)
+    inter2d = inter[0] if sk > 1 else inter
+    _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n), sk), x, w13, s13, u13, inter2d, ids, tw,
+                 sorted1, blk_e1, blk_r1, S, I, K, topk, clamp, 1.0, True, plan.inline, block_s,
+                 stride_ap=S * 2 * I, split_k=sk)
+    _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter2d, w2, s2, u2, down, ids, tw,
+                 sorted2, blk_e2, blk_r2, S, K, I, 1, clamp if sk > 1 else None, scaling, False, plan.inline,
+                 block_s, stride_ap=S * 2 * I, a_parts=sk if sk > 1 else 0)
     _k.combine_kernel[(M, triton.cdiv(K, COMBINE_BLOCK))](
         down, ids, out, out.stride(0), K, TOPK=topk, BLOCK=COMBINE_BLOCK, num_warps=COMBINE_NUM_WARPS,
     )
