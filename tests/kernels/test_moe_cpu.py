@@ -77,6 +77,23 @@ def test_matches_fp64_reference(name, plan):
     _assert_matches(kw, _call(kw, plan))
 
 
+MODES = {
+    "w_left_operand": moe.Plan(True, moe.GemmConfig(16, 16, 64, 4, 1, mode=1), moe.GemmConfig(16, 32, 64, 4, 1, mode=1)),
+    "fma_rows2": moe.Plan(False, moe.GemmConfig(2, 16, 64, 4, 1, mode=2), moe.GemmConfig(2, 32, 64, 4, 1, mode=2)),
+    "fma_prefetch": moe.Plan(True, moe.GemmConfig(1, 16, 32, 4, 1, mode=3), moe.GemmConfig(1, 32, 32, 4, 1, mode=3)),
+    "split_k4_dot": moe.Plan(True, moe.GemmConfig(16, 16, 32, 4, 1, split_k=4), SMALL_G2),
+    "split_k2_fma_sorted": moe.Plan(False, moe.GemmConfig(1, 16, 32, 4, 1, mode=3, split_k=2),
+                                    moe.GemmConfig(2, 32, 32, 4, 1, mode=3)),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_gemm_mode_matches_fp64(mode):
+    """The alternative GEMM bodies (W as left operand, FMA, prefetch, split-K + activation in GEMM2)."""
+    kw = make_inputs(MoeCase(tokens=4, topk=4, hole_frac=0.2, clamp_limit=0.4, routed_scaling_factor=1.7))
+    _assert_matches(kw, _call(kw, MODES[mode]))
+
+
 def test_clamp_and_scaling_are_applied():
     """The same inputs with clamp/scaling toggled give different outputs, each matching fp64."""
     kw = make_inputs(MoeCase(tokens=4, topk=3, clamp_limit=0.3, routed_scaling_factor=2.0))
