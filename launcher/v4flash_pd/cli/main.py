@@ -7,7 +7,6 @@ lazily, so `v4flash-pd plan` does not pay for importing the supervisor or the bu
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -32,6 +31,8 @@ COMMANDS: dict[str, str] = {
 
 
 def _available() -> list[str]:
+    import importlib.util  # imported here: `plan` and `up` never list commands (start-up time)
+
     names = []
     for name, mod in COMMANDS.items():
         if importlib.util.find_spec(f"v4flash_pd.cli.{mod}") is not None:
@@ -45,9 +46,15 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         mod = COMMANDS.get(cmd_name)
-        if mod is None or importlib.util.find_spec(f"v4flash_pd.cli.{mod}") is None:
+        if mod is None:
             return None
-        return importlib.import_module(f"v4flash_pd.cli.{mod}").command
+        try:
+            module = importlib.import_module(f"v4flash_pd.cli.{mod}")
+        except ModuleNotFoundError as exc:  # a command left out of this install (not a broken import inside it)
+            if exc.name != f"v4flash_pd.cli.{mod}":
+                raise
+            return None
+        return module.command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Each command's whole one-line summary: click would cut it at ~45 characters with '...'."""
