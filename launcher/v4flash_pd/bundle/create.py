@@ -80,7 +80,8 @@ def _image(opts: CreateOptions, work: Path, state: Path, lock: StackLock, log: C
     if current_id and state_file.is_file() and archive.is_file():
         try:
             saved = json.loads(state_file.read_text())
-            if saved.get("id") == current_id and saved.get("ref") == opts.image and saved.get("archive_size") == archive.stat().st_size:
+            same = (saved.get("id"), saved.get("ref"), saved.get("archive_size"))
+            if same == (current_id, opts.image, archive.stat().st_size):
                 log(f"resuming: image archive for {opts.image} ({current_id[:19]}) already saved")
                 rec = saved["record"]
                 return ImageRecord(rec["id"], tuple(rec["repo_tags"]), rec["tar_sha256"], rec["tar_size"], rec["labels"])

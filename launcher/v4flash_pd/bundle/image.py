@@ -83,7 +83,7 @@ class _HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         self.sha.update(data)
         self.size += len(data)
         self.fh.write(data)
@@ -112,7 +112,7 @@ def save_image(client: Any, ref: str, dest: Path, level: int = 3, progress: Prog
     try:
         with open(tmp, "wb") as fh:
             writer = _HashingWriter(fh)
-            with cctx.stream_writer(writer, closefd=False) as zw:
+            with cctx.stream_writer(writer, closefd=False) as zw:  # type: ignore[arg-type]  # a raw binary writer
                 for chunk in client.api.get_image(ref, chunk_size=READ_CHUNK):
                     raw_sha.update(chunk)
                     raw_size += len(chunk)
@@ -202,7 +202,7 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         parts = []
         want = n if n >= 0 else 1 << 62
         while want > 0:
@@ -236,7 +236,7 @@ def read_archive(path: Path, progress: Progress | None = None) -> ArchiveInfo:
     manifest: list[dict[str, Any]] | None = None
     config_hashes: dict[str, str] = {}
     try:
-        with tarfile.open(fileobj=reader, mode="r|", bufsize=READ_CHUNK) as tf:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=reader, mode="r|", bufsize=READ_CHUNK) as tf:
             for member in tf:
                 if not member.isfile():
                     continue

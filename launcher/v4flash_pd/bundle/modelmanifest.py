@@ -209,7 +209,8 @@ def build_manifest(
             return
         digests[res.key] = res.sha256
         if state_fh is not None:
-            state_fh.write(json.dumps({"root": root, "path": rel, "size": size, "mtime_ns": mtime, "sha256": res.sha256}) + "\n")
+            entry = {"root": root, "path": rel, "size": size, "mtime_ns": mtime, "sha256": res.sha256}
+            state_fh.write(json.dumps(entry) + "\n")
             state_fh.flush()
 
     nworkers = workers or default_workers()
