@@ -41,6 +41,7 @@ class Host:
     nodes: tuple[NodeProbe, ...] = ()  # one per NUMA node the config would bind to
     ucx_module_dir: str = ""  # nixl-cu13's bundled UCX transports; '' = nixl not installed
     router_installed: bool | None = None  # None = not known (another interpreter, another box)
+    python_ok: bool | None = None  # the config's `python` runs here; None = not asked (remote, or the default)
     addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()  # host name -> its addresses; () = unresolvable
     ports: tuple[PortState, ...] = ()
     model: ModelCheck | None = None
@@ -125,6 +126,10 @@ def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
     numactl = env.get("V4FLASH_NUMACTL") or shutil.which("numactl") or ""
     nodes = tuple(probe_node(numactl, n) for n in planned_nodes(cfg, topology)) if numactl else ()
     same_python = cfg.python in ("", sys.executable)
+    python_ok = None
+    if not same_python:
+        found = shutil.which(cfg.python)
+        python_ok = found is not None and os.access(found, os.X_OK)
     router = None
     if cfg.router is not None and same_python:
         try:
@@ -137,5 +142,5 @@ def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
                   for u in config_port_uses(cfg))
     return Host(topology=topology, local=True, python=sys.executable, numactl=numactl,
                 allowed_nodes=allowed_mem_nodes(), nodes=nodes, ucx_module_dir=ucx_module_dir(),
-                router_installed=router, addresses=addresses, ports=ports,
+                router_installed=router, python_ok=python_ok, addresses=addresses, ports=ports,
                 model=check_model_dir(cfg.model_path))

@@ -367,6 +367,10 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
                          "it at the profile's path; `up --rehearse` runs without a model")
         else:
             warnings.append(f"{host.model.problem}; `up` will refuse to start without it")
+    if host.python_ok is False:
+        problems.add(f"the workers' interpreter {python!r} (config key python) is not an executable on this host",
+                     "--set python=/path/to/python3 of the serving environment, or leave python unset to use the "
+                     "interpreter running v4flash-pd")
     if cfg.router is not None and host.router_installed is False:
         msg = f"sglang-router is not installed for {python}, and the plan starts the router with it"
         fix = "pip install sglang-router==0.3.2 (the pinned router; `make demo` sets up an env with it)"

@@ -84,6 +84,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], list[str], bool]] = [
     ("ready-timeout-inf-on-up", lambda t: rehearse_up(t, "--ready-timeout", "inf"), ["ready_timeout", "finite"], False),
     ("unresolvable-host", lambda t: rehearse_up(t, "--set", "prefill.0.host=no-such-host.invalid"),
      ["no-such-host.invalid", "does not resolve"], False),
+    ("missing-interpreter", lambda t: rehearse_up(t, "--set", f"python={t / 'no-python3'}"),
+     ["no-python3", "not an executable", "--set python="], False),
     ("env-name-with-equals", lambda t: ["plan", "--topology", T8, "--config", write(t, "c.toml", '[env]\n"A=B" = "1"\n')],
      ["'A=B'", "not valid"], False),
     ("env-name-with-nul", lambda t: ["plan", "--topology", T8, "--config", write(t, "c.toml", '[env]\n"A\\u0000B" = "1"\n')],
