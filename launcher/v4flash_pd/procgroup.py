@@ -312,15 +312,16 @@ class ProcessGroup:
             c.ident = c.ident.with_cmdline(read_cmdline(c.ident.pid))
         return c.ident
 
-    def _wait_gone(self, names: list[str], timeout: float) -> list[str]:
-        left = poll_until(lambda: not self.alive(names) or None, timeout, 0.02, self.clock)
-        return [] if left else self.alive(names)
+    def _wait_gone(self, names: list[str], timeout: float, hurry: Callable[[], bool] = lambda: False) -> list[str]:
+        left = poll_until(lambda: not self.alive(names) or hurry() or None, timeout, 0.02, self.clock)
+        return self.alive(names) if left is None or hurry() else []
 
-    def stop(self, grace: float, drain: float = 0.0) -> StopReport:
+    def stop(self, grace: float, drain: float = 0.0, hurry: Callable[[], bool] = lambda: False) -> StopReport:
         """SIGTERM every group (routers first, given `drain` to finish), SIGKILL what outlives `grace`.
 
         Only signals and waits: nothing here writes a file or the terminal, so a full disk, a
-        read-only run dir or a closed stdout cannot stop the stopping.
+        read-only run dir or a closed stdout cannot stop the stopping. `hurry()` turning true (a
+        second Ctrl-C) cuts the drain and the grace period short: SIGKILL now.
         """
         rep = StopReport()
         names = list(reversed(self.order))
@@ -328,11 +329,11 @@ class ProcessGroup:
         for n in first:
             self._term(n, rep)
         if first and drain > 0:
-            self._wait_gone(first, min(drain, grace))
+            self._wait_gone(first, min(drain, grace), hurry)
         for n in names:
             if n not in first:
                 self._term(n, rep)
-        left = self._wait_gone(names, grace)
+        left = self._wait_gone(names, grace, hurry)
         for n in left:
             if self._send(n, signal.SIGKILL, rep) == "sent":
                 rep.killed.append(n)

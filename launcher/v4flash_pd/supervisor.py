@@ -92,6 +92,7 @@ class Supervisor:
     write_errors: list[str] = field(default_factory=list)
     output_lost: str = ""
     _stop_signal: int | None = None
+    _stop_count: int = 0
     _starting_watch: _HangWatch | None = None
 
     def __post_init__(self) -> None:
@@ -144,6 +145,7 @@ class Supervisor:
         sessions, so nobody else tells them."""
 
         def handler(signum: int, _frame: Any) -> None:
+            self._stop_count += 1  # a second one while stopping: no more grace (see stop_all)
             if self._stop_signal is None:
                 self._stop_signal = signum
 
@@ -239,7 +241,8 @@ class Supervisor:
             return
         # the router gets a head start to finish short in-flight requests (it takes ~1 s to exit
         # on SIGTERM by itself); waiting for it to exit before stopping the workers doubles the stop time
-        rep = self.group.stop(self.grace, drain=0.5)
+        already = self._stop_count
+        rep = self.group.stop(self.grace, drain=0.5, hurry=lambda: self._stop_count > max(already, 1))
         self.say(f"stopped {', '.join(names)} (SIGTERM, grace {self.grace:g}s)"
                  + (f"; SIGKILL: {', '.join(rep.killed)}" if rep.killed else ""))
         for r in rep.refused:

@@ -404,3 +404,34 @@ def test_a_worker_that_freezes_while_the_router_starts_fails_the_start_fast(box:
     assert took < 2 + 5 + 5, f"took {took:.1f}s"  # window + grace (a stopped group gets SIGCONT) + slack
     assert "READY" not in box.text() and "not signalled" not in box.text(), box.text()
     _assert_all_gone(box.pids())  # the router too, although it renamed itself (sglang::router) before READY
+
+
+def test_workers_slow_to_stop_get_sigkill_after_the_grace_period(box: Box) -> None:
+    box.env.update(V4FLASH_REHEARSAL_STOP_DELAY_S="60", V4FLASH_GRACE="1.5")
+    p = box.up()
+    box.wait_text("READY", p)
+    pids = box.pids()
+    t0 = time.monotonic()
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(30) == 0, box.text()
+    took = time.monotonic() - t0
+    assert "SIGKILL: decode-0, prefill-0" in box.text(), box.text()
+    assert 1.5 <= took < 1.5 + 5, took
+    _assert_all_gone(pids)
+
+
+def test_a_second_stop_signal_skips_the_rest_of_the_grace_period(box: Box) -> None:
+    box.env.update(V4FLASH_REHEARSAL_STOP_DELAY_S="60", V4FLASH_GRACE="60")
+    p = box.up()
+    box.wait_text("READY", p)
+    pids = box.pids()
+    t0 = time.monotonic()
+    os.kill(p.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert p.poll() is None, "stopped before the grace period although the workers were still stopping"
+    os.kill(p.pid, signal.SIGINT)  # the impatient second Ctrl-C
+    p.wait(30)
+    took = time.monotonic() - t0
+    assert took < 10, f"the second signal did not cut the 60 s grace short ({took:.1f}s)"
+    assert "SIGKILL: decode-0, prefill-0" in box.text(), box.text()
+    _assert_all_gone(pids)

@@ -401,6 +401,9 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
         stop.wait(0.05)
 
     state.say("received a stop signal, shutting down")
+    if knobs.stop_delay_s:
+        state.say(f"taking {knobs.stop_delay_s:g}s to stop (V4FLASH_REHEARSAL_STOP_DELAY_S)")
+        time.sleep(knobs.stop_delay_s)
     for s in servers:
         s.shutdown()
         s.server_close()

@@ -29,6 +29,7 @@ class Knobs:
     waiting_timeout_s: float = 5.0     # decode: how long to wait for prefill's bootstrap room
     bootstrap_timeout_s: float = 5.0   # prefill: how long to wait for decode to fetch the room
     natural_tokens: int = 24           # length of a non-arithmetic reply when EOS is not ignored
+    stop_delay_s: float = 0.0          # after SIGTERM, keep running this long (a worker slow to stop)
 
 
 _FLOATS = {
@@ -38,6 +39,7 @@ _FLOATS = {
     "ITL_MS": "itl_ms",
     "WAITING_TIMEOUT_S": "waiting_timeout_s",
     "BOOTSTRAP_TIMEOUT_S": "bootstrap_timeout_s",
+    "STOP_DELAY_S": "stop_delay_s",
 }
 
 
