@@ -343,3 +343,11 @@ def test_ucx_info_without_cuda_ipc_warns(box):
     rc, checks = doctor(box, "--only", "transport", PATH=f"{box['bin']}:{os.environ['PATH']}")
     c = checks["ucx-transports"]
     assert c["status"] == "warn" and "no cuda_ipc" in c["detail"] and "ucx_info -d" in c["detail"]
+
+
+def test_plan_warnings_no_other_row_covers_are_a_plan_row(box):
+    rc, checks = doctor(box)
+    assert checks["plan"]["status"] == "ok"
+    rc, checks = doctor(box, "--set", "prefill.0.host=0.0.0.0")
+    c = checks["plan"]
+    assert rc == EXIT_WARN and c["status"] == "warn" and "prefill-0 bootstrap on 0.0.0.0" in c["detail"]

@@ -9,6 +9,18 @@ from typing import Any
 import click
 
 from v4flash_pd.cli.options import config_from_params, pass_params, run_options
+from v4flash_pd.doctor.result import Check
+
+# Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
+_COVERED = ("WARNING ", "topology: ", "the plan uses GPUs", "port(s) not available", "the router listens",
+            "model ", "no model path")
+
+
+def plan_row(warnings: tuple[str, ...]) -> Check:
+    rest = [w for w in warnings if not w.startswith(_COVERED) and "cannot honour NUMA" not in w]
+    if rest:
+        return Check("plan", "warn", "; ".join(rest), "see `v4flash-pd plan` for the whole plan and adjust the config")
+    return Check("plan", "ok", "the plan `up` would start builds on this box")
 
 
 @click.command("doctor", short_help="Check this box against the plan `up` would start (same options as up).")
@@ -60,6 +72,8 @@ def command(params: dict[str, Any]) -> None:
                                   transfer_backend=cfg.transfer_backend)
         inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=tfile is None)
         checks = run_checks(inp, only=families)
+        if not families:
+            checks = (plan_row(plan.warnings),) + checks
     if params["as_json"]:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:
