@@ -37,6 +37,7 @@ class IndexerConfig:
     num_warps: int
     num_stages: int
     ctas_per_sm: int = 4
+    ctas_per_sm_big: int = 0  # programs per SM from BIG_BATCH rows on (0 = ctas_per_sm)
     fill: int = 2048  # positions per -inf store in the tail
     prefetch: bool = False  # keys one tile ahead, page ids two ahead, in registers
     shared_bytes: int = 0  # compiled shared memory on sm_120 (0 = not recorded); check_sm120 verifies
@@ -45,20 +46,26 @@ class IndexerConfig:
     def name(self) -> str:
         fill = "" if self.fill == 2048 else f"_f{self.fill}"
         pf = "_pf" if self.prefetch else ""
-        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}{fill}{pf}"
+        big = f"_b{self.ctas_per_sm_big}" if self.ctas_per_sm_big else ""
+        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}{big}{fill}{pf}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
+# The shipped one, from the H200 sweeps of 2026-11-30 (kernels/BENCH.md, "Indexer"): 64-position
+# tiles, 4 warps, no software pipelining, 8 programs per SM; from 64 rows on, 16 per SM (B=64 at
+# 128K actual: 150 us vs 184 us with 8; everything below 64 rows was as fast or faster with 4-8).
 CONFIGS = (
-    IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=16),
-    IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=16, prefetch=True),
-    IndexerConfig(pages=2, num_warps=8, num_stages=1, ctas_per_sm=8, prefetch=True),
+    IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=8, ctas_per_sm_big=16),
+    IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=8, prefetch=True),
+    IndexerConfig(pages=2, num_warps=8, num_stages=1, ctas_per_sm=4),
 )
 DEFAULT = CONFIGS[0]
+BIG_BATCH = 64
 
 # Candidates the benchmark times next to the table (`--sweep`); one may only ship after
-# `check_sm120` passes it. Round 2 on the H200 (kernels/BENCH.md): 8 warps per 64-token tile and
-# Triton's own pipelining (num_stages 2-3) were slower everywhere, so they are left out.
+# `check_sm120` passes it. Round 2 on the H200: 8 warps per 64-position tile and Triton's own
+# pipelining (num_stages 2-3) were slower everywhere; round 3: the register prefetch, 2- and
+# 4-page tiles were no faster than single-page tiles (kernels/BENCH.md).
 SWEEP = tuple(
     IndexerConfig(pages=p, num_warps=w, num_stages=1, ctas_per_sm=c, prefetch=pf)
     for pf in (False, True)
@@ -67,13 +74,15 @@ SWEEP = tuple(
 ) + (
     IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=16),
     IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=16, prefetch=True),
+    DEFAULT,
 )
 
 
 def programs_per_row(batch: int, max_pages: int, num_sms: int, cfg: IndexerConfig) -> int:
     """Programs per row: about `ctas_per_sm` per SM over the batch, never more than the row's tiles."""
     tiles = max(1, math.ceil(max_pages / cfg.pages))
-    return max(1, min(tiles, math.ceil(num_sms * cfg.ctas_per_sm / max(1, batch))))
+    per_sm = cfg.ctas_per_sm_big if cfg.ctas_per_sm_big and batch >= BIG_BATCH else cfg.ctas_per_sm
+    return max(1, min(tiles, math.ceil(num_sms * per_sm / max(1, batch))))
 
 
 _SMS: dict = {}

@@ -177,6 +177,9 @@ def test_grid_depends_on_shapes_only():
     assert indexer.programs_per_row(64, 4096, 132, cfg) == 17
     assert indexer.programs_per_row(1, 3, 132, cfg) == 3
     assert indexer.programs_per_row(100000, 512, 132, cfg) == 1
+    big = indexer.IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=8, ctas_per_sm_big=16)
+    assert indexer.programs_per_row(63, 4096, 132, big) == 17
+    assert indexer.programs_per_row(64, 4096, 132, big) == 33
 
 
 def test_negative_page_id_inside_the_length_reads_what_upstream_reads(upstream):
