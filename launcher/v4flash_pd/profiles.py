@@ -12,7 +12,7 @@ from typing import Any
 from v4flash_pd.errors import UserError
 
 # Offline switches are read at import time by huggingface_hub/transformers, so they must be in
-# each worker's environment from exec, not set later (field-notes: offline tokenizer lookups).
+# each worker's environment from exec, not set later.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -21,8 +21,8 @@ OFFLINE_ENV = {
 }
 
 # RTX PRO 6000 boxes have no NVLink and no InfiniBand: UCX must be told to use CUDA copy/IPC plus
-# shared memory and TCP, and must find NIXL's bundled CUDA transport modules (nixl#1628), else VRAM
-# registration fails or UCX misdetects VRAM as host memory (field-notes 7, 8).
+# shared memory and TCP, and must find NIXL's bundled CUDA transport modules, else VRAM
+# registration fails or UCX misdetects VRAM as host memory.
 NO_IB_UCX_ENV = {
     "UCX_TLS": "cuda_copy,cuda_ipc,sm,tcp,self",
     "UCX_MODULE_DIR": "auto",  # the Host's <site-packages>/nixl_cu13.libs/ucx, resolved by build_plan

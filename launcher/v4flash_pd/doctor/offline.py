@@ -1,5 +1,5 @@
 """The offline switches. huggingface_hub/transformers read them at import time, so they must be
-in every worker's environment from exec (field-notes 16); the plan adds the profile's env to the
+in every worker's environment from exec; the plan adds the profile's env to the
 launcher's own, and this checks the union."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Installed versions vs the stack lock, and whether each kernel patch is in effect.
 
-ABI drift between sglang-kernel, torch and flashinfer (field-notes 12-13) shows up as undefined
+ABI drift between sglang-kernel, torch and flashinfer shows up as undefined
 symbols deep inside a worker; comparing importlib.metadata against the lock finds it up front.
 """
 

@@ -1,7 +1,7 @@
 """Free disk for the JIT/compile caches and the size of /dev/shm.
 
 Triton/DeepGEMM/TileLang/FlashInfer caches grow to many GB on first start, and a full disk shows
-up as a worker dying mid-compile (field-notes 14-15). Docker's default 64 MB /dev/shm breaks
+up as a worker dying mid-compile. Docker's default 64 MB /dev/shm breaks
 NCCL and SGLang's IPC between TP ranks.
 """
 

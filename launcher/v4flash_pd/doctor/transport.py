@@ -2,8 +2,8 @@
 
 RTX PRO 6000 has no NVLink and the two groups sit on different sockets, so which UCX transports
 exist decides whether KV moves GPU->GPU (cuda_ipc) or is staged through host memory (cuda_copy);
-without cuda_copy UCX misdetects VRAM and the prefill engine segfaults (field-notes 7-8), and
-without NIXL's bundled CUDA modules VRAM registration fails (nixl#1628).
+without cuda_copy UCX misdetects VRAM and the prefill engine segfaults, and
+without NIXL's bundled CUDA modules VRAM registration fails.
 """
 
 from __future__ import annotations
