@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence, TextIO
+from typing import Callable, Iterable, Mapping, Sequence, TextIO
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DONE = object()  # sentinel for `data: [DONE]`
@@ -242,7 +242,8 @@ def _split_url(url: str) -> tuple[str, str, int, str]:
 
 
 def stream_generate(url: str, payload: dict, timeout: float = 600.0,
-                    clock: Callable[[], float] = time.perf_counter) -> RequestResult:
+                    clock: Callable[[], float] = time.perf_counter,
+                    headers: Mapping[str, str] | None = None) -> RequestResult:
     """POST one streaming `/generate` and time every SSE event as it arrives."""
     scheme, host, port, base = _split_url(url)
     conn_cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
@@ -252,7 +253,7 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
     conn = conn_cls(host, port, timeout=timeout)
     try:
         conn.request("POST", base + "/generate", body=body,
-                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+                     headers={"Content-Type": "application/json", "Accept": "text/event-stream", **(headers or {})})
         resp = conn.getresponse()
         if resp.status != 200:
             text = resp.read(300).decode("utf-8", "replace").strip()
@@ -319,11 +320,12 @@ class Progress:
 
 
 def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: int,
-              timeout: float = 600.0, progress: Progress | None = None) -> LevelStats:
+              timeout: float = 600.0, progress: Progress | None = None,
+              headers: Mapping[str, str] | None = None) -> LevelStats:
     """Send every prompt with at most `concurrency` in flight; throughput is over the level's wall time."""
 
     def one(prompt: str) -> RequestResult:
-        r = stream_generate(url, generate_payload(prompt, output_len), timeout=timeout)
+        r = stream_generate(url, generate_payload(prompt, output_len), timeout=timeout, headers=headers)
         if progress is not None:
             progress.tick(r.ok)
         return r
@@ -347,6 +349,7 @@ class BenchSpec:
     warmup: int = 1
     seed: int = 0
     timeout_s: float = 600.0
+    headers: tuple[tuple[str, str], ...] = ()  # e.g. the router's Authorization header
 
 
 def requests_for(spec: BenchSpec, concurrency: int) -> int:
@@ -368,7 +371,7 @@ def run_bench(spec: BenchSpec, progress_stream: TextIO | None = None) -> BenchRe
     rng = random.Random(spec.seed)
     for _ in range(spec.warmup):
         r = stream_generate(spec.url, generate_payload(make_prompt(spec.input_len, rng), min(8, spec.output_len)),
-                            timeout=spec.timeout_s)
+                            timeout=spec.timeout_s, headers=dict(spec.headers))
         if not r.ok:
             raise ConnectionError(f"warm-up request to {spec.url}/generate failed: {r.error}")
     levels = []
@@ -376,7 +379,7 @@ def run_bench(spec: BenchSpec, progress_stream: TextIO | None = None) -> BenchRe
         n = requests_for(spec, c)
         prompts = [make_prompt(spec.input_len, rng) for _ in range(n)]
         prog = Progress(n, f"c={c:<4}", stream=progress_stream)
-        levels.append(run_level(spec.url, c, prompts, spec.output_len, spec.timeout_s, prog))
+        levels.append(run_level(spec.url, c, prompts, spec.output_len, spec.timeout_s, prog, dict(spec.headers)))
     meta = {
         "url": spec.url, "endpoint": "/generate", "input_len": spec.input_len, "output_len": spec.output_len,
         "seed": spec.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -75,6 +75,19 @@ def test_api_key_guards_generate_and_never_leaks(source: str, tmp_path: Path) ->
         assert SECRET not in cmdline, [x for x in cmdline.split("\0") if x]
         assert (run / "router.command").exists() and "routerauth" in (run / "router.command").read_text()
         assert grep_tree(run, SECRET) == [], "the key was written into the run dir"
+        if source == "file":  # the clients that ship with the launcher send the key too
+            base = f"http://127.0.0.1:{p[5]}"
+            cli = [sys.executable, "-m", "v4flash_pd"]
+            ev = subprocess.run([*cli, "eval", "--url", base, "--questions", "3", "--api-key-file", str(keyfile)],
+                                capture_output=True, text=True, env=env, timeout=60)
+            assert ev.returncode == 0 and "eval PASS" in ev.stdout, ev.stdout + ev.stderr
+            bench = [*cli, "bench", "--url", base, "--concurrency", "1", "--requests", "2", "--input-len", "8",
+                     "--output-len", "4"]
+            ok = subprocess.run([*bench, "--api-key-file", str(keyfile)], capture_output=True, text=True, env=env,
+                                timeout=60)
+            assert ok.returncode == 0, ok.stdout + ok.stderr
+            denied = subprocess.run(bench, capture_output=True, text=True, env=env, timeout=60)
+            assert denied.returncode == 1 and "401" in denied.stderr, denied.stdout + denied.stderr
         # offline: the router's tokenizer lookup for the (absent) model dir never left the box
         assert "huggingface.co" not in (run / "router.log").read_text(errors="replace")
         assert SECRET not in out.read_text()

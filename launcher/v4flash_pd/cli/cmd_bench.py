@@ -32,12 +32,17 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               envvar="V4FLASH_BENCH_TIMEOUT", help="Per-request timeout in seconds.")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_BENCH_JSON",
               help="Print the machine-readable report (for comparing runs) instead of the table.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_BENCH_API_KEY_FILE",
+              help="File holding the router's API key (a router started with router.api_key_file).")
+@click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_BENCH_API_KEY_ENV",
+              help="Environment variable holding the router's API key.")
 @click.option("--step", is_flag=True,
               help="Instead of HTTP: time one decode step / prefill chunk op by op on this machine's GPU "
                    "(python -m v4flash_kernels.step), upstream sm_120 path vs our kernels.")
 @click.option("--step-args", default="", help="Options passed on to the step bench, e.g. \"--batches 1,16 --json s.json\".")
 def command(url: str, concurrency: str, n_requests: int | None, input_len: int, output_len: int,
-            warmup: int, seed: int, timeout_s: float, as_json: bool, step: bool = False, step_args: str = "") -> None:
+            warmup: int, seed: int, timeout_s: float, as_json: bool, api_key_file: str | None = None,
+            api_key_env: str | None = None, step: bool = False, step_args: str = "") -> None:
     """Measure output tok/s, req/s, TTFT and ITL p50/p90/p99 per concurrency level.
 
     Exits 1 if any request failed (the table is printed first).
@@ -53,8 +58,12 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
         raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
     if n_requests is not None and n_requests < 1:
         raise UserError(f"--requests must be >= 1, got {n_requests}")
+    from v4flash_pd.routerauth import auth_headers
+
+    source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     spec = benchmark.BenchSpec(url=url, concurrency=levels, requests=n_requests, input_len=input_len,
-                               output_len=output_len, warmup=warmup, seed=seed, timeout_s=timeout_s)
+                               output_len=output_len, warmup=warmup, seed=seed, timeout_s=timeout_s,
+                               headers=tuple(auth_headers(source).items()))
     try:
         report = benchmark.run_bench(spec)
     except ValueError as exc:
