@@ -283,7 +283,10 @@ def hist_kernel(IDS, HIST, RANK, S, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
 def scan_kernel(HIST, OFFS, BLK_E, BLK_R, NCH, E, NB,
                 BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr):
     """One program: HIST[c, e] -> exclusive prefix over chunks (in place); expert offsets in the
-    padded sorted order -> OFFS; the block table (expert and valid rows of each BLOCK_M block)."""
+    padded sorted order -> OFFS; the block table (expert and valid rows of each BLOCK_M block).
+
+    The table is written per expert (one vector store per block index j < the largest expert's
+    block count) and the tail past the last used block is filled with -1 (disjoint addresses)."""
     eo = tl.arange(0, E_P2)
     e_ok = eo < E
     carry = tl.zeros([E_P2], dtype=tl.int32)
@@ -296,19 +299,19 @@ def scan_kernel(HIST, OFFS, BLK_E, BLK_R, NCH, E, NB,
         tl.store(ptr, incl - h + carry[None, :], mask=m)
         carry += tl.sum(h, axis=0)
     nblk = (carry + BLOCK_M - 1) // BLOCK_M
-    blk_end = tl.cumsum(nblk, axis=0)  # first block past expert e
+    blk_end = tl.cumsum(nblk, axis=0)
     blk_start = blk_end - nblk
     tl.store(OFFS + eo, blk_start * BLOCK_M, mask=e_ok)
+    for j in range(0, tl.max(nblk, axis=0)):
+        live = e_ok & (j < nblk)
+        tl.store(BLK_E + blk_start + j, eo, mask=live)
+        tl.store(BLK_R + blk_start + j, tl.minimum(carry - j * BLOCK_M, BLOCK_M), mask=live)
+    total = tl.sum(nblk, axis=0)
     for b0 in range(0, NB, BB):
         bo = b0 + tl.arange(0, BB)
-        ex = tl.sum(((blk_end[None, :] <= bo[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)
-        sel = eo[None, :] == ex[:, None]
-        start = tl.sum(tl.where(sel, blk_start[None, :], 0), axis=1)
-        cnt = tl.sum(tl.where(sel, carry[None, :], 0), axis=1)
-        rows = tl.minimum(cnt - (bo - start) * BLOCK_M, BLOCK_M)
-        live = ex < E
-        tl.store(BLK_E + bo, tl.where(live, ex, -1), mask=bo < NB)
-        tl.store(BLK_R + bo, tl.where(live, rows, 0), mask=bo < NB)
+        tail = (bo >= total) & (bo < NB)
+        tl.store(BLK_E + bo, tl.full([BB], -1, tl.int32), mask=tail)
+        tl.store(BLK_R + bo, tl.zeros([BB], dtype=tl.int32), mask=tail)
 
 
 @triton.jit

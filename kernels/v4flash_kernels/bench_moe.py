@@ -256,16 +256,15 @@ def default_variants(shape: Shape) -> Dict[str, Callable]:
 # Candidates for --quick (block_m, block_n, block_k, warps, stages, mode); mode 0 = tl.dot(x, w^T),
 # 1 = tl.dot(w, x^T), 2 = FMA. Decode sweeps whole plans (inline and sorted grouping); prefill varies
 # one GEMM at a time around the planner's choice.
-DECODE_G1 = ((16, 16, 256, 4, 3, 0), (16, 16, 512, 4, 3, 0), (16, 32, 512, 8, 3, 0), (16, 16, 256, 4, 5, 0),
-             (16, 32, 256, 8, 4, 0), (16, 64, 256, 8, 3, 0), (1, 16, 512, 4, 1, 3), (1, 32, 512, 8, 1, 3),
-             (1, 16, 1024, 8, 1, 3), (1, 64, 256, 8, 1, 3), (16, 16, 256, 4, 3, 0, 4), (16, 32, 256, 4, 3, 0, 4),
-             (16, 16, 512, 4, 3, 0, 2), (1, 32, 256, 4, 1, 3, 4))
-DECODE_G2 = ((16, 32, 128, 4, 3, 0), (16, 32, 256, 4, 3, 0), (16, 64, 256, 8, 3, 0), (16, 128, 128, 8, 3, 0),
-             (16, 64, 512, 8, 2, 0), (1, 64, 512, 8, 1, 3), (1, 128, 256, 8, 1, 3))
-DECODE_SORTED = (((16, 16, 256, 4, 3, 0), (16, 32, 128, 4, 3, 0)), ((16, 16, 512, 4, 3, 0), (16, 32, 256, 4, 3, 0)),
-                 ((16, 32, 512, 8, 3, 0), (16, 64, 256, 8, 3, 0)), ((16, 16, 256, 4, 5, 0), (16, 32, 128, 4, 5, 0)),
-                 ((16, 64, 256, 8, 3, 0), (16, 128, 128, 8, 3, 0)), ((1, 32, 512, 8, 1, 3), (1, 64, 512, 8, 1, 3)),
-                 ((16, 16, 256, 4, 3, 0, 4), (16, 32, 128, 4, 3, 0)))
+# Decode: whole plans, (inline?, gemm1, gemm2) with configs (block_m, block_n, block_k, warps,
+# stages, mode, split_k).
+_G1 = dict(A=(16, 16, 256, 4, 3, 0, 1), B=(16, 16, 256, 4, 3, 0, 2), C=(16, 16, 256, 4, 3, 0, 4),
+           D=(16, 32, 256, 4, 3, 0, 4), E=(16, 16, 256, 2, 3, 0, 4), F=(1, 32, 256, 4, 1, 3, 4),
+           G=(16, 16, 128, 4, 4, 0, 8), H=(16, 16, 512, 4, 3, 0, 1))
+_G2 = dict(a=(16, 32, 128, 4, 3, 0), b=(16, 16, 128, 4, 3, 0), c=(16, 32, 128, 2, 3, 0), d=(16, 64, 128, 4, 3, 0))
+DECODE_PLANS = tuple((True, _G1[g], _G2["a"]) for g in "ABCDEFGH") + tuple(
+    (True, _G1["A"], _G2[x]) for x in "bcd") + tuple((False, _G1[g], _G2["a"]) for g in "ABCD") + tuple(
+    (False, _G1["A"], _G2[x]) for x in "bc")
 SWEEP_G1_PREFILL = ((32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 2),
                     (64, 64, 128, 4, 3), (128, 64, 64, 8, 3, 1))
 SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 64, 4, 3), (32, 64, 128, 4, 3),
@@ -280,12 +279,8 @@ def sweep_variants(shape: Shape) -> Dict[str, Callable]:
     out = {"ours": bind_plan(base)}
     seen = {base}
     plans = []
-    if base.inline:
-        base_g2 = moe.GemmConfig(*DECODE_G2[0])
-        plans += [moe.Plan(True, moe.GemmConfig(*c), base_g2) for c in DECODE_G1]
-        base_g1 = moe.GemmConfig(*DECODE_G1[0])
-        plans += [moe.Plan(True, base_g1, moe.GemmConfig(*c)) for c in DECODE_G2]
-        plans += [moe.Plan(False, moe.GemmConfig(*a), moe.GemmConfig(*b)) for a, b in DECODE_SORTED]
+    if base.gemm1.block_m <= 16:
+        plans += [moe.Plan(inl, moe.GemmConfig(*a), moe.GemmConfig(*b)) for inl, a, b in DECODE_PLANS]
     else:
         plans += [replace(base, gemm1=moe.GemmConfig(*c)) for c in SWEEP_G1_PREFILL]
         plans += [replace(base, gemm2=moe.GemmConfig(*c)) for c in SWEEP_G2_PREFILL]

@@ -73,11 +73,16 @@ GEMM2_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G2, PREFILL_G2)
 
 def launchable() -> Tuple[Tuple[GemmConfig, bool, bool], ...]:
     """(config, GATED, INLINE) of every GEMM binary the planner can launch (for check_sm120)."""
-    return ((DECODE_G1, True, True), (DECODE_G2, False, True)) + tuple(
-        (c, True, False) for c in GEMM1_CONFIGS if c is not DECODE_G1) + ((PREFILL_G2, False, False),)
+    return ((DECODE_G1, True, True), (DECODE_G2, False, True), (DECODE_G1, True, False),
+            (DECODE_G2, False, False)) + tuple((c, True, False) for c in GEMM1_CONFIGS if c is not DECODE_G1) + (
+            (PREFILL_G2, False, False),)
 
 
-INLINE_MAX_SLOTS = 512  # inline grouping costs O(slots) per program; above this the prep sorts
+# Inline grouping costs O(slots) per program and registers; the sorting prep costs ~5-10 us. H200
+# (bench_moe --quick, 2026-11-30): sorted was 1.4-1.7x faster at M=16 and 64 (the inline programs'
+# routing prologue and registers), inline ~11 us faster at M=1.
+INLINE_MAX_SLOTS = 48
+DECODE_MAX_ROWS_PER_EXPERT = 4  # up to this many rows per expert on average: 16-row decode tiles
 PREP_CHUNK = 128
 PREP_SCAN_CB = 32
 PREP_SCAN_BB = 64
@@ -91,6 +96,8 @@ def make_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int)
     if slots <= INLINE_MAX_SLOTS:
         return Plan(True, DECODE_G1, DECODE_G2)
     rows_per_expert = slots / max(1, num_experts)
+    if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
+        return Plan(False, DECODE_G1, DECODE_G2)
     if rows_per_expert <= 32:
         g1 = PREFILL_G1_SMALL
     elif rows_per_expert <= 64:

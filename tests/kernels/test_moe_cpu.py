@@ -189,9 +189,10 @@ def test_max_blocks_bounds_every_routing():
 
 
 def test_plan_depends_on_shapes_only():
-    a = moe.make_plan(16, 6, 256, 4096, 512)
-    assert a == moe.make_plan(16, 6, 256, 4096, 512) and a.inline
-    assert not moe.make_plan(4096, 6, 256, 4096, 512).inline
+    a = moe.make_plan(4, 6, 256, 4096, 512)
+    assert a == moe.make_plan(4, 6, 256, 4096, 512) and a.inline
+    assert not moe.make_plan(16, 6, 256, 4096, 512).inline
+    assert moe.make_plan(4096, 6, 256, 4096, 512).gemm1.block_m > moe.make_plan(256, 6, 256, 4096, 512).gemm1.block_m
     for cfg in moe.GEMM1_CONFIGS + moe.GEMM2_CONFIGS:
         assert cfg.block_k % 32 == 0 and cfg.block_m >= 16
 
