@@ -17,13 +17,13 @@ import http.client
 import json
 import math
 import random
-import sys
-import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence, TextIO
+
+from v4flash_pd.table import Progress
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DONE = object()  # sentinel for `data: [DONE]`
@@ -288,35 +288,6 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
     if result.ok and not done:
         return RequestResult(ok=False, latency_s=end - start, error="stream ended without [DONE]")
     return result
-
-
-class Progress:
-    """A one-line progress bar on stderr (redrawn with \\r on a tty, one summary line otherwise)."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total, self.label, self.width = total, label, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.done = self.errors = 0
-        self._lock = threading.Lock()
-        self._t0 = time.monotonic()
-
-    def tick(self, ok: bool) -> None:
-        with self._lock:
-            self.done += 1
-            self.errors += 0 if ok else 1
-            if self.tty:
-                self.stream.write("\r" + self._line())
-                self.stream.flush()
-
-    def _line(self) -> str:
-        filled = int(self.width * self.done / max(self.total, 1))
-        return (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}"
-                f" err={self.errors} {time.monotonic() - self._t0:.1f}s")
-
-    def close(self) -> None:
-        self.stream.write(("\r" if self.tty else "") + self._line() + "\n")
-        self.stream.flush()
 
 
 def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: int,
