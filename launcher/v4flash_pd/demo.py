@@ -11,7 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
+
+from v4flash_pd.httpclient import request
 
 
 def step(title: str, argv: list[str]) -> subprocess.CompletedProcess:
@@ -40,9 +41,11 @@ def main() -> None:
         body = {"text": problem.question,
                 "sampling_params": {"max_new_tokens": 48, "temperature": 0}}
         print(f"\n$ curl -s {url} -d '{json.dumps(body)}'    # one request through the router", flush=True)
-        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            reply = json.loads(r.read())
+        rep = request(url, body, timeout=60)
+        if rep.status != 200:
+            raise SystemExit(f"demo: the request through the router failed: "
+                             f"{f'HTTP {rep.status}' if rep.status else rep.kind} {rep.body or rep.error}")
+        reply = rep.json()
         print(json.dumps({"text": reply.get("text"), "meta_info": reply.get("meta_info")}, indent=2))
         print(f"(expected answer: {problem.answer}; the stand-in solves the generated arithmetic the eval gate asks)")
         step("what is running, healthy, and where the logs are", ["status"])

@@ -12,8 +12,6 @@ is scored by exact match of its final number.
 
 from __future__ import annotations
 
-import http.client
-import json
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from v4flash_pd import arith
+from v4flash_pd.httpclient import request
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_QUESTIONS = 50
@@ -127,27 +126,20 @@ def _check_url(url: str) -> urllib.parse.SplitResult:
 
 def post_generate(url: str, payload: dict, timeout: float, headers: dict[str, str] | None = None) -> tuple[str, str]:
     """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
-    u = _check_url(url)
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.hostname or "", u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
+    _check_url(url)
+    rep = request(url.rstrip("/") + "/generate", payload, timeout=timeout, headers=headers)
+    if rep.status != 200:
+        return "", (f"HTTP {rep.status}: {rep.body[:200].strip()}" if rep.status else f"no answer ({rep.kind}): {rep.error}")
     try:
-        conn.request("POST", u.path.rstrip("/") + "/generate", body=json.dumps(payload).encode(),
-                     headers={"Content-Type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        raw = resp.read()
-        if resp.status != 200:
-            return "", f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace').strip()}"
-        body = json.loads(raw)
-        if isinstance(body, list):  # a batch answer; we send one prompt
-            body = body[0] if body else {}
-        text = body.get("text") if isinstance(body, dict) else None
-        if not isinstance(text, str):
-            return "", f"no 'text' in the reply: {raw[:200]!r}"
-        return text, ""
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
-        return "", f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
+        body = rep.json()
+    except ValueError as exc:
+        return "", f"reply is not JSON ({exc}): {rep.body[:200]!r}"
+    if isinstance(body, list):  # a batch answer; we send one prompt
+        body = body[0] if body else {}
+    text = body.get("text") if isinstance(body, dict) else None
+    if not isinstance(text, str):
+        return "", f"no 'text' in the reply: {rep.body[:200]!r}"
+    return text, ""
 
 
 def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
