@@ -435,3 +435,22 @@ def test_a_second_stop_signal_skips_the_rest_of_the_grace_period(box: Box) -> No
     assert took < 10, f"the second signal did not cut the 60 s grace short ({took:.1f}s)"
     assert "SIGKILL: decode-0, prefill-0" in box.text(), box.text()
     _assert_all_gone(pids)
+
+
+def test_detach_into_a_reused_run_dir_waits_for_its_own_launcher(box: Box, tmp_path: Path) -> None:
+    """The run dir still says `stopped` from the previous run: `up --detach` must not take that for its
+    own launcher's answer (it used to report a failure and leave the new launcher and trio running)."""
+    run = tmp_path / "reused"
+    common = ["up", "--rehearse", "--detach", "--config", str(box.cfg), "--topology", str(box.topology),
+              "--run-dir", str(run)]
+    first = box.cli(*common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert box.cli("down", "--run-dir", str(run)).returncode == 0
+    assert box.state(run)["status"] == "stopped"
+    second = box.cli(*common)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "READY" in second.stdout
+    st = box.state(run)
+    assert st["status"] == "ready" and all(not _gone(p) for p in box.pids(run).values())
+    assert box.cli("down", "--run-dir", str(run)).returncode == 0
+    _assert_all_gone(box.pids(run))

@@ -14,6 +14,7 @@ import click
 from v4flash_pd.cli.options import Resolved, pass_params, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.fingerprint import fingerprint
+from v4flash_pd.poll import poll_until
 from v4flash_pd.render import plan_text
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import StopRequested, Supervisor
@@ -65,17 +66,25 @@ def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str)
     child = subprocess.Popen([sys.executable, "-m", "v4flash_pd", *argv], env=env, stdin=subprocess.DEVNULL,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     click.echo(f"launcher detached (pid {child.pid}); log {run.file('launcher.log')}")
-    deadline = time.monotonic() + ready_timeout + 30
-    while time.monotonic() < deadline:
+
+    def settled() -> str | None:
+        # a reused run dir holds the previous run's state: only the child's own state counts
         st = run.state()
-        if st.get("status") == "ready":
-            click.echo(f"READY {url}  run dir {run.path}")
-            return
-        if child.poll() is not None or st.get("status") in ("failed", "stopped"):
-            tail = run.file("launcher.log").read_text(errors="replace").splitlines()[-30:]
-            raise RuntimeFailure("the detached launcher stopped before READY:\n" + "\n".join("    | " + t for t in tail),
-                                 f"see {run.file('launcher.log')} and the role logs in {run.path}")
-        time.sleep(0.2)
+        mine = st.get("launcher_pid") == child.pid
+        if mine and st.get("status") == "ready":
+            return "ready"
+        if child.poll() is not None or (mine and st.get("status") in ("failed", "stopped")):
+            return "gone"
+        return None
+
+    got = poll_until(settled, ready_timeout + 30, 0.1)
+    if got == "ready":
+        click.echo(f"READY {url}  run dir {run.path}")
+        return
+    if got == "gone":
+        tail = run.file("launcher.log").read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeFailure("the detached launcher stopped before READY:\n" + "\n".join("    | " + t for t in tail),
+                             f"see {run.file('launcher.log')} and the role logs in {run.path}")
     raise RuntimeFailure(f"no READY within {ready_timeout:.0f}s (launcher still running, pid {child.pid})",
                          f"watch `v4flash-pd status --run-dir {run.path}`, or `v4flash-pd down --run-dir {run.path}`")
 
