@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
 from rehearsal_procs import Proc, engine_argv, free_ports, spawn, wait_status
 
 FAST_ENV = {

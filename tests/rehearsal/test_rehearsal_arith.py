@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from v4flash_pd.arith import (TEMPLATE_NAMES, Problem, explain, extract_final_number,
-                              make_problems, prompt_for, solve)
+from v4flash_pd.arith import TEMPLATE_NAMES, Problem, explain, extract_final_number, make_problems, prompt_for, solve
 
 
 def test_same_seed_same_problems_other_seed_differs() -> None:

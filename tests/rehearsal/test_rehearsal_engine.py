@@ -9,9 +9,8 @@ import socket
 import time
 
 import pytest
+from rehearsal_procs import HOST, engine_argv, free_ports, post_json, request, spawn, sse_events, wait_status
 
-from rehearsal_procs import (HOST, engine_argv, free_ports, post_json, request, spawn,
-                             sse_events, wait_status)
 from v4flash_pd.arith import make_problems, prompt_for
 from v4flash_pd.rehearsal import REHEARSAL_HEADER, REHEARSAL_MARK
 

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from rehearsal_procs import Proc, free_ports, post_json, request, router_argv, spawn, sse_events, wait_status
 
-from rehearsal_procs import (Proc, free_ports, post_json, request, router_argv, spawn,
-                             sse_events, wait_status)
 from v4flash_pd.arith import make_problems, prompt_for
 from v4flash_pd.rehearsal import REHEARSAL_MARK
 
