@@ -7,7 +7,7 @@ import json, os, time
 import torch
 from v4flash_kernels import decode, bench
 from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref
-OLD = decode.SPLIT_CONFIGS[0]
+OLD = decode.KernelConfig(block_h=16, block_t=32, num_warps=4)  # the 16-head bf16 default of 2026-11-29
 SHAPES = [("c4", 64, 64), ("c128@256K", 64, 64), ("c128@128K", 64, 64), ("c4", 16, 64),
           ("c128@256K", 16, 64), ("c128@128K", 16, 64), ("swa", 64, 64), ("swa", 16, 64),
           ("c4", 4, 64), ("c128@256K", 4, 64), ("c4", 32, 64)]

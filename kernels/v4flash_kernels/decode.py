@@ -47,32 +47,49 @@ class KernelConfig:
                 f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}{'_f16' if self.f16 else ''}")
 
 
+# The 16-head configs the dispatcher launches. fp16 dot operands: fp8 -> fp16 is one instruction per
+# two values where bf16 needs two more per value; on the H200 (2026-11-30, kernels/BENCH.md) that made
+# the TP4 call 5-10 % faster at B >= 16 at the same error (fp16 bounds: see _triton_sparse).
+T32 = KernelConfig(block_h=16, block_t=32, num_warps=4, f16=True, shared_bytes=81920)
+T16 = KernelConfig(block_h=16, block_t=16, num_warps=4, f16=True, shared_bytes=49152)
+# 64 heads share each gathered tile; the latent is walked as four 128-wide parts with q re-read
+# from L2 per part, so neither q nor a whole-width operand stays in registers (fits sm_120
+# with 0 spills; Hopper lowers its dots to wgmma, hence a different shared-memory layout).
+WIDE = KernelConfig(block_h=64, block_t=32, num_warps=8, ksplit=4, shared_bytes=81920, shared_bytes_sm90=49152)
+
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
-# for sm_120 and sm_90 and fails if one exceeds sm_120's shared memory or spills.
-SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (
-    KernelConfig(block_h=16, block_t=32, num_warps=4, shared_bytes=81920),
-    KernelConfig(block_h=16, block_t=16, num_warps=4, shared_bytes=49152),
-    KernelConfig(block_h=16, block_t=32, num_warps=8, shared_bytes=81920),
-    KernelConfig(block_h=16, block_t=16, num_warps=4, prefetch=True, shared_bytes=33280),
-    KernelConfig(block_h=16, block_t=32, num_warps=8, prefetch=True, shared_bytes=50176),
-    # 64 heads share each gathered tile; the latent is walked as four 128-wide parts with q re-read
-    # from L2 per part, so neither q nor a whole-width operand stays in registers (fits sm_120
-    # with 0 spills; Hopper lowers its dots to wgmma, hence a different shared-memory layout).
-    KernelConfig(block_h=64, block_t=32, num_warps=8, ksplit=4, shared_bytes=81920, shared_bytes_sm90=49152),
-)
+# (every epilogue it can take) for sm_120 and sm_90 and fails if one exceeds sm_120's shared
+# memory or spills. Variants measured and dropped (bf16 operands, 8 warps, register prefetch, q
+# re-read, latent across warps) stay constructible for the A/B scripts.
+SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (T32, T16, WIDE)
 # Dispatcher preference, best first (H200 measurements); the first one that fits two CTAs per SM
 # in the device's shared memory is used.
-PREFERRED = (SPLIT_CONFIGS[0], SPLIT_CONFIGS[1])
+PREFERRED = (T32, T16)
 SMEM_PER_CTA_RESERVED = 1024  # the driver reserves 1 KB of shared memory per CTA
-COMBINE_SPLIT_BLOCK = 16
+COMBINE_SPLIT_BLOCK = 32
 COMBINE_NUM_WARPS = 4
 
 # Fewest top-k tiles one split walks, and how many CTAs per SM the planner aims for (8 was
-# the best measured on the H200: small B gets 1-tile splits, B=64 ~5 tiles per split).
+# the best measured on the H200: small B gets 1-tile splits).
 MIN_TILES_PER_SPLIT = 1
 CTAS_PER_SM = 8
 MAX_SPLITS = 256
 BIG_BATCH_MIN_TILES = 4
+
+
+def min_tiles_for(row_blocks: int, width_extra: int) -> int:
+    """Fewest tiles per split on a layer with an extra cache, by (batch x head blocks).
+
+    H200, TP4 call (16 heads), 2026-11-30: longer splits once the batch fills a good part of the
+    GPU (c128@128K B=16: 2 tiles 23.1 us vs 1 tile 27.5; B=64: 4 tiles 53.4 vs 3 tiles 59.9; c4 B=16
+    lost 1.1 us with 2). SWA-only rows have 4 tiles; they keep 1-tile splits (SWA B=64: 18.4 vs 20.4).
+    """
+    if width_extra <= 0:
+        return MIN_TILES_PER_SPLIT
+    if row_blocks >= 64:
+        return BIG_BATCH_MIN_TILES
+    return 2 if row_blocks >= 16 else MIN_TILES_PER_SPLIT
+
 
 # Large batch x a multiple of 64 heads on a layer with an extra (c4/c128) cache: the wide head block gathers and
 # dequantizes each token once for 64 heads instead of 4 times. H200, 2026-11-29 (kernels/BENCH.md):
@@ -80,7 +97,6 @@ BIG_BATCH_MIN_TILES = 4
 # slower, and B <= 4 is left on the measured 16-head path. The wide block holds a whole SM's
 # registers, so it is planned for fewer, longer splits (best measured: 2 CTAs/SM at B >= 32,
 # 4 at B = 16, at least 2 tiles per split).
-WIDE = SPLIT_CONFIGS[5]
 WIDE_MIN_BATCH = 16
 WIDE_MIN_TILES = 2
 
@@ -110,8 +126,11 @@ class Plan:
         return self.splits_main + self.splits_extra
 
 
-def choose_config(batch: int, heads: int, smem_per_sm: int = 233472) -> KernelConfig:
+def choose_config(batch: int, heads: int, smem_per_sm: int = 233472, width_extra: int = -1) -> KernelConfig:
     """16 heads x 32 tokens, 4 warps where two CTAs fit an SM (H200: 228 KB); else 16-token tiles.
+
+    SWA-only layers (`width_extra == 0`) at small batch also take 16-token tiles: their 128-token
+    rows then split 8 ways instead of 4 (H200, TP4, B=1: 12.2 vs 12.7 us).
 
     On sm_120 (100 KB of shared memory per SM) the 80 KB 32-token config would run one 4-warp CTA
     per SM, so the 48 KB 16-token config (two CTAs per SM) is chosen there: an occupancy argument,
@@ -121,6 +140,8 @@ def choose_config(batch: int, heads: int, smem_per_sm: int = 233472) -> KernelCo
     swaps in `WIDE` (which avoids that by walking the latent in four parts, see `use_wide`) for
     large batches.
     """
+    if width_extra == 0 and batch * math.ceil(heads / T16.block_h) < 16:
+        return T16
     for cfg in PREFERRED:
         if 2 * (cfg.shared_bytes + SMEM_PER_CTA_RESERVED) <= smem_per_sm:
             return cfg
@@ -137,14 +158,22 @@ def make_plan(
     min_tiles: int = MIN_TILES_PER_SPLIT,
     ctas_per_sm: Optional[int] = None,
     smem_per_sm: int = 233472,
+    fused: bool = False,
 ) -> Plan:
-    """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves."""
+    """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves.
+
+    `fused` asks for the one-launch cooperative merge (run() still falls back to split + combine
+    when the grid is larger than the GPU). Off by default: on the H200 it saved -0.8..+0.8 us
+    against the second launch (kernels/BENCH.md, 2026-11-30), not worth waiting programs.
+    """
     if config is None and use_wide(batch, heads, width_extra, smem_per_sm):
         config = WIDE
         min_tiles = max(min_tiles, WIDE_MIN_TILES)
         if ctas_per_sm is None:
             ctas_per_sm = wide_ctas_per_sm(batch)
-    cfg = config or choose_config(batch, heads, smem_per_sm)
+    if config is None:
+        min_tiles = max(min_tiles, min_tiles_for(batch * math.ceil(heads / 16), width_extra))
+    cfg = config or choose_config(batch, heads, smem_per_sm, width_extra)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM
     bt = cfg.block_t
@@ -163,8 +192,7 @@ def make_plan(
         if s_main + s_extra <= MAX_SPLITS:
             break
         per_split *= 2
-    ns = s_main + s_extra
-    return Plan(cfg, per_split * bt, s_main, s_extra, fused=ns > 1 and coop_fits(ns * base_ctas, num_sms))
+    return Plan(cfg, per_split * bt, s_main, s_extra, fused=fused)
 
 
 def coop_fits(programs: int, num_sms: int) -> bool:

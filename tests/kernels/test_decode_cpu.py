@@ -328,24 +328,55 @@ def test_wide_block_with_a_head_range():
 # ------------------------------------------------------------------ one launch: fused merge / single split
 
 
-def test_one_launch_only_when_the_whole_grid_is_resident():
-    """The cooperative merge (split programs wait for each other) is planned only for grids of at most
-    one program per SM; the wide block and larger grids keep the combine kernel."""
+def test_one_launch_merge_is_opt_in_and_only_for_resident_grids():
+    """The cooperative merge (split programs wait for each other) is off by default (measured no
+    better than the second launch) and, when asked for, only runs on grids of at most one program
+    per SM; the wide block never takes it."""
     p = decode.make_plan(1, 16, 128, 512, num_sms=132)  # c4 B=1, TP4: 20 programs
-    assert p.fused and p.num_splits == 20
-    assert decode.epilogue_for(p.config, p.num_splits, True) == 1
-    assert decode.make_plan(1, 16, 128, 2048, num_sms=132).fused  # c128@256K B=1: 68 programs
-    assert not decode.make_plan(2, 16, 128, 2048, num_sms=132).fused  # 136 > 132
-    assert not decode.make_plan(64, 16, 128, 512, num_sms=132).fused
-    for B in (1, 4, 16, 64):
-        for H in (8, 16, 64):
-            for w2 in (0, 512, 2048):
-                p = decode.make_plan(B, H, 128, w2, num_sms=132)
-                programs = p.num_splits * -(-H // p.config.block_h) * B
-                assert p.fused == (p.num_splits > 1 and programs <= 132)
+    assert not p.fused and p.num_splits == 20
+    assert decode.make_plan(1, 16, 128, 512, num_sms=132, fused=True).fused
+    assert decode.coop_fits(132, 132) and not decode.coop_fits(133, 132)
+    assert decode.epilogue_for(decode.T32, 20, True) == 1
+    assert decode.epilogue_for(decode.T32, 20, False) == 0
+    assert decode.epilogue_for(decode.T32, 1, False) == 2
     assert decode.epilogue_for(decode.WIDE, 4, True) == 0 and decode.epilogue_for(decode.WIDE, 1, False) == 0
-    assert decode.epilogue_for(decode.SPLIT_CONFIGS[0], 1, False) == 2
-    assert decode.epilogue_for(decode.SPLIT_CONFIGS[0], 5, False) == 0
+
+
+def test_planner_lengthens_splits_with_the_batch_on_c4_c128_layers():
+    """H200-measured rule (TP4 call): 1 tile per split below 16 row blocks, 2 up to 63, then 4;
+    SWA-only rows (4 tiles) stay at 1, and small-batch SWA-only layers take 16-token tiles."""
+    assert decode.make_plan(1, 16, 128, 512, 132).chunk == 32
+    assert decode.make_plan(16, 16, 128, 1024, 132) == decode.Plan(decode.T32, 64, 2, 16)
+    assert decode.make_plan(64, 16, 128, 1024, 132) == decode.Plan(decode.T32, 128, 1, 8)
+    assert decode.make_plan(64, 16, 128, 2048, 132) == decode.Plan(decode.T32, 160, 1, 13)
+    assert decode.make_plan(64, 16, 128, 0, 132) == decode.Plan(decode.T32, 32, 4, 0)
+    assert decode.make_plan(1, 16, 128, 0, 132) == decode.Plan(decode.T16, 16, 8, 0)
+    assert decode.make_plan(64, 16, 128, 512, 132, smem_per_sm=102400).config == decode.T16
+    assert [decode.min_tiles_for(n, 512) for n in (1, 15, 16, 63, 64)] == [1, 1, 2, 2, 4]
+    assert decode.min_tiles_for(64, 0) == 1
+
+
+@pytest.mark.parametrize("q_mul,scales", [(300.0, (110, 124)), (1.0, (103, 134))], ids=["big_q", "scales_2e-24_to_2e7"])
+def test_fp16_operands_match_the_reference_across_their_range(q_mul, scales):
+    """The shipped fp16 configs: |q| up to ~1e3, and ue8m0 scales over the whole documented range
+    2^-24..2^7 (lse compared relatively: these scores reach 1e4)."""
+    case = Case(batch=2, heads=16, width=64, page_size=64, extra_width=64, extra_page_size=64, hole_frac=0.0)
+    kw = make_inputs(case)
+    kw["q"] = (kw["q"].float() * q_mul).to(torch.bfloat16)
+    for cache in (kw["k_cache"], kw["extra_k_cache"]):
+        P, ps = cache.shape[0], cache.shape[1]
+        flat = cache.as_strided((P * cache.stride(0),), (1,)).view(torch.uint8)
+        for page in range(P):
+            base = page * cache.stride(0) + ps * 576
+            sc = flat[base: base + ps * 8].view(ps, 8)
+            sc[:, :7] = torch.randint(scales[0], scales[1] + 1, (ps, 7), dtype=torch.uint8)
+    ref_out, ref_lse = sparse_mla_decode_ref(**kw)
+    for cfg in (decode.T32, decode.T16):
+        assert cfg.f16
+        out, lse = _call(kw, decode.make_plan(2, 16, 64, 64, num_sms=4, config=cfg))
+        assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+        assert rel_err(out, ref_out) <= 1e-2
+        assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-5)
 
 
 def test_single_split_finishes_in_the_split_kernel():

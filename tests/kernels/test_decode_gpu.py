@@ -91,19 +91,22 @@ def test_gpu_tp4_production_call_matches_reference_and_upstream(kind, batch, ran
     assert rel_err(mine, up_out) <= 1e-2
 
 
-@pytest.mark.parametrize("kind,batch", [("c4", 1), ("c4", 4), ("c128@256K", 1), ("swa", 1), ("c4", 64)])
-def test_gpu_fused_merge_graph_replays_are_identical_and_follow_new_inputs(kind, batch):
-    """The planner's path at TP4 (one launch with the cooperative merge for grids up to one program per
-    SM, else split + combine): 50 replays bit-identical, then new contents -> still exact (the
-    counters reset themselves)."""
+@pytest.mark.parametrize("kind,batch,one_launch", [("c4", 1, True), ("c4", 4, True), ("c128@256K", 1, True),
+                                                   ("swa", 1, False), ("c4", 64, False)])
+def test_gpu_graph_replays_are_identical_and_follow_new_inputs(kind, batch, one_launch):
+    """TP4 slice, planner's plan (or the same plan with the cooperative one-launch merge): 50 replays
+    bit-identical, then new contents -> still exact (the merge counters reset themselves)."""
     from v4flash_kernels import decode
-    from v4flash_kernels.bench import ref_inputs
-    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.bench import bind_plan, cache_widths, ref_inputs
 
     case = Case(batch=batch, heads=64, **KINDS[kind])
     kw = make_inputs(case, device="cuda", seed=11)
     fresh = make_inputs(case, device="cuda", seed=12)
-    fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(2, 4))
+    w_a, w_b = cache_widths(kw)
+    plan = decode.make_plan(batch, 16, w_a, w_b, decode._num_sms(kw["q"].device), fused=one_launch)
+    if one_launch:
+        assert decode.coop_fits(plan.num_splits * batch, decode._num_sms(kw["q"].device))
+    fn = bind_plan(plan, (32, 48))
     fn(**kw)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
