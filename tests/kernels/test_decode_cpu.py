@@ -239,16 +239,24 @@ def test_planner_uses_the_wide_block_only_for_large_batches_with_an_extra_cache(
     assert decode.WIDE in decode.SPLIT_CONFIGS  # so check_sm120 gates it
 
 
-@pytest.mark.parametrize("heads", [64, 128])
-def test_wide_block_chosen_by_the_planner_matches_reference(heads):
-    """B=16, c4-like: the planner's own wide plan (several splits, holes, short/empty rows); 128
-    heads = two wide blocks per row (the q loads' mask must hold for the second one too)."""
-    case = Case(batch=16, heads=heads, width=64, page_size=64, extra_width=96, extra_page_size=64,
+def test_wide_block_chosen_by_the_planner_matches_reference():
+    """B=16, c4-like: the planner's own wide plan (several splits, holes, short/empty rows)."""
+    case = Case(batch=16, heads=64, width=64, page_size=64, extra_width=96, extra_page_size=64,
                 hole_frac=0.1)
     kw = make_inputs(case)
-    plan = decode.make_plan(16, heads, 64, 96, num_sms=4)
+    plan = decode.make_plan(16, 64, 64, 96, num_sms=4)
     assert plan.config == decode.WIDE and plan.num_splits >= 2
     out, lse = _call(kw, plan)
+    _assert_matches(kw, out, lse)
+
+
+def test_wide_block_two_blocks_per_row():
+    """128 heads = two wide blocks per row (the q loads' mask must hold for the second one too);
+    B=3 with an empty and a short row, explicit plan (the planner only goes wide from B=16)."""
+    case = Case(batch=3, heads=128, width=64, page_size=64, extra_width=96, extra_page_size=64,
+                hole_frac=0.1)
+    kw = make_inputs(case)
+    out, lse = _call(kw, decode.Plan(decode.WIDE, 64, 1, 2))
     _assert_matches(kw, out, lse)
 
 
