@@ -264,7 +264,10 @@ _G1 = dict(A=(16, 16, 256, 4, 3, 0, 1), B=(16, 16, 256, 4, 3, 0, 2), C=(16, 16, 
 _G2 = dict(a=(16, 32, 128, 4, 3, 0), b=(16, 16, 128, 4, 3, 0), c=(16, 32, 128, 2, 3, 0), d=(16, 64, 128, 4, 3, 0))
 DECODE_PLANS = tuple((True, _G1[g], _G2["a"]) for g in "ABCDEFGH") + tuple(
     (True, _G1["A"], _G2[x]) for x in "bcd") + tuple((False, _G1[g], _G2["a"]) for g in "ABCD") + tuple(
-    (False, _G1["A"], _G2[x]) for x in "bc")
+    (False, _G1["A"], _G2[x]) for x in "bc") + (
+    # one stage: W bytes straight to registers (no cp.async round trip through shared memory)
+    (False, (16, 16, 256, 4, 1, 0, 1), (16, 32, 128, 4, 1, 0)), (False, (16, 16, 256, 8, 1, 0, 1), (16, 32, 128, 8, 1, 0)),
+    (True, (16, 16, 256, 4, 1, 0, 4), (16, 32, 128, 4, 1, 0)))
 SWEEP_G1_PREFILL = ((32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 2),
                     (64, 64, 128, 4, 3), (128, 64, 64, 8, 3, 1))
 SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 64, 4, 3), (32, 64, 128, 4, 3),
