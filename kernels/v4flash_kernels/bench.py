@@ -380,8 +380,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: --modes must be from {','.join(MODES)} and --rank 0-{TP4 - 1}\n"
               f"fix: e.g. --modes tp4,full64 --rank 1", file=sys.stderr)
         return 2
-    shapes = [Shape(k, b, MODES[m], m, args.rank if m == "tp4" else 0) for k in args.kinds.split(",")
-              for m in modes for b in map(int, args.batches.split(","))]
+    # Mode-major: a run cut short still has every kind of the first mode (tp4: the targets, the step).
+    shapes = [Shape(k, b, MODES[m], m, args.rank if m == "tp4" else 0) for m in modes
+              for k in args.kinds.split(",") for b in map(int, args.batches.split(","))]
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     rows = []
     t0 = time.time()
