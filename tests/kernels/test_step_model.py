@@ -279,6 +279,11 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
     assert float(line[2]) > float(line[3])
     assert main(["--batches", "16", "--contexts", "128K", "--prefill", "", "--from-json", str(run)]) == 2
     assert "no measurement" in capsys.readouterr().err
+    code = ("import sys; from v4flash_kernels.step.__main__ import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 're-rendering imported torch'; sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "kernels"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
 
 
 def _cpu_ops(monkeypatch):

@@ -145,7 +145,7 @@ def main(argv: List[str] | None = None) -> int:
 
 def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) -> int:
     """Compose every spec from the measurements, print the tables, write JSON / markdown; 1 on a failed op."""
-    from v4flash_kernels.step import runner
+    from v4flash_kernels.step import results as runner
 
     pairs = []
     for s in specs:
@@ -186,8 +186,8 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
 
 
 def from_json(path: str, args) -> int:
-    """Re-compose and re-render a finished run's measurements (no GPU): same specs, new tables."""
-    from v4flash_kernels.step import runner
+    """Re-compose and re-render a finished run's measurements (no GPU, no torch): same specs, new tables."""
+    from v4flash_kernels.step import results as runner
 
     try:
         with open(path) as f:

@@ -1,0 +1,71 @@
+"""What one measurement is, and how measurements become per-path times (pure: no torch).
+
+Kept apart from `runner` (which needs torch and a GPU) so a finished run's JSON can be re-rendered
+anywhere (`python -m v4flash_kernels.step --from-json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List, Tuple
+
+from v4flash_kernels.step import model as M
+
+
+@dataclass(frozen=True)
+class Measurement:
+    key: str
+    impl: str  # "upstream" | "ours"
+    name: str
+    us: float  # per call; NaN when not measured
+    calls_per_replay: int
+    reps: int
+    ok: bool
+    rel_err: float
+    detail: str
+    source: str
+    error: str | None = None  # why there is no time (no patch yet, mismatch, exception)
+
+
+def impls_for(op: M.Op) -> List[str]:
+    """Attention rows are per path already; MoE and indexer logits have an "ours" variant too."""
+    variant = op.p.get("variant")
+    if variant is not None:
+        return ["upstream" if variant == "upstream" else "ours"]
+    if op.patch in ("moe", "indexer") and not op.key.startswith("topk:"):
+        return ["upstream", "ours"]
+    return ["upstream"]
+
+
+def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
+    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed."""
+    us: Dict[Tuple[str, str], float] = {}
+    src: Dict[Tuple[str, str], str] = {}
+    for op in ops:
+        variant = op.p.get("variant")
+        for path in ("upstream", "patched"):
+            if variant is not None:
+                impl = "upstream" if variant == "upstream" else "ours"
+                m = meas.get((op.key, impl))
+            else:
+                m = meas.get((op.key, "upstream"))
+                if path == "patched" and (op.key, "ours") in meas:
+                    mine = meas[(op.key, "ours")]
+                    if mine.error is None:
+                        m = mine
+                    else:
+                        src[(op.key, path)] = f"{mine.error} -> upstream"
+            if m is None:
+                continue
+            us[(op.key, path)] = m.us
+            src.setdefault((op.key, path), m.source if m.error is None else m.error)
+    return us, src
+
+
+def all_ok(meas: Dict[Tuple[str, str], Measurement]) -> bool:
+    """False when any op mismatched its reference or raised (a missing patch is not a failure)."""
+    return all(m.ok for m in meas.values())
+
+
+def to_json(m: Measurement) -> dict:
+    return asdict(m)
