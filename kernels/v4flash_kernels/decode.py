@@ -119,7 +119,7 @@ class Plan:
     chunk: int  # tokens per split (multiple of block_t)
     splits_main: int
     splits_extra: int
-    fused: bool = False  # split programs merge cooperatively (one launch); only when the grid is resident
+    fused: bool = False  # split programs merge cooperatively (one launch); run() checks the grid is resident
 
     @property
     def num_splits(self) -> int:
@@ -158,13 +158,15 @@ def make_plan(
     min_tiles: int = MIN_TILES_PER_SPLIT,
     ctas_per_sm: Optional[int] = None,
     smem_per_sm: int = 233472,
-    fused: bool = False,
+    fused: Optional[bool] = None,
 ) -> Plan:
     """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves.
 
-    `fused` asks for the one-launch cooperative merge (run() still falls back to split + combine
-    when the grid is larger than the GPU). Off by default: on the H200 it saved -0.8..+0.8 us
-    against the second launch (kernels/BENCH.md, 2026-11-30), not worth waiting programs.
+    `fused` = the one-launch cooperative merge (run() still falls back to split + combine when the
+    grid is larger than the GPU). Default: on for layers with an extra cache whose grid has at most
+    one program per SM. H200, TP4 call, one-pass merges (kernels/BENCH.md, 2026-11-30): c4 B=1
+    14.0 vs 14.5 us, c4 B=4 14.1 vs 14.8, c128@128K B=1 14.3 vs 16.4, c128@256K B=1 15.6 vs
+    19.4; SWA-only layers were 0.4-2.4 us slower with it, so they keep two launches.
     """
     if config is None and use_wide(batch, heads, width_extra, smem_per_sm):
         config = WIDE
@@ -192,6 +194,9 @@ def make_plan(
         if s_main + s_extra <= MAX_SPLITS:
             break
         per_split *= 2
+    ns = s_main + s_extra
+    if fused is None:
+        fused = width_extra > 0 and cfg.ksplit == 1 and ns > 1 and coop_fits(ns * base_ctas, num_sms)
     return Plan(cfg, per_split * bt, s_main, s_extra, fused=fused)
 
 

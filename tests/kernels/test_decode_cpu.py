@@ -336,13 +336,23 @@ def test_wide_block_with_a_head_range():
 # ------------------------------------------------------------------ one launch: fused merge / single split
 
 
-def test_one_launch_merge_is_opt_in_and_only_for_resident_grids():
-    """The cooperative merge (split programs wait for each other) is off by default (measured no
-    better than the second launch) and, when asked for, only runs on grids of at most one program
-    per SM; the wide block never takes it."""
+def test_one_launch_merge_only_for_resident_grids_of_c4_c128_layers():
+    """The cooperative merge (split programs wait for each other) is planned only on layers with an
+    extra cache (measured faster there, slower on SWA-only) and grids of at most one program per
+    SM; the wide block never takes it; it can be forced off (or on, still residency-checked)."""
     p = decode.make_plan(1, 16, 128, 512, num_sms=132)  # c4 B=1, TP4: 20 programs
-    assert not p.fused and p.num_splits == 20
-    assert decode.make_plan(1, 16, 128, 512, num_sms=132, fused=True).fused
+    assert p.fused and p.num_splits == 20
+    assert decode.make_plan(1, 16, 128, 2048, num_sms=132).fused  # c128@256K B=1: 68 programs
+    assert not decode.make_plan(2, 16, 128, 2048, num_sms=132).fused  # 136 > 132
+    assert not decode.make_plan(64, 16, 128, 512, num_sms=132).fused
+    assert not decode.make_plan(1, 16, 128, 0, num_sms=132).fused  # SWA-only
+    assert not decode.make_plan(1, 16, 128, 512, num_sms=132, fused=False).fused
+    for B in (1, 4, 16, 64):
+        for H in (8, 16, 64):
+            for w2 in (0, 512, 2048):
+                p = decode.make_plan(B, H, 128, w2, num_sms=132)
+                programs = p.num_splits * -(-H // p.config.block_h) * B
+                assert p.fused == (w2 > 0 and p.config.ksplit == 1 and p.num_splits > 1 and programs <= 132)
     assert decode.coop_fits(132, 132) and not decode.coop_fits(133, 132)
     assert decode.epilogue_for(decode.T32, 20, True) == 1
     assert decode.epilogue_for(decode.T32, 20, False) == 0
@@ -354,7 +364,7 @@ def test_planner_lengthens_splits_with_the_batch_on_c4_c128_layers():
     """H200-measured rule (TP4 call): 1 tile per split below 16 row blocks, 2 up to 63, then 4;
     SWA-only rows (4 tiles) stay at 1, and small-batch SWA-only layers take 16-token tiles."""
     assert decode.make_plan(1, 16, 128, 512, 132).chunk == 32
-    assert decode.make_plan(16, 16, 128, 1024, 132) == decode.Plan(decode.T32, 64, 2, 16)
+    assert decode.make_plan(16, 16, 128, 1024, 132) == decode.Plan(decode.T32, 64, 2, 16)  # 288 programs
     assert decode.make_plan(64, 16, 128, 1024, 132) == decode.Plan(decode.T32, 128, 1, 8)
     assert decode.make_plan(64, 16, 128, 2048, 132) == decode.Plan(decode.T32, 160, 1, 13)
     assert decode.make_plan(64, 16, 128, 0, 132) == decode.Plan(decode.T32, 32, 4, 0)
