@@ -135,7 +135,8 @@ def _moe_gemm_signature(scale_u8: bool) -> dict:
     return {"A": "*bf16", "stride_am": "i32", "W": "*u8", "stride_we": "i64", "stride_wn": "i32",
             "SC": "*u8" if scale_u8 else "*fp32", "stride_se": "i64", "stride_sn": "i32", "OUT": "*bf16",
             "stride_om": "i32", "IDS": "*i32", "TW": "*fp32", "SORTED": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
-            "S": "i32", "N": "i32", "KD": "i32", "A_DIV": "i32", "clamp_limit": "fp32", "out_scale": "fp32"}
+            "S": "i32", "N": "i32", "KD": "i32", "A_DIV": "i32", "clamp_limit": "fp32", "out_scale": "fp32",
+            "stride_ap": "i32"}
 
 
 def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) -> CompileResult:
@@ -149,7 +150,7 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) 
     const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
                  BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_U8=scale_u8, DEQ_ASM=True,
-                 DOT_DTYPE=tl.bfloat16, MODE=cfg.mode)
+                 DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode)
     sig = _moe_gemm_signature(scale_u8)
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]

@@ -63,25 +63,29 @@ class Plan:
 # rows per expert (M=1024 -> 24: 32-row blocks best; M=4096 -> 96: 128-row blocks best); GEMM2's
 # 64x64 tile won at both.
 DECODE_G1 = GemmConfig(16, 16, 256, 4, 3)
-DECODE_G2 = GemmConfig(16, 32, 128, 4, 3)
+DECODE_G1_ONE_STAGE = GemmConfig(16, 16, 256, 4, 1)  # sorted, >= 96 slots: W bytes straight to registers
+DECODE_G2 = GemmConfig(16, 32, 128, 2, 3)
 PREFILL_G1_SMALL = GemmConfig(32, 64, 128, 4, 3)
 PREFILL_G1 = GemmConfig(64, 64, 64, 4, 3)
 PREFILL_G1_LARGE = GemmConfig(128, 64, 64, 8, 3)
 PREFILL_G2 = GemmConfig(64, 64, 64, 4, 3)
-GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, PREFILL_G1_SMALL, PREFILL_G1, PREFILL_G1_LARGE)
+GEMM1_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G1, DECODE_G1_ONE_STAGE, PREFILL_G1_SMALL, PREFILL_G1,
+                                          PREFILL_G1_LARGE)
 GEMM2_CONFIGS: Tuple[GemmConfig, ...] = (DECODE_G2, PREFILL_G2)
 
 def launchable() -> Tuple[Tuple[GemmConfig, bool, bool], ...]:
     """(config, GATED, INLINE) of every GEMM binary the planner can launch (for check_sm120)."""
-    return ((DECODE_G1, True, True), (DECODE_G2, False, True), (DECODE_G1, True, False),
-            (DECODE_G2, False, False)) + tuple((c, True, False) for c in GEMM1_CONFIGS if c is not DECODE_G1) + (
-            (PREFILL_G2, False, False),)
+    return ((DECODE_G1, True, True), (DECODE_G2, False, True), (DECODE_G2, False, False)) + tuple(
+        (c, True, False) for c in GEMM1_CONFIGS) + ((PREFILL_G2, False, False),)
 
 
-# Inline grouping costs O(slots) per program and registers; the sorting prep costs ~5-10 us. H200
-# (bench_moe --quick, 2026-11-30): sorted was 1.4-1.7x faster at M=16 and 64 (the inline programs'
-# routing prologue and registers), inline ~11 us faster at M=1.
-INLINE_MAX_SLOTS = 48
+# Inline grouping costs O(slots) per program and registers; the sorting prep ~6 us (three small
+# launches). H200 (bench_moe --quick, 2026-11-30): inline 4.6 us faster at M=1; sorted 8 % faster
+# at M=4 and 1.2-1.5x at M=16/64 (the inline programs' routing prologue and registers). M=2 is
+# not measured: inline up to 12 slots. GEMM1 with one stage (no cp.async staging of the W bytes)
+# was 8-9 % faster at M=16/64 and 14 % slower at M=4; GEMM2 with 2 warps 4-15 % faster at all four.
+INLINE_MAX_SLOTS = 12
+ONE_STAGE_MIN_SLOTS = 96
 DECODE_MAX_ROWS_PER_EXPERT = 4  # up to this many rows per expert on average: 16-row decode tiles
 PREP_CHUNK = 128
 PREP_SCAN_CB = 32
@@ -97,7 +101,7 @@ def make_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int)
         return Plan(True, DECODE_G1, DECODE_G2)
     rows_per_expert = slots / max(1, num_experts)
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
-        return Plan(False, DECODE_G1, DECODE_G2)
+        return Plan(False, DECODE_G1 if slots < ONE_STAGE_MIN_SLOTS else DECODE_G1_ONE_STAGE, DECODE_G2)
     if rows_per_expert <= 32:
         g1 = PREFILL_G1_SMALL
     elif rows_per_expert <= 64:
