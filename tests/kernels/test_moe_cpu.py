@@ -189,8 +189,8 @@ def test_max_blocks_bounds_every_routing():
 
 
 def test_plan_depends_on_shapes_only():
-    a = moe.make_plan(4, 6, 256, 4096, 512)
-    assert a == moe.make_plan(4, 6, 256, 4096, 512) and a.inline
+    a = moe.make_plan(2, 6, 256, 4096, 512)
+    assert a == moe.make_plan(2, 6, 256, 4096, 512) and a.inline
     assert not moe.make_plan(16, 6, 256, 4096, 512).inline
     assert moe.make_plan(4096, 6, 256, 4096, 512).gemm1.block_m > moe.make_plan(256, 6, 256, 4096, 512).gemm1.block_m
     for cfg in moe.GEMM1_CONFIGS + moe.GEMM2_CONFIGS:
