@@ -24,7 +24,6 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 from v4flash_kernels import bench, decode
 from v4flash_kernels.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
