@@ -167,6 +167,10 @@ holder = types.ModuleType("sglang.fake_holder")  # did `from ... import flash_ml
 holder.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton
 sys.modules["sglang.fake_holder"] = holder
 hook._sglang_version = lambda: hook.PINNED_SGLANG  # no sglang dist-info in .venv
+
+def installed():
+    """What the patch put in (ours, or the registry adapter's wrapper of ours)."""
+    return hook._installed.get("sparse_decode")
 '''
 
 
@@ -189,7 +193,8 @@ def _fresh(code: str, env_extra: Optional[dict] = None) -> dict:
 def test_apply_patches_module_and_from_imports_then_status_tracks_reality():
     res = _fresh(r'''
 st = hook.apply()["patches"]["sparse_decode"]
-patched = mod.flash_mla_sparse_decode_triton is ours and holder.flash_mla_sparse_decode_triton is ours
+patched = mod.flash_mla_sparse_decode_triton is installed() and holder.flash_mla_sparse_decode_triton is installed()
+patched = patched and installed() is not None
 mod.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton  # someone undoes it later
 print(json.dumps({"st": st, "patched": patched, "after": hook.patch_status("sparse_decode")["active"]}))
 ''')
@@ -206,9 +211,9 @@ def failing(spec, module):
 hook._patch = failing
 st = hook.apply()["patches"]["sparse_decode"]
 print(json.dumps({"st": st, "fn": mod.flash_mla_sparse_decode_triton(*[None] * 7),
-                  "holder": holder.flash_mla_sparse_decode_triton is ours}))
+                  "holder": holder.flash_mla_sparse_decode_triton is installed(), "built": installed() is not None}))
 ''')
-    assert res["fn"] == "upstream" and res["holder"] is False
+    assert res["fn"] == "upstream" and res["holder"] is False and res["built"] is True
     assert res["st"]["active"] is False and "hook error: RuntimeError: boom" in res["st"]["reason"]
     lines = [ln for ln in res["stderr"].splitlines() if ln.startswith("[v4flash-kernels]")]
     assert len(lines) == 1 and "WARNING" in lines[0] and "boom" in lines[0]
@@ -232,7 +237,7 @@ def test_unwritable_status_dir_warns_but_still_patches(tmp_path):
     blocker.write_text("")
     res = _fresh(r'''
 st = hook.apply()["patches"]["sparse_decode"]
-print(json.dumps({"st": st, "ours": mod.flash_mla_sparse_decode_triton is ours}))
+print(json.dumps({"st": st, "ours": mod.flash_mla_sparse_decode_triton is installed()}))
 ''', {"V4FLASH_PATCH_STATUS_DIR": str(blocker / "sub")})
     assert res["ours"] and res["st"]["active"] is True
     assert "cannot write patch status" in res["stderr"]
@@ -274,7 +279,7 @@ hook.PATCHES = (patches.SPARSE_DECODE, broken)
 specs = {s.name: s for s in hook.PATCHES}
 hook.by_name = lambda name: specs[name]
 st = hook.apply()["patches"]
-print(json.dumps({"st": st, "sd": mod.flash_mla_sparse_decode_triton is ours, "other": other_mod.other_fn(1)}))
+print(json.dumps({"st": st, "sd": mod.flash_mla_sparse_decode_triton is installed(), "other": other_mod.other_fn(1)}))
 """)
     assert res["sd"] is True and res["st"]["sparse_decode"]["active"] is True
     assert res["other"] == "other-upstream" and res["st"]["other"]["active"] is False
