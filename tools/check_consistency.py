@@ -76,6 +76,13 @@ def check_pyproject(root: Path) -> list[str]:
             problems.append(f"pyproject.toml serve extra: {name} is {have.get(name, 'missing')}, stack.toml says {pin}")
     for name in sorted(set(have) - set(want)):
         problems.append(f"pyproject.toml serve extra: {name} {have[name]} is not a stack.toml pin")
+    # The `kernels` extra (dev installs of the Triton kernels) must pin exactly the lock's versions:
+    # another Triton compiles the kernels differently than the configs were measured with.
+    kernels = data.get("project", {}).get("optional-dependencies", {}).get("kernels", [])
+    locked = stacklock.load_lock(root / "stack.lock").versions()
+    for name, (version, _) in sorted(_pins_from_requirements(list(kernels)).items()):
+        if version != locked.get(name):
+            problems.append(f"pyproject.toml kernels extra: {name} is {version}, stack.lock has {locked.get(name, 'nothing')}")
     return problems
 
 

@@ -38,6 +38,18 @@ def test_pyproject_drift_detected(stack_copy: Path) -> None:
     assert any("pyproject.toml" in p and "torch" in p for p in problems), problems
 
 
+def test_pyproject_serve_extra_drift_detected(stack_copy: Path) -> None:
+    _edit(stack_copy / "pyproject.toml", '  "torch==2.11.0",\n', '  "torch==2.10.0",\n')
+    problems = cc.check_pyproject(stack_copy)
+    assert any("serve extra" in p and "torch" in p for p in problems), problems
+
+
+def test_pyproject_kernels_extra_drift_detected(stack_copy: Path) -> None:
+    _edit(stack_copy / "pyproject.toml", '"triton==3.6.0"]', '"triton==3.8.0"]')
+    problems = cc.check_pyproject(stack_copy)
+    assert any("kernels extra" in p and "triton" in p and "3.8.0" in p for p in problems), problems
+
+
 def test_pyproject_extra_pin_detected(stack_copy: Path) -> None:
     _edit(stack_copy / "pyproject.toml", '"sglang-router==0.3.2",', '"sglang-router==0.3.2",\n  "nixl==1.5.1",')
     assert any("nixl" in p and "not a stack.toml pin" in p for p in cc.check_pyproject(stack_copy))
