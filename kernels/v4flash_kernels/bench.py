@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
+
+from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -288,16 +288,6 @@ def _upstream_kwargs(kw: dict) -> dict:
     )
 
 
-def _git_commit() -> str:
-    """The measured commit: $V4FLASH_COMMIT when set (a copied tree's git may be stale), else git's."""
-    if os.environ.get("V4FLASH_COMMIT"):
-        return os.environ["V4FLASH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
 
 def format_table(rows: List[dict]) -> str:
     head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} {'sm120cfg':>8} "
@@ -408,7 +398,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     table = format_table(rows)
     props = torch.cuda.get_device_properties(0)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                torch=torch.__version__, triton=triton.__version__, commit=measured_commit(), argv=sys.argv[1:], seed=seed,
                 upstream_origin=getattr(upstream, "__v4flash_origin__", None))
     step = step_time_us(rows)
     if step is not None:

@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
+from v4flash_kernels.provenance import measured_commit
+
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
 SWEEP_SHAPES = ((1, "128K", "4K"), (1, "1M", "128K"), (16, "1M", "4K"), (16, "128K", "128K"),
@@ -178,16 +180,6 @@ def sweep_winner(rows: List[dict]) -> Optional[str]:
     return best[1] if best else None
 
 
-def _git_commit() -> str:
-    import os
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
 
 def format_table(rows: List[dict]) -> str:
     head = (f"{'B':>3} {'context':>7} {'actual':>6} {'c4 len':>7} {'floorH200':>9} {'ours':>8} {'no-tail':>8} "
@@ -317,7 +309,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               + (f", upstream {v['upstream']['us']:.1f} us" if "upstream" in v else ""), flush=True)
     props = torch.cuda.get_device_properties(0)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                torch=torch.__version__, triton=triton.__version__, commit=measured_commit(), argv=sys.argv[1:], seed=seed,
                 upstream_origin=getattr(upstream, "__v4flash_origin__", None), config=chosen.name)
     print(json.dumps(meta))
     print(format_table(rows))

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Dict, List, Optional
+
+from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -294,13 +294,6 @@ def sweep_variants(shape: Shape) -> Dict[str, Callable]:
     return out
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
 
 def format_table(rows: List[dict]) -> str:
     head = (f"{'tp':>2} {'M':>5} {'routing':<8} {'exp':>5} {'floorH200':>9} {'floor6K':>8} {'ours':>9} "
@@ -455,7 +448,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     props = torch.cuda.get_device_properties(0)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
                 sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                commit=_git_commit(), argv=sys.argv[1:], seed=seed,
+                commit=measured_commit(), argv=sys.argv[1:], seed=seed,
                 upstream_origin=getattr(upstream, "__v4flash_origin__", None))
     print(json.dumps(meta))
     print(format_table(rows))

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import List
+
+from v4flash_kernels.provenance import measured_commit
 
 from v4flash_kernels.step import model as M
 from v4flash_kernels.step import report as R
@@ -77,13 +78,6 @@ def specs_from(args) -> List[M.StepSpec]:
     return M.decode_specs(batches, contexts, actual, h) + M.prefill_specs(chunks, h)
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.step", description=__doc__.split("\n")[0])
@@ -136,7 +130,7 @@ def main(argv: List[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
         "sms": props.multi_processor_count, "l2_mb": props.L2_cache_size >> 20, "copy_bw_tbs": bw / 1e12,
         "graph_overhead_us": overhead, "torch": torch.__version__, "triton": triton.__version__,
-        "commit": os.environ.get("V4FLASH_COMMIT") or _git_commit(), "argv": sys.argv[1:], "seed": seed,
+        "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
         "wall_s": time.time() - t0, "heads_patched": specs[0].heads_patched if specs else None,
         "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
     }
