@@ -1,0 +1,1 @@
+"""Cluster-level test helpers and tests (Kubernetes manifest schemas, Slurm)."""
