@@ -51,6 +51,8 @@ PATCH_SWITCHES: tuple[tuple[str, str], ...] = (
 # (dsv4/metadata.py `_LARGE_INDEXER_QUERY_THRESHOLD`, compared with `>`), so the worker crashes.
 MAX_PREFILL_CHUNK = 11673
 MODES = ("pd", "aggregated")
+# UCX transports that cross a box (cuda_ipc and sm only reach GPUs and memory of the same host).
+NETWORK_TRANSPORTS = ("tcp", "rc", "rc_x", "rc_v", "dc", "dc_x", "ud", "ud_x", "ud_v")
 ROLES = ("prefill", "decode", "server")
 
 DEFAULTS: dict[str, Any] = {
@@ -79,6 +81,22 @@ DEFAULTS: dict[str, Any] = {
     "prefill": [],
     "decode": [],
     "server": [],
+    # A cluster plan (cluster.py): `boxes` 8-GPU boxes x len(slot_gpus) NUMA slots, `prefill` +
+    # `decode` of them TP workers built from [[prefill]]/[[decode]] entry 0, one router on box 0.
+    # boxes = 0: one box, the [[prefill]]/[[decode]] lists as written.
+    "cluster": {
+        "boxes": 0,
+        "prefill": 1,
+        "decode": 1,
+        "slot_gpus": [[0, 1, 2, 3], [4, 5, 6, 7]],
+        "http_port": 30000,
+        "bootstrap_port": 8998,
+        "nccl_port": 30010,
+        "port_offset": 0,
+        "bind_host": "0.0.0.0",
+        "network": "tcp",
+        "hosts": [],
+    },
     "router": {
         "host": "0.0.0.0",
         "port": 8000,
@@ -125,6 +143,28 @@ class WorkerSpec:
     mem_fraction_static: float | None
     extra_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    # Cluster plans only: the box it runs on, the name other boxes reach it by ("" = its own host
+    # seen from this box), and whether this process plans it (False: another box starts it).
+    box: int | None = None
+    advertise: str = ""
+    remote: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """How many boxes, which roles go where, and how workers on different boxes reach each other."""
+
+    boxes: int
+    prefill: int
+    decode: int
+    slot_gpus: tuple[tuple[int, ...], ...]
+    http_port: int
+    bootstrap_port: int
+    nccl_port: int
+    port_offset: int
+    bind_host: str
+    network: str
+    hosts: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -176,9 +216,14 @@ class Config:
     workers: tuple[WorkerSpec, ...]
     router: RouterSpec | None
     sources: tuple[str, ...] = field(default=())
+    cluster: ClusterSpec | None = None
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
+
+    def local_workers(self) -> tuple[WorkerSpec, ...]:
+        """The workers this process plans and starts (all of them, except in a cluster selection)."""
+        return tuple(w for w in self.workers if not w.remote)
 
     def patch_on(self, name: str) -> bool:
         return dict(self.patches)[name]
@@ -342,34 +387,39 @@ def read_config_file(path: Path) -> dict[str, Any]:
                         "fix the syntax at the line shown (TOML: key = value, [table], [[prefill]])") from None
 
 
-def load_config(
+def merged_layers(
     config_file: Path | str | None = None,
     profile: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     sets: tuple[str, ...] = (),
-) -> Config:
-    """Resolve all layers into a validated Config.
+    base: tuple[Mapping[str, Any], str] | None = None,
+) -> tuple[dict[str, Any], str, tuple[str, ...]]:
+    """Every layer merged into one raw dict (the vocabulary of a config file), not yet validated.
 
-    `overrides` are the typed CLI flags (already dotted keys, e.g. {"model.path": "/m"}); `sets` are
-    `--set` items. Env layer: `V4FLASH_SET` (whitespace-separated KEY=VALUE items); the named
-    options' V4FLASH_<OPTION> env vars are resolved by click before they arrive here as overrides.
+    `base` = (raw, profile) of a cluster plan file: it stands in for defaults < profile < file, so a
+    box starts exactly the config that was rendered; env and flags still go on top.
     """
     env = os.environ if env is None else env
     sources = ["defaults"]
-    file_raw: dict[str, Any] = {}
-    if config_file:
-        file_raw = read_config_file(Path(config_file))
-    file_profile = file_raw.pop("profile", None)
-    if file_profile is not None and not isinstance(file_profile, str):
-        raise UserError(f"config key profile must be a profile name, got {file_profile!r}",
-                        f'write profile = "{DEFAULT_PROFILE}" (or drop it)')
-    prof_name = profile or file_profile or DEFAULT_PROFILE
-    raw = deep_merge(DEFAULTS, get_profile(prof_name))
-    sources.append(f"profile:{prof_name}")
-    if file_raw:
-        raw = deep_merge(raw, file_raw)
-        sources.append(f"file:{config_file}")
+    if base is not None:
+        raw = deep_merge(DEFAULTS, base[0])
+        prof_name = base[1]
+        sources.append("cluster-plan")
+    else:
+        file_raw: dict[str, Any] = {}
+        if config_file:
+            file_raw = read_config_file(Path(config_file))
+        file_profile = file_raw.pop("profile", None)
+        if file_profile is not None and not isinstance(file_profile, str):
+            raise UserError(f"config key profile must be a profile name, got {file_profile!r}",
+                            f'write profile = "{DEFAULT_PROFILE}" (or drop it)')
+        prof_name = profile or file_profile or DEFAULT_PROFILE
+        raw = deep_merge(DEFAULTS, get_profile(prof_name))
+        sources.append(f"profile:{prof_name}")
+        if file_raw:
+            raw = deep_merge(raw, file_raw)
+            sources.append(f"file:{config_file}")
     env_sets = split_set_items(env.get("V4FLASH_SET", ""))
     for key, value in parse_overrides(env_sets, "V4FLASH_SET"):
         set_path(raw, key, value)
@@ -382,7 +432,24 @@ def load_config(
         set_path(raw, key, value)
     if overrides or sets:
         sources.append("flags")
-    return build_config(raw, prof_name, tuple(sources))
+    return raw, prof_name, tuple(sources)
+
+
+def load_config(
+    config_file: Path | str | None = None,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    sets: tuple[str, ...] = (),
+    base: tuple[Mapping[str, Any], str] | None = None,
+) -> Config:
+    """Resolve all layers into a validated Config.
+
+    `overrides` are the typed CLI flags (already dotted keys, e.g. {"model.path": "/m"}); `sets` are
+    `--set` items. Env layer: `V4FLASH_SET` (whitespace-separated KEY=VALUE items); the named
+    options' V4FLASH_<OPTION> env vars are resolved by click before they arrive here as overrides.
+    """
+    return build_config(*merged_layers(config_file, profile, overrides, env, sets, base))
 
 
 # ---------------------------------------------------------------- typing + validation
@@ -599,6 +666,59 @@ def _patches(raw: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
     return tuple((name, _on_off(merged[name], f"patches.{name}")) for name, _ in PATCH_SWITCHES)
 
 
+def _network(value: Any) -> str:
+    if value not in NETWORK_TRANSPORTS:
+        raise UserError(f"config key cluster.network = {value!r} is not a UCX transport that crosses boxes",
+                        f"use tcp (any Ethernet), or rc/rc_x/dc_x/ud_x where RDMA NICs exist; one of: "
+                        f"{', '.join(NETWORK_TRANSPORTS)}")
+    return str(value)
+
+
+def _cluster(raw: Mapping[str, Any], mode: str) -> ClusterSpec | None:
+    c = _want(raw.get("cluster") or {}, dict, "cluster", "a table")
+    _check_keys(c, DEFAULTS["cluster"], "cluster.")
+    c = {**DEFAULTS["cluster"], **c}
+    boxes = _int(c["boxes"], "cluster.boxes", "a number of 8-GPU boxes (0 = one box, no cluster plan)", 0)
+    if boxes == 0:
+        return None
+    if mode != "pd":
+        raise UserError(f"cluster.boxes = {boxes} needs mode = \"pd\" (a cluster plan places prefill and decode "
+                        f"workers), but mode = {mode!r}",
+                        "drop cluster.boxes (aggregated serving is one box), or use the rtx6000-8x-pd profile")
+    slots = _want(c["slot_gpus"], list, "cluster.slot_gpus", "a list of GPU lists, one per NUMA slot")
+    slot_gpus: list[tuple[int, ...]] = []
+    for i, g in enumerate(slots):
+        if not isinstance(g, list) or not g or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                       for x in g):
+            raise UserError(f"config key cluster.slot_gpus[{i}] = {g!r} must be a non-empty list of GPU indices",
+                            "e.g. cluster.slot_gpus = [[0, 1, 2, 3], [4, 5, 6, 7]] (one list per NUMA slot)")
+        slot_gpus.append(tuple(g))
+    if not slot_gpus:
+        raise UserError("config key cluster.slot_gpus is empty", "list the GPUs of each slot of a box, e.g. "
+                        "[[0, 1, 2, 3], [4, 5, 6, 7]]")
+    flat = [g for s in slot_gpus for g in s]
+    if len(set(flat)) != len(flat):
+        raise UserError(f"config key cluster.slot_gpus = {slots!r} gives a GPU to two slots",
+                        "give every slot its own GPUs, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]")
+    hosts = _want(c["hosts"], (list, str), "cluster.hosts", "a list of host names, one per box")
+    if isinstance(hosts, str):
+        hosts = [h for h in hosts.split(",") if h.strip()]
+    hosts = [_host(h, f"cluster.hosts[{i}]") for i, h in enumerate(hosts)]
+    return ClusterSpec(
+        boxes=boxes,
+        prefill=_int(c["prefill"], "cluster.prefill", "a number of prefill workers", 1),
+        decode=_int(c["decode"], "cluster.decode", "a number of decode workers", 1),
+        slot_gpus=tuple(slot_gpus),
+        http_port=_port(c["http_port"], "cluster.http_port"),
+        bootstrap_port=_port(c["bootstrap_port"], "cluster.bootstrap_port"),
+        nccl_port=_port(c["nccl_port"], "cluster.nccl_port"),
+        port_offset=_int(c["port_offset"], "cluster.port_offset", "a port offset per box (0 on a real cluster)", 0),
+        bind_host=_host(c["bind_host"], "cluster.bind_host"),
+        network=_network(c["network"]),
+        hosts=tuple(hosts),
+    )
+
+
 def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] = ()) -> Config:
     """Pure: the merged raw layers -> a validated Config. No host facts are read here (the
     interpreter, nixl's UCX dir and the like are the Host's, decided by `build_plan`)."""
@@ -668,7 +788,8 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
                             "put the key in a file (router.api_key_file) or a variable (router.api_key_env) instead")
 
     env = _env_pairs(raw["env"], "env")
-    return Config(
+    cluster = _cluster(raw, mode)
+    cfg = Config(
         profile=profile,
         mode=mode,
         model_path=_want(model["path"], str, "model.path", "a directory path"),
@@ -693,4 +814,10 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         workers=tuple(workers),
         router=router,
         sources=sources,
+        cluster=cluster,
     )
+    if cluster is None:
+        return cfg
+    from v4flash_pd.cluster import expand  # the slot layout: imported only for cluster plans
+
+    return expand(cfg, raw)

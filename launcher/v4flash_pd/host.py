@@ -68,7 +68,7 @@ def planned_nodes(cfg: Config, topology: topo.Topology) -> tuple[int, ...]:
     if cfg.numa == "off":
         return ()
     nodes: set[int] = set()
-    for w in cfg.workers:
+    for w in cfg.local_workers():
         if w.numa_node is not None:
             nodes.add(w.numa_node)
         for g in w.gpus:
@@ -107,7 +107,7 @@ def _addresses(name: str) -> tuple[str, ...]:
 
 
 def config_hosts(cfg: Config) -> tuple[str, ...]:
-    names = {w.host for w in cfg.workers}
+    names = {w.host for w in cfg.local_workers()}
     if cfg.router is not None:
         names |= {cfg.router.host, cfg.router.metrics_host}
     return tuple(sorted(names))

@@ -67,6 +67,10 @@ class Plan:
     # How clients authenticate to the router: ("file", path) or ("env", NAME); ("", "") = nobody has to.
     router_auth: tuple[str, str] = ("", "")
     local: bool = True  # planned with this machine's facts (False: for the box a topology file describes)
+    # Cluster plans: what part of the cluster this plan starts ("" = everything: one box), and the
+    # workers other boxes start that must answer /health before this plan's router starts.
+    scope: str = ""
+    upstream: tuple[tuple[str, str], ...] = ()
 
     def workers(self) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.role != "router")
@@ -118,10 +122,15 @@ def _overlap(a: set[str], b: set[str]) -> bool:
     return "*" in a or "*" in b or bool(a & b)
 
 
+def worker_url(w: WorkerSpec) -> str:
+    """Where the router (and any other box) reaches a worker."""
+    return f"http://{url_host(w.advertise) if w.advertise else reach_host(w.host)}:{w.port}"
+
+
 def config_port_uses(cfg: Config) -> tuple[PortUse, ...]:
-    """Every port the config's processes listen on, in plan order (the Host probes exactly these)."""
+    """Every port the config's processes listen on here, in plan order (the Host probes exactly these)."""
     uses: list[PortUse] = []
-    for w in cfg.workers:
+    for w in cfg.local_workers():
         uses += [PortUse(f"{w.name} http", w.host, w.port), PortUse(f"{w.name} nccl", w.host, w.nccl_port)]
         if w.role == "prefill" and w.bootstrap_port is not None:
             uses.append(PortUse(f"{w.name} bootstrap", w.host, w.bootstrap_port))
@@ -315,9 +324,9 @@ def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> Proce
         argv += [ROUTER_MODULE]
     argv.append("--pd-disaggregation")
     for w in cfg.role("prefill"):
-        argv += ["--prefill", f"http://{reach_host(w.host)}:{w.port}", str(w.bootstrap_port)]
+        argv += ["--prefill", worker_url(w), str(w.bootstrap_port)]
     for w in cfg.role("decode"):
-        argv += ["--decode", f"http://{reach_host(w.host)}:{w.port}"]
+        argv += ["--decode", worker_url(w)]
     argv += ["--host", r.host, "--port", str(r.port),
              "--prometheus-host", r.metrics_host, "--prometheus-port", str(r.metrics_port),
              # workers are already healthy when the router starts: check them right away
@@ -402,7 +411,8 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     problems = _Problems()
     strict = (not rehearse) if require_gpus is None else require_gpus
     seen: dict[int, str] = {}
-    for w in cfg.workers:
+    local = cfg.local_workers()
+    for w in local:
         for g in w.gpus:
             if g in seen:
                 problems.add(f"GPU {g} is assigned to both {seen[g]} and {w.name}",
@@ -420,19 +430,29 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             warnings.append(msg + " (fine for a rehearsal or for planning another box)")
     python = cfg.python or host.python
     _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
-    bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in cfg.workers}
+    bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in local}
     env_base = shared_env(cfg, host, warnings)
     prefills = cfg.role("prefill")
     first_boot = prefills[0].bootstrap_port if prefills else None
     procs = [_worker_process(cfg, w, bindings[w.name], host, python, env_base, rehearse, first_boot)
-             for w in cfg.workers]
+             for w in local]
     expected: tuple[tuple[str, int], ...] = ()
     auth: tuple[str, str] = ("", "")
-    if cfg.mode == "pd":
+    upstream: tuple[tuple[str, str], ...] = ()
+    if cfg.mode == "pd" and cfg.router is None:  # one box (or pod) of a cluster: its workers only
+        if not local:
+            problems.add("this part of the cluster plan starts nothing", "select a box with workers (--box K)")
+            problems.raise_if_any()
+        url = worker_url(local[0])
+        probe_url = f"http://{reach_host(local[0].host)}:{local[0].port}"
+    elif cfg.mode == "pd":
         assert cfg.router is not None
         r = cfg.router
+        upstream = tuple((w.name, worker_url(w) + "/health") for w in cfg.workers if w.remote)
         procs.append(_router_process(cfg, python, env_base))
         url = f"http://{url_host(r.host)}:{r.port}"
+        if cfg.cluster is not None and cfg.cluster.hosts and r.host in WILDCARD_HOSTS:
+            url = f"http://{url_host(cfg.cluster.hosts[0])}:{r.port}"  # the router runs on box 0
         probe_url = f"http://{reach_host(r.host)}:{r.port}"
         expected = (("prefill", len(prefills)), ("decode", len(cfg.role("decode"))))
         auth = ("file", r.api_key_file) if r.api_key_file else ("env", r.api_key_env) if r.api_key_env else ("", "")
@@ -442,7 +462,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
                             "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
                             "router.host = \"127.0.0.1\" behind a reverse proxy")
         exposed = [u for u in config_port_uses(cfg) if u.owner != "router http" and not _loopback(u.host)]
-        if exposed:
+        if exposed and cfg.cluster is None:
             warnings.append("listening beyond this box: " + ", ".join(f"{u.owner} on {u.host}:{u.port}" for u in exposed)
                             + "; workers, bootstrap, NCCL and router metrics need no outside access: keep them on "
                               "127.0.0.1 (the profile's default)")
@@ -458,4 +478,18 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     problems.raise_if_any()
     return Plan(profile=cfg.profile, mode=cfg.mode, rehearse=rehearse, model_path=cfg.model_path,
                 processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, warnings=tuple(warnings),
-                patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local)
+                patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local,
+                scope=plan_scope(cfg), upstream=upstream)
+
+
+def plan_scope(cfg: Config) -> str:
+    """What part of a cluster this plan starts, in words ("" for a one-box plan)."""
+    if cfg.cluster is None:
+        return ""
+    local = cfg.local_workers()
+    if cfg.router is not None and not local:
+        return f"router of a {cfg.cluster.boxes}-box cluster"
+    boxes = sorted({w.box for w in local if w.box is not None})
+    if len(local) < len(cfg.workers):
+        return f"box {','.join(map(str, boxes))} of {cfg.cluster.boxes}: {', '.join(w.name for w in local)}"
+    return f"the whole {cfg.cluster.boxes}-box cluster"

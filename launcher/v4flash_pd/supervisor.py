@@ -223,14 +223,16 @@ class Supervisor:
         )
 
     def _fail_hung(self, h: Hang, phase: str) -> None:
-        state = describe_state(self.procs[h.name].ident.pid)
+        local = h.name in self.procs
+        state = describe_state(self.procs[h.name].ident.pid) if local else ""
         self.note("hung", name=h.name, silent_for=round(h.silent_for, 3), misses=h.misses, phase=phase)
+        where = (f"Last lines of {self.run.log(h.name)}:\n" + "\n".join("    | " + line for line in self.run.tail(h.name, 30))
+                 if local else "It runs on another box: read its log there (`v4flash-pd logs` in that box's run dir).")
         raise RuntimeFailure(
             f"{h.name} is not answering {phase}: no healthy reply for {h.silent_for:.1f}s ({h.misses} probes "
             f"missed, last: {h.problem or 'no reply'}{'; process ' + state if state else ''}); stopping everything. "
-            f"Last lines of {self.run.log(h.name)}:\n"
-            + "\n".join("    | " + line for line in self.run.tail(h.name, 30)),
-            f"read `v4flash-pd logs {h.name} --run-dir {self.run.path}`; a deadlock or a GPU stuck in a kernel "
+            + where,
+            f"read `v4flash-pd logs {h.name}{' --run-dir ' + str(self.run.path) if local else ''}`; a deadlock or a GPU stuck in a kernel "
             "looks like this (py-spy dump --pid PID shows where); raise hang_timeout if the process is only slow",
         )
 
@@ -294,18 +296,22 @@ class Supervisor:
             f"{self.run.path}",
         )
 
-    def _health_gate(self, workers: list[ProcessSpec], deadline: float) -> None:
-        """Until every worker answered /health 200; a worker that went silent for hang_timeout fails."""
-        gate = HealthGate(tuple(w.name for w in workers))
+    def _health_gate(self, workers: list[tuple[str, str]], deadline: float, what: str = "workers to load") -> None:
+        """Until every (name, /health url) answered 200; one that went silent for hang_timeout fails.
+
+        Workers of other boxes (a cluster router's upstream) have no process here: only their
+        answers count, and refusing connections is normal while they load."""
+        gate = HealthGate(tuple(name for name, _ in workers))
+        urls = dict(workers)
         dog = Watchdog(self.hang_timeout, every=0.1)
         probes = Probes(self.fetch)
         t0 = self.clock.now()
         last = [t0]
-        for w in workers:
-            dog.add(w.name, w.health_url, t0)
+        for name, url in workers:
+            dog.add(name, url, t0)
 
         def tick() -> bool:
-            self._guard("while waiting for workers to load")
+            self._guard(f"while waiting for {what}")
             now = self.clock.now()
             for name, url, timeout in dog.due(now):
                 if name not in gate.healthy:
@@ -318,7 +324,7 @@ class Supervisor:
                 dog.observe(name, not is_miss_while_loading(rep, state), started, self.clock.now(),
                             problem=state or rep.error or f"HTTP {rep.status}")
                 if gate.observe(name, rep, state, timeout=min(dog.probe_timeout, 5.0)):
-                    self.say(f"{name} is healthy ({self.plan.get(name).health_url})")
+                    self.say(f"{name} is healthy ({urls[name]})")
                     self.note("healthy", name=name)
             if gate.done():
                 return True
@@ -327,12 +333,12 @@ class Supervisor:
                     self._fail_hung(h, "while loading")
             now = self.clock.now()
             if now - last[0] >= self.progress_every:
-                self.say(f"[{now - t0:6.0f}s] waiting for workers to load: {gate.detail()}")
+                self.say(f"[{now - t0:6.0f}s] waiting for {what}: {gate.detail()}")
                 last[0] = now
             return False
 
         if not poll_until(tick, deadline - t0, self.poll, self.clock):
-            raise self._timed_out("workers to load", self.clock.now() - t0, gate.detail())
+            raise self._timed_out(what, self.clock.now() - t0, gate.detail())
 
     def _wait(self, what: str, deadline: float, check: Callable[[], tuple[bool, str]]) -> None:
         t0 = self.clock.now()
@@ -393,11 +399,16 @@ class Supervisor:
         except OSError as exc:
             raise RuntimeFailure(f"cannot write the run dir {self.run.path}: {exc.strerror or exc}",
                                  "free space there or pass a writable --run-dir") from None
+        if self.plan.upstream:  # a cluster's router: the workers run on other boxes
+            names = ", ".join(n for n, _ in self.plan.upstream)
+            self.say(f"waiting for /health of the workers on the other boxes: {names}")
+            self._health_gate(list(self.plan.upstream), deadline, "the cluster's workers to load")
         workers = list(self.plan.workers())
         for w in workers:
             self.start(w)
-        self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
-        self._health_gate(workers, deadline)
+        if workers:
+            self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
+            self._health_gate([(w.name, w.health_url) for w in workers], deadline)
         # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
         # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
         self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers], is_miss_while_loading)
@@ -406,9 +417,11 @@ class Supervisor:
             self.start(router)
             self._wait("the router to see all workers", deadline, self._router_check(router))
             self.note("router_ready")
-        self.say("sending one generate request through " + self.plan.probe_url)
-        text = self.smoke(deadline)
-        self.note("smoke", text=text)
+        text = ""
+        if router is not None or self.plan.mode != "pd":  # one box of a cluster has no front door of its own
+            self.say("sending one generate request through " + self.plan.probe_url)
+            text = self.smoke(deadline)
+            self.note("smoke", text=text)
         if self.after_ready is not None:
             self._interruptible(lambda: self.after_ready(self), "during the after-ready gate")  # type: ignore[misc]
         self._starting_watch = None

@@ -14,6 +14,7 @@ import click
 from v4flash_pd.cli.options import Resolved, pass_params, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.fingerprint import fingerprint
+from v4flash_pd.plan import Plan
 from v4flash_pd.poll import poll_until
 from v4flash_pd.render import plan_text
 from v4flash_pd.rundir import RunDir
@@ -89,6 +90,18 @@ def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str)
                          f"watch `v4flash-pd status --run-dir {run.path}`, or `v4flash-pd down --run-dir {run.path}`")
 
 
+def ready_line(plan: Plan, took: float) -> str:
+    """The one line scripts wait for: `READY <url>` (a cluster's box: `READY box K ...`, no front door)."""
+    tag = " [rehearsal]" if plan.rehearse else ""
+    if plan.router() is None and plan.mode == "pd":
+        workers = ", ".join(f"{p.name} {p.health_url.rsplit('/', 1)[0]}" for p in plan.workers())
+        return f"READY {plan.scope} (took {took:.1f}s; healthy: {workers}){tag}"
+    url = plan.url if plan.scope else plan.probe_url
+    auth = " -H 'Authorization: Bearer <key>'" if plan.router_auth[0] else ""
+    return (f"READY {url} (took {took:.1f}s; try: curl{auth} -H 'Content-Type: application/json' "
+            f"{url}/generate -d '{{\"text\":\"Hi\"}}'){tag}")
+
+
 def _eval_gate(questions: int, min_accuracy: float):
     def gate(sup: Supervisor) -> None:
         from v4flash_pd.evalgate import render, run_eval
@@ -134,10 +147,7 @@ def command(params: dict[str, Any]) -> None:
     t0 = time.monotonic()
     try:
         sup.start_and_wait_ready()
-        auth = " -H 'Authorization: Bearer <key>'" if plan.router_auth[0] else ""
-        sup.say(f"READY {plan.probe_url} (took {time.monotonic() - t0:.1f}s; "
-                f"try: curl{auth} -H 'Content-Type: application/json' {plan.probe_url}/generate -d '{{\"text\":\"Hi\"}}')"
-                f"{' [rehearsal]' if plan.rehearse else ''}")
+        sup.say(ready_line(plan, time.monotonic() - t0))
         sup.supervise()
     except StopRequested as stop:
         sup.stop_all()  # signals first; every write below is best effort

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "bench": "cmd_bench",
     "eval": "cmd_eval",
     "bundle": "cmd_bundle",
+    "render": "cmd_render",
 }
 
 

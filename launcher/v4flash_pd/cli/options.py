@@ -18,6 +18,7 @@ import click
 
 from v4flash_pd import topology as topo
 from v4flash_pd.config import PATCH_SWITCHES, Config, load_config
+from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
 
@@ -57,10 +58,46 @@ def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _stack(fn, opts)
 
 
+def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The shape of a cluster plan (`plan`, `render`): boxes x NUMA slots, prefill and decode counts."""
+    opts = [
+        click.option("--boxes", type=click.IntRange(1, 4096), envvar="V4FLASH_BOXES",
+                     help="Plan a cluster of N 8-GPU boxes (cluster.boxes); each box holds 2 TP4 workers."),
+        click.option("--prefill", "n_prefill", type=click.IntRange(1, 8192), envvar="V4FLASH_PREFILL",
+                     help="Prefill workers in the cluster (cluster.prefill)."),
+        click.option("--decode", "n_decode", type=click.IntRange(1, 8192), envvar="V4FLASH_DECODE",
+                     help="Decode workers in the cluster (cluster.decode)."),
+        click.option("--port-offset", type=click.IntRange(0, 10000), envvar="V4FLASH_PORT_OFFSET",
+                     help="Add K x N to every port of box K (logical nodes sharing one network namespace; "
+                          "real clusters need 0)."),
+    ]
+    return _stack(fn, opts)
+
+
+def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Which part of a cluster plan this `up`/`doctor` starts (Slurm: a box; Kubernetes: a pod)."""
+    opts = [
+        click.option("--cluster-plan", type=click.Path(path_type=Path), envvar="V4FLASH_CLUSTER_PLAN",
+                     help="cluster-plan.json from `render slurm|k8s` (default: $V4FLASH_CLUSTER_PLAN_JSON, "
+                          "which the rendered sbatch script sets)."),
+        click.option("--box", type=int, envvar="V4FLASH_BOX", help="Start this box's workers of the cluster plan."),
+        click.option("--role", "cluster_role", type=click.Choice(["router", "prefill", "decode"]),
+                     envvar="V4FLASH_ROLE",
+                     help="router: wait for every worker's /health, then start the router; prefill|decode: one "
+                          "worker (with --index), e.g. one Kubernetes pod."),
+        click.option("--index", "cluster_index", type=int, envvar="V4FLASH_INDEX",
+                     help="Which prefill/decode worker --role starts (0-based)."),
+        click.option("--hosts", envvar="V4FLASH_CLUSTER_HOSTS",
+                     help="The boxes' host names or addresses, in box order, comma-separated (cluster.hosts)."),
+    ]
+    return _stack(fn, opts)
+
+
 def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`up`'s options (and therefore `doctor`'s): the config options plus how the run is started."""
     opts = [
         config_options,
+        selection_options,
         click.option("--rehearse", is_flag=True, envvar="V4FLASH_REHEARSE",
                      help="Same plan, ports, env, numactl and router, with stand-in engines instead of SGLang."),
         click.option("--run-dir", type=click.Path(path_type=Path), envvar="V4FLASH_RUN_DIR",
@@ -93,8 +130,37 @@ class Resolved:
         return self.host.topology
 
 
-def config_from_params(params: dict[str, Any]) -> Config:
+CLUSTER_FLAGS = (("boxes", "cluster.boxes"), ("n_prefill", "cluster.prefill"), ("n_decode", "cluster.decode"),
+                 ("port_offset", "cluster.port_offset"))
+
+
+def cluster_base(params: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The cluster plan a box starts from: --cluster-plan FILE, else the sbatch script's env copy."""
+    import os
+
+    from v4flash_pd.cluster import read_plan
+
+    selecting = params.get("box") is not None or params.get("cluster_role")
+    if params.get("cluster_plan"):
+        return read_plan(params["cluster_plan"])
+    text = os.environ.get("V4FLASH_CLUSTER_PLAN_JSON", "")
+    if selecting and text.strip():
+        return read_plan(None, text)
+    return None
+
+
+def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
+    for key, dotted in CLUSTER_FLAGS:
+        if params.get(key) is not None:
+            overrides[dotted] = params[key]
+    if params.get("hosts"):
+        overrides["cluster.hosts"] = params["hosts"]
+    return overrides
+
+
+def config_from_params(params: dict[str, Any]) -> Config:
+    overrides: dict[str, Any] = config_overrides(params)
     if params.get("model"):
         overrides["model.path"] = params["model"]
     if params.get("numa"):
@@ -108,7 +174,12 @@ def config_from_params(params: dict[str, Any]) -> Config:
         sets.append(f"ready_timeout={params['ready_timeout']}")
     if params.get("grace") is not None:
         sets.append(f"grace_period={params['grace']}")
-    return load_config(params.get("config_file"), params.get("profile"), overrides, sets=tuple(sets))
+    base = cluster_base(params)
+    if base is not None and (params.get("config_file") or params.get("profile")):
+        raise UserError("--cluster-plan already holds the whole config; --config/--profile would start something "
+                        "other than what was rendered",
+                        "drop --config/--profile (use --set KEY=VALUE for a deliberate override), or render again")
+    return load_config(params.get("config_file"), params.get("profile"), overrides, sets=tuple(sets), base=base)
 
 
 def resolve(params: dict[str, Any], command: str) -> Resolved:
@@ -121,7 +192,7 @@ def resolve(params: dict[str, Any], command: str) -> Resolved:
     """
     t0 = time.monotonic()
     rehearse = bool(params.get("rehearse"))
-    cfg = config_from_params(params)
+    cfg = selected(config_from_params(params), params)
     tfile = params.get("topology_file")
     topology = topo.load(tfile) if tfile else None
     if command == "plan" and topology is not None:
@@ -131,6 +202,26 @@ def resolve(params: dict[str, Any], command: str) -> Resolved:
     starting = command == "up"
     plan = build_plan(cfg, host, rehearse=rehearse, require_gpus=starting and not rehearse, starting=starting)
     return Resolved(cfg, host, plan, time.monotonic() - t0)
+
+
+def selected(cfg: Config, params: dict[str, Any]) -> Config:
+    """The part of a cluster plan this command plans: a cluster is never started as one box."""
+    box, role, index = params.get("box"), params.get("cluster_role"), params.get("cluster_index")
+    if cfg.cluster is None and box is None and role is None:
+        return cfg
+    if cfg.cluster is not None and box is None and role is None:
+        raise UserError(
+            f"this config is a cluster plan of {cfg.cluster.boxes} boxes; one `up` starts one part of it",
+            "render it for your cluster (`v4flash-pd render slurm` or `render k8s`), or start a part by hand: "
+            f"`up --cluster-plan FILE --box K` on box K (K = 0..{cfg.cluster.boxes - 1}) and `up --cluster-plan FILE "
+            "--role router --hosts HOST0,HOST1,...` on box 0",
+        )
+    if index is not None and role not in ("prefill", "decode"):
+        raise UserError("--index picks a prefill or decode worker, and needs --role prefill|decode",
+                        "drop --index, or add --role prefill / --role decode")
+    from v4flash_pd.cluster import select
+
+    return select(cfg, box=box, role=role, index=index)
 
 
 def pass_params(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,261 @@
+"""A cluster plan as Kubernetes manifests: one LeaderWorkerSet per role, the router as a Deployment.
+
+Each pod is one TP worker (4 GPUs from the device plugin) running `v4flash-pd up --role R --index I`
+from the cluster plan in a ConfigMap; `up` builds the SGLang command line with the one
+`build_plan` and derives the NUMA node from the GPUs the pod was given (never fixed indices), so the
+kubelet's Topology Manager decides the socket. The router pod waits for every worker's /health
+before it starts the router (Kubernetes has no start order), and its readiness is the router's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from v4flash_pd import __version__
+from v4flash_pd.config import Config
+from v4flash_pd.errors import UserError
+from v4flash_pd.profiles import OFFLINE_ENV
+
+FLAVORS = ("lws",)
+PLAN_DIR = "/etc/v4flash"
+PLAN_FILE = f"{PLAN_DIR}/cluster-plan.json"
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    flavor: str = "lws"
+    image: str = "v4flash-pd:latest"
+    namespace: str = ""
+    name: str = "v4flash"
+    worker_cpu: str = "32"
+    worker_memory: str = "256Gi"
+    shm_size: str = "32Gi"
+    model_host_path: str = ""  # "" = the model path on every node (hostPath, read-only)
+    image_pull_policy: str = "IfNotPresent"  # air-gapped: the image is preloaded on the nodes
+
+
+def check_options(opts: K8sOptions) -> None:
+    if opts.flavor not in FLAVORS:
+        raise UserError(f"--flavor {opts.flavor!r} is not rendered (yet)",
+                        f"use --flavor {' or '.join(FLAVORS)} (LeaderWorkerSet); RoleBasedGroup is not rendered yet")
+    for what, value in (("--name", opts.name), ("--namespace", opts.namespace)):
+        if value and (not _DNS_LABEL.match(value) or len(value) > 40):
+            raise UserError(f"{what} {value!r} is not a DNS label Kubernetes accepts (here at most 40 characters)",
+                            f"use lowercase letters, digits and '-', e.g. {what} v4flash")
+    if not opts.image:
+        raise UserError("--image is empty", "pass the image every node has, e.g. --image registry.local/v4flash-pd:0.1.0")
+
+
+def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
+    """The raw config of the pod layout: one slot per pod (4 GPUs, numbered 0-3 inside it), its own
+    network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names."""
+    c = dict(raw.get("cluster") or {})
+    p, d = int(c.get("prefill", 1)), int(c.get("decode", 1))
+    tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
+    c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
+             hosts=[f"{opts.name}-prefill-{i}.{opts.name}-prefill" for i in range(p)]
+             + [f"{opts.name}-decode-{j}.{opts.name}-decode" for j in range(d)])
+    return {**raw, "cluster": c}
+
+
+def _meta(name: str, opts: K8sOptions, component: str) -> dict[str, Any]:
+    m: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "v4flash-pd",
+                                                  "app.kubernetes.io/instance": opts.name,
+                                                  "app.kubernetes.io/component": component}}
+    if opts.namespace:
+        m["namespace"] = opts.namespace
+    return m
+
+
+def _env(cfg: Config, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    offline = {**OFFLINE_ENV, **{k: v for k, v in cfg.env if k in OFFLINE_ENV}}
+    return extra + [{"name": k, "value": v} for k, v in sorted(offline.items())]
+
+
+def _probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": failures}
+
+
+def _volumes(cfg: Config, opts: K8sOptions, with_model: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    vols: list[dict[str, Any]] = [
+        {"name": "cluster-plan", "configMap": {"name": f"{opts.name}-cluster-plan"}},
+        {"name": "runs", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "cluster-plan", "mountPath": PLAN_DIR, "readOnly": True},
+        {"name": "runs", "mountPath": "/var/lib/v4flash/runs"},
+        {"name": "cache", "mountPath": "/var/cache/v4flash"},
+    ]
+    if with_model:
+        vols += [{"name": "model", "hostPath": {"path": opts.model_host_path or cfg.model_path, "type": "Directory"}},
+                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}}]
+        mounts += [{"name": "model", "mountPath": cfg.model_path, "readOnly": True},
+                   {"name": "dshm", "mountPath": "/dev/shm"}]
+    return vols, mounts
+
+
+def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
+    workers = cfg.role(role)
+    w = workers[0]
+    name = f"{opts.name}-{role}"
+    ports = [{"name": "http", "containerPort": w.port}, {"name": "nccl", "containerPort": w.nccl_port}]
+    if w.bootstrap_port is not None:
+        ports.append({"name": "bootstrap", "containerPort": w.bootstrap_port})
+    vols, mounts = _volumes(cfg, opts, with_model=not rehearse)
+    gpus = str(len(w.gpus))
+    resources = {"cpu": opts.worker_cpu, "memory": opts.worker_memory, "nvidia.com/gpu": gpus}
+    args = ["up", "--cluster-plan", PLAN_FILE, "--role", role, "--index", "$(V4FLASH_INDEX)"] + \
+        (["--rehearse"] if rehearse else [])
+    container = {
+        "name": role,
+        "image": opts.image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "args": args,
+        "env": _env(cfg, [{"name": "V4FLASH_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{GROUP_INDEX_LABEL}']"}}}]),
+        "ports": ports,
+        # Guaranteed QoS (requests = limits, whole CPUs): the CPU and Memory Managers only pin those
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        # numactl --membind needs it (else `up` falls back to --preferred and says so)
+        "securityContext": {"capabilities": {"add": ["SYS_NICE"]}},
+        "startupProbe": _probe("/health", "http", 10, max(6, int(cfg.ready_timeout // 10))),
+        "readinessProbe": _probe("/health", "http", 10, 3),
+        "volumeMounts": mounts,
+    }
+    pod = {"metadata": {"labels": {"app.kubernetes.io/name": "v4flash-pd", "app.kubernetes.io/instance": opts.name,
+                                   "app.kubernetes.io/component": role}},
+           "spec": {"containers": [container], "volumes": vols,
+                    "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(name, opts, role),
+        "spec": {
+            "replicas": len(workers),
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {"size": 1, "restartPolicy": "RecreateGroupOnPodRestart", "workerTemplate": pod},
+        },
+    }
+
+
+def _router(cfg: Config, opts: K8sOptions, rehearse: bool) -> list[dict[str, Any]]:
+    r = cfg.router
+    assert r is not None
+    name = f"{opts.name}-router"
+    labels = {"app.kubernetes.io/name": "v4flash-pd", "app.kubernetes.io/instance": opts.name,
+              "app.kubernetes.io/component": "router"}
+    vols, mounts = _volumes(cfg, opts, with_model=False)
+    container = {
+        "name": "router",
+        "image": opts.image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "args": ["up", "--cluster-plan", PLAN_FILE, "--role", "router"] + (["--rehearse"] if rehearse else []),
+        "env": _env(cfg, []),
+        "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": r.metrics_port}],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+        # the router starts only once every worker is healthy (up to ready_timeout), then gates itself
+        "startupProbe": _probe("/readiness", "http", 10, max(6, int(cfg.ready_timeout // 10) + 6)),
+        "readinessProbe": _probe("/readiness", "http", 10, 3),
+        "volumeMounts": mounts,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, opts, "router"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"containers": [container], "volumes": vols,
+                                  "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, opts, "router"),
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": r.port, "targetPort": "http"}]},
+    }
+    return [deployment, service]
+
+
+def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> list[dict[str, Any]]:
+    """Pure: ConfigMap (the cluster plan), one LeaderWorkerSet per role, the router Deployment + Service."""
+    check_options(opts)
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(f"{opts.name}-cluster-plan", opts, "config"),
+        "data": {"cluster-plan.json": json.dumps(plan_doc, indent=2, sort_keys=True) + "\n"},
+    }
+    return [configmap, _worker_lws(cfg, "prefill", opts, rehearse), _worker_lws(cfg, "decode", opts, rehearse),
+            *_router(cfg, opts, rehearse)]
+
+
+# ------------------------------------------------------------ YAML out (the launcher needs no YAML library)
+
+_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./:-]*$")
+_RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def _scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
+    s = str(v)
+    if _PLAIN.match(s) and s.lower() not in _RESERVED:
+        return s
+    return json.dumps(s)  # a JSON string is a valid double-quoted YAML scalar
+
+
+def _emit(v: Any, indent: int, out: list[str]) -> None:
+    pad = "  " * indent
+    if isinstance(v, dict):
+        for k, item in v.items():
+            if isinstance(item, str) and "\n" in item:
+                out.append(f"{pad}{_scalar(k)}: |")
+                out += [f"{pad}  {line}" if line else "" for line in item.rstrip("\n").split("\n")]
+            elif isinstance(item, (dict, list)) and item:
+                out.append(f"{pad}{_scalar(k)}:")
+                _emit(item, indent + 1, out)
+            else:
+                out.append(f"{pad}{_scalar(k)}: {_scalar(item) if not isinstance(item, (dict, list)) else json.dumps(item)}")
+    elif isinstance(v, list):
+        for item in v:
+            if isinstance(item, (dict, list)) and item:
+                sub: list[str] = []
+                _emit(item, indent + 1, sub)
+                first = sub[0][len(pad) + 2:]
+                out.append(f"{pad}- {first}")
+                out += sub[1:]
+            else:
+                out.append(f"{pad}- {_scalar(item) if not isinstance(item, (dict, list)) else json.dumps(item)}")
+
+
+def to_yaml(docs: list[dict[str, Any]], header: str = "") -> str:
+    out: list[str] = [f"# {line}" for line in header.splitlines()]
+    for doc in docs:
+        out.append("---")
+        _emit(doc, 0, out)
+    return "\n".join(out) + "\n"
+
+
+def render(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> str:
+    spec = cfg.cluster
+    assert spec is not None
+    header = (f"Rendered by v4flash-pd {__version__} (`v4flash-pd render k8s --flavor {opts.flavor}`): "
+              f"{spec.prefill} prefill + {spec.decode} decode TP workers (one pod each), one router.\n"
+              "Needs the LeaderWorkerSet controller (v0.10) and, for NUMA alignment, kubelets with the CPU Manager\n"
+              "static policy, Topology Manager single-numa-node and the Memory Manager Static policy (README: cluster).\n"
+              "Apply: kubectl apply -f THIS_FILE")
+    return to_yaml(manifests(cfg, plan_doc, opts, rehearse), header)
