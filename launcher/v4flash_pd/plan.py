@@ -367,7 +367,7 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
             problems.add(f"port(s) not available on this host: {items}", fix)
         else:
             warnings.append(f"port(s) not available on this host now: {items}; `up` will refuse them")
-    if host.model is not None and not host.model.ok:
+    if host.model is not None and not host.model.ok and cfg.local_workers():  # a router alone loads no weights
         if rehearse:
             warnings.append(f"{host.model.problem}; rehearsal does not load weights")
         elif starting:

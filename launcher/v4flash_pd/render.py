@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from v4flash_pd.config import Config
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.table import format_table
 
@@ -54,4 +55,22 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
         lines.append("")
         lines.append("warnings:")
         lines += [f"  - {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def cluster_text(cfg: Config, parts: list[tuple[str, Plan]]) -> str:
+    """Where every worker of a cluster runs, then each part's plan as that box's `up` builds it."""
+    spec = cfg.cluster
+    assert spec is not None
+    lines = [f"cluster  {spec.boxes} box(es) x {len(spec.slot_gpus)} NUMA slots: {spec.prefill} prefill + "
+             f"{spec.decode} decode TP workers, router on box 0; KV between boxes over UCX "
+             f"{dict(cfg.env).get('UCX_TLS', '(UCX default transports)')}",
+             f"hosts    {', '.join(spec.hosts) if spec.hosts else 'resolved at run time (shown as box-K)'}", ""]
+    rows = [(str(w.box), w.advertise or f"box-{w.box}", w.name, ",".join(map(str, w.gpus)),
+             f"http {w.port}" + (f", bootstrap {w.bootstrap_port}" if w.bootstrap_port is not None else "")
+             + f", nccl {w.nccl_port}") for w in cfg.workers]
+    lines += format_table(("BOX", "HOST", "WORKER", "GPUS", "PORTS"), rows)
+    for name, plan in parts:
+        lines += ["", f"===== {name}: `v4flash-pd up --cluster-plan FILE "
+                      f"{'--role router' if name == 'router' else '--box ' + name.split()[-1]}`", plan_text(plan)]
     return "\n".join(lines)
