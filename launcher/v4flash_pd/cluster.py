@@ -190,7 +190,7 @@ def select(cfg: Config, box: int | None = None, role: str | None = None, index: 
     count = len(cfg.role(role))
     if index is None or not 0 <= index < count:
         raise UserError(f"--role {role} needs --index 0..{count - 1} (this plan has {count} {role} worker(s)), "
-                        f"got {index}", f"pass --index I (env V4FLASH_INDEX), e.g. from the pod's group index")
+                        f"got {index}", "pass --index I (env V4FLASH_INDEX), e.g. from the pod's group index")
     name = f"{role}-{index}"
     return replace(cfg, workers=tuple(replace(w, remote=w.name != name) for w in cfg.workers), router=None)
 

@@ -226,13 +226,15 @@ class Supervisor:
         local = h.name in self.procs
         state = describe_state(self.procs[h.name].ident.pid) if local else ""
         self.note("hung", name=h.name, silent_for=round(h.silent_for, 3), misses=h.misses, phase=phase)
-        where = (f"Last lines of {self.run.log(h.name)}:\n" + "\n".join("    | " + line for line in self.run.tail(h.name, 30))
-                 if local else "It runs on another box: read its log there (`v4flash-pd logs` in that box's run dir).")
+        tail = "\n".join("    | " + line for line in self.run.tail(h.name, 30)) if local else ""
+        where = (f"Last lines of {self.run.log(h.name)}:\n{tail}" if local
+                 else "It runs on another box: read its log there (`v4flash-pd logs` in that box's run dir).")
+        logs = f"v4flash-pd logs {h.name}" + (f" --run-dir {self.run.path}" if local else "")
         raise RuntimeFailure(
             f"{h.name} is not answering {phase}: no healthy reply for {h.silent_for:.1f}s ({h.misses} probes "
             f"missed, last: {h.problem or 'no reply'}{'; process ' + state if state else ''}); stopping everything. "
             + where,
-            f"read `v4flash-pd logs {h.name}{' --run-dir ' + str(self.run.path) if local else ''}`; a deadlock or a GPU stuck in a kernel "
+            f"read `{logs}`; a deadlock or a GPU stuck in a kernel "
             "looks like this (py-spy dump --pid PID shows where); raise hang_timeout if the process is only slow",
         )
 

@@ -74,7 +74,7 @@ class LazyGroup(click.Group):
 @click.option("--debug", is_flag=True, envvar="V4FLASH_DEBUG", help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """Serve DeepSeek-V4-Flash with SGLang prefill/decode disaggregation on 8-GPU boxes (one, or a cluster via Slurm/Kubernetes)."""
+    """Serve DeepSeek-V4-Flash with SGLang prefill/decode disaggregation on 8-GPU boxes (one, or a Slurm/k8s cluster)."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
 
