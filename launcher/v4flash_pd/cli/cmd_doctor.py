@@ -8,12 +8,15 @@ from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import config_from_params, pass_params, run_options
+from v4flash_pd.cli.options import config_from_params, pass_params, run_options, selected
 from v4flash_pd.doctor.result import Check
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
 _COVERED = ("WARNING ", "topology: ", "the plan uses GPUs", "port(s) not available", "the router listens",
             "model ", "no model path")
+
+
+ROUTER_ONLY_FAMILIES = ("ports", "storage", "stack")
 
 
 def plan_row(warnings: tuple[str, ...]) -> Check:
@@ -59,7 +62,7 @@ def command(params: dict[str, Any]) -> None:
     bad = [f for f in families if f not in known]
     if bad:
         raise UserError(f"unknown check family {', '.join(bad)}", f"use some of: {', '.join(known)}")
-    cfg = config_from_params(params)
+    cfg = selected(config_from_params(params), params)  # a cluster plan: the part this box starts
     tfile = params.get("topology_file")
     probe = system_probe()
     host = probe_host(cfg, env=probe.env, topology=topo_mod.load(tfile) if tfile else None)
@@ -71,7 +74,9 @@ def command(params: dict[str, Any]) -> None:
         expect = expect_from_plan(plan, numa_mode=cfg.numa, tokenizer_path=cfg.tokenizer_path,
                                   transfer_backend=cfg.transfer_backend)
         inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=tfile is None)
-        checks = run_checks(inp, only=families)
+        # a cluster's router part starts no worker here: GPUs, NUMA, model and KV transport are the boxes'
+        only = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
+        checks = run_checks(inp, only=only)
         if not families:
             checks = (plan_row(plan.warnings),) + checks
     if params["as_json"]:
