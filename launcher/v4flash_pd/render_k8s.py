@@ -19,10 +19,11 @@ from v4flash_pd.config import Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import OFFLINE_ENV
 
-FLAVORS = ("lws",)
+FLAVORS = ("lws", "rbg")
 PLAN_DIR = "/etc/v4flash"
 PLAN_FILE = f"{PLAN_DIR}/cluster-plan.json"
-GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+# The pod label that carries a worker's index within its role, per flavor.
+INDEX_LABEL = {"lws": "leaderworkerset.sigs.k8s.io/group-index", "rbg": "rbg.workloads.x-k8s.io/role-instance-index"}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -41,8 +42,8 @@ class K8sOptions:
 
 def check_options(opts: K8sOptions) -> None:
     if opts.flavor not in FLAVORS:
-        raise UserError(f"--flavor {opts.flavor!r} is not rendered (yet)",
-                        f"use --flavor {' or '.join(FLAVORS)} (LeaderWorkerSet); RoleBasedGroup is not rendered yet")
+        raise UserError(f"--flavor {opts.flavor!r} is not rendered",
+                        "use --flavor lws (LeaderWorkerSet) or --flavor rbg (RoleBasedGroup)")
     for what, value in (("--name", opts.name), ("--namespace", opts.namespace)):
         if value and (not _DNS_LABEL.match(value) or len(value) > 40):
             raise UserError(f"{what} {value!r} is not a DNS label Kubernetes accepts (here at most 40 characters)",
@@ -53,14 +54,22 @@ def check_options(opts: K8sOptions) -> None:
 
 def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
     """The raw config of the pod layout: one slot per pod (4 GPUs, numbered 0-3 inside it), its own
-    network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names."""
+    network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names
+    (box i = prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
     c = dict(raw.get("cluster") or {})
     p, d = int(c.get("prefill", 1)), int(c.get("decode", 1))
     tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
     c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
-             hosts=[f"{opts.name}-prefill-{i}.{opts.name}-prefill" for i in range(p)]
-             + [f"{opts.name}-decode-{j}.{opts.name}-decode" for j in range(d)])
+             hosts=[pod_dns(opts, "prefill", i) for i in range(p)] + [pod_dns(opts, "decode", j) for j in range(d)])
     return {**raw, "cluster": c}
+
+
+def pod_dns(opts: K8sOptions, role: str, index: int) -> str:
+    """A worker pod's stable DNS name (namespace-relative) from the flavor's headless Service:
+    LeaderWorkerSet: <lws>-<group>.<lws>; RoleBasedGroup: <rbg>-<role>-<i>.s-<rbg>-<role>."""
+    if opts.flavor == "rbg":
+        return f"{opts.name}-{role}-{index}.s-{opts.name}-{role}"
+    return f"{opts.name}-{role}-{index}.{opts.name}-{role}"
 
 
 def _meta(name: str, opts: K8sOptions, component: str) -> dict[str, Any]:
@@ -101,10 +110,9 @@ def _volumes(cfg: Config, opts: K8sOptions, with_model: bool) -> tuple[list[dict
     return vols, mounts
 
 
-def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
-    workers = cfg.role(role)
-    w = workers[0]
-    name = f"{opts.name}-{role}"
+def _worker_pod(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
+    """The pod template of one TP worker of `role` (the same for every flavor but the index label)."""
+    w = cfg.role(role)[0]
     ports = [{"name": "http", "containerPort": w.port}, {"name": "nccl", "containerPort": w.nccl_port}]
     if w.bootstrap_port is not None:
         ports.append({"name": "bootstrap", "containerPort": w.bootstrap_port})
@@ -119,7 +127,7 @@ def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
         "imagePullPolicy": opts.image_pull_policy,
         "args": args,
         "env": _env(cfg, [{"name": "V4FLASH_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.labels['{GROUP_INDEX_LABEL}']"}}}]),
+            "fieldPath": f"metadata.labels['{INDEX_LABEL[opts.flavor]}']"}}}]),
         "ports": ports,
         # Guaranteed QoS (requests = limits, whole CPUs): the CPU and Memory Managers only pin those
         "resources": {"requests": dict(resources), "limits": dict(resources)},
@@ -129,28 +137,34 @@ def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
         "readinessProbe": _probe("/health", "http", 10, 3),
         "volumeMounts": mounts,
     }
-    pod = {"metadata": {"labels": {"app.kubernetes.io/name": "v4flash-pd", "app.kubernetes.io/instance": opts.name,
-                                   "app.kubernetes.io/component": role}},
-           "spec": {"containers": [container], "volumes": vols,
-                    "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}}
+    return {"metadata": {"labels": _labels(opts, role)},
+            "spec": {"containers": [container], "volumes": vols,
+                     "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}}
+
+
+def _labels(opts: K8sOptions, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "v4flash-pd", "app.kubernetes.io/instance": opts.name,
+            "app.kubernetes.io/component": component}
+
+
+def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(name, opts, role),
+        "metadata": _meta(f"{opts.name}-{role}", opts, role),
         "spec": {
-            "replicas": len(workers),
+            "replicas": len(cfg.role(role)),
             "startupPolicy": "LeaderCreated",
-            "leaderWorkerTemplate": {"size": 1, "restartPolicy": "RecreateGroupOnPodRestart", "workerTemplate": pod},
+            # size 1: a TP worker never spans pods (or boxes)
+            "leaderWorkerTemplate": {"size": 1, "restartPolicy": "RecreateGroupOnPodRestart",
+                                     "workerTemplate": _worker_pod(cfg, role, opts, rehearse)},
         },
     }
 
 
-def _router(cfg: Config, opts: K8sOptions, rehearse: bool) -> list[dict[str, Any]]:
+def _router_pod(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
     r = cfg.router
     assert r is not None
-    name = f"{opts.name}-router"
-    labels = {"app.kubernetes.io/name": "v4flash-pd", "app.kubernetes.io/instance": opts.name,
-              "app.kubernetes.io/component": "router"}
     vols, mounts = _volumes(cfg, opts, with_model=False)
     container = {
         "name": "router",
@@ -165,29 +179,49 @@ def _router(cfg: Config, opts: K8sOptions, rehearse: bool) -> list[dict[str, Any
         "readinessProbe": _probe("/readiness", "http", 10, 3),
         "volumeMounts": mounts,
     }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(name, opts, "router"),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels},
-                         "spec": {"containers": [container], "volumes": vols,
-                                  "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}},
-        },
-    }
-    service = {
+    return {"metadata": {"labels": _labels(opts, "router")},
+            "spec": {"containers": [container], "volumes": vols,
+                     "terminationGracePeriodSeconds": int(cfg.grace_period) + 30}}
+
+
+def _router_service(cfg: Config, opts: K8sOptions) -> dict[str, Any]:
+    r = cfg.router
+    assert r is not None
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(name, opts, "router"),
-        "spec": {"selector": labels, "ports": [{"name": "http", "port": r.port, "targetPort": "http"}]},
+        "metadata": _meta(f"{opts.name}-router", opts, "router"),
+        "spec": {"selector": _labels(opts, "router"), "ports": [{"name": "http", "port": r.port, "targetPort": "http"}]},
     }
-    return [deployment, service]
+
+
+def _router_deployment(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(f"{opts.name}-router", opts, "router"),
+        "spec": {"replicas": 1, "selector": {"matchLabels": _labels(opts, "router")},
+                 "template": _router_pod(cfg, opts, rehearse)},
+    }
+
+
+def _rbg(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
+    """One RoleBasedGroup: prefill and decode roles (one pod per TP worker), the router role after
+    both are ready (RBG's dependencies; the router's own gate waits for /health as well)."""
+    roles: list[dict[str, Any]] = [
+        {"name": role, "replicas": len(cfg.role(role)),
+         "standalonePattern": {"template": _worker_pod(cfg, role, opts, rehearse)}}
+        for role in ("prefill", "decode")
+    ]
+    roles.append({"name": "router", "replicas": 1, "dependencies": ["prefill", "decode"],
+                  "standalonePattern": {"template": _router_pod(cfg, opts, rehearse)}})
+    return {"apiVersion": "workloads.x-k8s.io/v1alpha2", "kind": "RoleBasedGroup",
+            "metadata": _meta(opts.name, opts, "group"), "spec": {"roles": roles}}
 
 
 def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> list[dict[str, Any]]:
-    """Pure: ConfigMap (the cluster plan), one LeaderWorkerSet per role, the router Deployment + Service."""
+    """Pure: ConfigMap (the cluster plan), one LeaderWorkerSet per role + the router Deployment, or one
+    RoleBasedGroup (prefill, decode, router roles); a Service for the router either way."""
     check_options(opts)
     configmap = {
         "apiVersion": "v1",
@@ -195,8 +229,10 @@ def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse:
         "metadata": _meta(f"{opts.name}-cluster-plan", opts, "config"),
         "data": {"cluster-plan.json": json.dumps(plan_doc, indent=2, sort_keys=True) + "\n"},
     }
+    if opts.flavor == "rbg":
+        return [configmap, _rbg(cfg, opts, rehearse), _router_service(cfg, opts)]
     return [configmap, _worker_lws(cfg, "prefill", opts, rehearse), _worker_lws(cfg, "decode", opts, rehearse),
-            *_router(cfg, opts, rehearse)]
+            _router_deployment(cfg, opts, rehearse), _router_service(cfg, opts)]
 
 
 # ------------------------------------------------------------ YAML out (the launcher needs no YAML library)
@@ -253,9 +289,11 @@ def to_yaml(docs: list[dict[str, Any]], header: str = "") -> str:
 def render(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> str:
     spec = cfg.cluster
     assert spec is not None
+    controller = "RoleBasedGroup controller (v0.8, v1alpha2)" if opts.flavor == "rbg" else \
+        "LeaderWorkerSet controller (v0.10)"
     header = (f"Rendered by v4flash-pd {__version__} (`v4flash-pd render k8s --flavor {opts.flavor}`): "
               f"{spec.prefill} prefill + {spec.decode} decode TP workers (one pod each), one router.\n"
-              "Needs the LeaderWorkerSet controller (v0.10) and, for NUMA alignment, kubelets with the CPU Manager\n"
+              f"Needs the {controller} and, for NUMA alignment, kubelets with the CPU Manager\n"
               "static policy, Topology Manager single-numa-node and the Memory Manager Static policy (README: cluster).\n"
               "Apply: kubectl apply -f THIS_FILE")
     return to_yaml(manifests(cfg, plan_doc, opts, rehearse), header)

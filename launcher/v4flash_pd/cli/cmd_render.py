@@ -107,12 +107,13 @@ def slurm(params: dict[str, Any]) -> None:
                f"{_plan_path(out)}; submit with: sbatch {out}")
 
 
-@command.command("k8s", short_help="LeaderWorkerSet manifests (+ cluster-plan.json).")
+@command.command("k8s", short_help="LeaderWorkerSet or RoleBasedGroup manifests (+ cluster-plan.json).")
 @config_options
 @cluster_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The YAML file to write.")
-@click.option("--flavor", type=click.Choice(["lws"]), default="lws", show_default=True,
-              help="lws: one LeaderWorkerSet per role (size 1, one TP worker per pod).")
+@click.option("--flavor", type=click.Choice(["lws", "rbg"]), default="lws", show_default=True,
+              help="lws: one LeaderWorkerSet per role (size 1, one TP worker per pod) + a router Deployment; "
+                   "rbg: one RoleBasedGroup (prefill, decode, router roles).")
 @click.option("--image", default="v4flash-pd:latest", show_default=True, help="The image every GPU node has.")
 @click.option("--namespace", default="", help="metadata.namespace of every object (default: kubectl's).")
 @click.option("--name", "app_name", default="v4flash", show_default=True, help="Prefix of every object name.")
@@ -123,7 +124,8 @@ def slurm(params: dict[str, Any]) -> None:
 @pass_params
 def k8s(params: dict[str, Any]) -> None:
     """Write Kubernetes manifests: a ConfigMap with the cluster plan, one LeaderWorkerSet per role
-    (4 GPUs per pod), the router as a Deployment + Service gated on every worker's /health."""
+    (4 GPUs per pod) and the router as a Deployment (--flavor rbg: one RoleBasedGroup with prefill,
+    decode and router roles), and a Service for the router, which waits for every worker's /health."""
     from v4flash_pd.render_k8s import K8sOptions, check_options, pod_cluster, render
 
     opts = K8sOptions(flavor=params["flavor"], image=params["image"], namespace=params["namespace"],
