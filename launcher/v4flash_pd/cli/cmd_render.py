@@ -13,48 +13,27 @@ from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import cluster_options, config_options, config_overrides, pass_params
+from v4flash_pd.cli.options import cluster_options, config_options, pass_params
 from v4flash_pd.errors import UserError
 
 
 def _cluster_config(params: dict[str, Any], edit: Any = None) -> tuple[Any, dict[str, Any]]:
     """(Config, cluster-plan document) from the usual layers plus the cluster flags."""
-    from v4flash_pd.cli.options import config_from_params
+    from v4flash_pd.cli.options import config_layers
     from v4flash_pd.cluster import part_plans, plan_document
-    from v4flash_pd.config import build_config, merged_layers
+    from v4flash_pd.config import build_config
 
-    if params.get("boxes") is None and params.get("box") is None:
-        probe = config_from_params(params)
-        if probe.cluster is None:
-            raise UserError("render needs a cluster: how many boxes, prefill and decode workers",
-                            "pass --boxes N --prefill P --decode D (e.g. --boxes 2 --prefill 1 --decode 1), or set "
-                            "[cluster] boxes = N in the config file")
-    overrides = config_overrides(params)
-    overrides.update(_patch_overrides(params))
-    sets = tuple(params.get("sets") or ())
-    raw, profile, sources = merged_layers(params.get("config_file"), params.get("profile"), overrides, sets=sets)
+    raw, profile, sources = config_layers(params)
+    if not (raw.get("cluster") or {}).get("boxes"):
+        raise UserError("render needs a cluster: how many boxes, prefill and decode workers",
+                        "pass --boxes N --prefill P --decode D (e.g. --boxes 2 --prefill 1 --decode 1), or set "
+                        "[cluster] boxes = N in the config file")
     if edit is not None:
         raw = edit(raw)
     cfg = build_config(raw, profile, sources)
-    if cfg.cluster is None:
-        raise UserError("render needs cluster.boxes >= 1", "pass --boxes N (each box holds 2 TP4 workers)")
+    assert cfg.cluster is not None
     part_plans(cfg, rehearse=bool(params.get("rehearse")))  # every box's plan must build, as `up` will build it
     return cfg, plan_document(raw, profile, cfg)
-
-
-def _patch_overrides(params: dict[str, Any]) -> dict[str, Any]:
-    from v4flash_pd.config import PATCH_SWITCHES
-
-    out: dict[str, Any] = {}
-    if params.get("model"):
-        out["model.path"] = params["model"]
-    if params.get("numa"):
-        out["numa"] = params["numa"]
-    for name, _ in PATCH_SWITCHES:
-        value = params.get(f"patch_{name}")
-        if value:
-            out[f"patches.{name}"] = value.lower() in ("on", "1", "true")
-    return out
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import PATCH_SWITCHES, Config, load_config
+from v4flash_pd.config import PATCH_SWITCHES, Config, build_config, merged_layers
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
@@ -149,18 +149,14 @@ def cluster_base(params: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def config_overrides(params: dict[str, Any]) -> dict[str, Any]:
+def config_overrides(params: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The typed flags as dotted config keys, and the `--set` items (flags win over env and file)."""
     overrides: dict[str, Any] = {}
     for key, dotted in CLUSTER_FLAGS:
         if params.get(key) is not None:
             overrides[dotted] = params[key]
     if params.get("hosts"):
         overrides["cluster.hosts"] = params["hosts"]
-    return overrides
-
-
-def config_from_params(params: dict[str, Any]) -> Config:
-    overrides: dict[str, Any] = config_overrides(params)
     if params.get("model"):
         overrides["model.path"] = params["model"]
     if params.get("numa"):
@@ -174,12 +170,22 @@ def config_from_params(params: dict[str, Any]) -> Config:
         sets.append(f"ready_timeout={params['ready_timeout']}")
     if params.get("grace") is not None:
         sets.append(f"grace_period={params['grace']}")
+    return overrides, tuple(sets)
+
+
+def config_layers(params: dict[str, Any]) -> tuple[dict[str, Any], str, tuple[str, ...]]:
+    """(raw, profile, sources): every layer merged, before validation (`render` stores the raw form)."""
+    overrides, sets = config_overrides(params)
     base = cluster_base(params)
     if base is not None and (params.get("config_file") or params.get("profile")):
         raise UserError("--cluster-plan already holds the whole config; --config/--profile would start something "
                         "other than what was rendered",
                         "drop --config/--profile (use --set KEY=VALUE for a deliberate override), or render again")
-    return load_config(params.get("config_file"), params.get("profile"), overrides, sets=tuple(sets), base=base)
+    return merged_layers(params.get("config_file"), params.get("profile"), overrides, sets=sets, base=base)
+
+
+def config_from_params(params: dict[str, Any]) -> Config:
+    return build_config(*config_layers(params))
 
 
 def resolve(params: dict[str, Any], command: str) -> Resolved:
