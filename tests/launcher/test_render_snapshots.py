@@ -1,0 +1,204 @@
+"""Golden `render slurm` / `render k8s` output: the sbatch script, the manifests and the cluster-plan.json
+next to them are committed files, so any change to what a cluster runs shows up as a reviewed diff.
+
+The manifests are also checked as `kubectl apply` (strict field validation) would check them, offline
+(tests/cluster/k8s_schema.py: core schemas + the LWS v0.10.0 CRD), and the launcher's own small YAML
+emitter is checked against PyYAML.
+
+Regenerate after an intended change: V4FLASH_UPDATE_SNAPSHOTS=1 pytest tests/launcher -k render_snapshot
+(then read the diff in `git diff tests/launcher/snapshots/render/`).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from cluster.k8s_schema import load_yaml_docs, validate
+from v4flash_pd.cluster import read_plan
+from v4flash_pd.config import load_config
+from v4flash_pd.render_k8s import K8sOptions, manifests, render, to_yaml
+
+SNAPSHOTS = Path(__file__).parent / "snapshots" / "render"
+PYXIS_IMAGE = "docker://registry.local#v4flash-pd:0.1.0"
+SIF = "/shared/v4flash-pd.sif"
+
+# (case, render argv without -o, the rendered file's suffix)
+CASES: list[tuple[str, list[str], str]] = [
+    ("slurm-1p1d", ["slurm", "--boxes", "2", "--prefill", "1", "--decode", "1", "--container", "none"], "sbatch"),
+    ("slurm-2p2d-pyxis", ["slurm", "--boxes", "2", "--prefill", "2", "--decode", "2", "--container", "pyxis",
+                          "--image", PYXIS_IMAGE], "sbatch"),
+    ("slurm-1p1d-apptainer", ["slurm", "--boxes", "2", "--prefill", "1", "--decode", "1", "--container", "apptainer",
+                              "--image", SIF], "sbatch"),
+    ("k8s-lws-1p1d", ["k8s", "--flavor", "lws", "--boxes", "2", "--prefill", "1", "--decode", "1"], "yaml"),
+    ("k8s-lws-2p1d-serving", ["k8s", "--flavor", "lws", "--boxes", "3", "--prefill", "2", "--decode", "1",
+                              "--namespace", "serving"], "yaml"),
+]
+IDS = [c[0] for c in CASES]
+SLURM = [c for c in CASES if c[2] == "sbatch"]
+K8S = [c for c in CASES if c[2] == "yaml"]
+Cli = Callable[..., subprocess.CompletedProcess]
+
+
+def rendered(cli: Cli, tmp_path: Path, case: str, argv: list[str], suffix: str) -> tuple[Path, Path]:
+    """Run `v4flash-pd render ARGV -o tmp/CASE.SUFFIX`; (the rendered file, its cluster-plan.json)."""
+    out = tmp_path / case / f"{case}.{suffix}"
+    res = cli("render", *argv, "-o", str(out))
+    assert res.returncode == 0, f"render failed (rc {res.returncode}):\n{res.stderr}"
+    assert res.stderr == "" and "Traceback" not in res.stderr
+    return out, out.parent / "cluster-plan.json"
+
+
+def check_snapshot(got: str, path: Path) -> None:
+    if os.environ.get("V4FLASH_UPDATE_SNAPSHOTS") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+    assert path.exists(), f"no snapshot {path.name}: run with V4FLASH_UPDATE_SNAPSHOTS=1 and commit it"
+    want = path.read_text()
+    if got != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "render"))
+        pytest.fail(f"{path.name} changed:\n{diff[:6000]}")
+
+
+@pytest.mark.parametrize("case, argv, suffix", CASES, ids=IDS)
+def test_render_matches_snapshot(case: str, argv: list[str], suffix: str, cli: Cli, tmp_path: Path) -> None:
+    out, plan = rendered(cli, tmp_path, case, argv, suffix)
+    check_snapshot(out.read_text(), SNAPSHOTS / f"{case}.{suffix}")
+    check_snapshot(plan.read_text(), SNAPSHOTS / f"{case}.cluster-plan.json")
+
+
+def test_every_render_case_has_snapshots_and_no_stale_ones() -> None:
+    want = {f"{c}.{s}" for c, _, s in CASES} | {f"{c}.cluster-plan.json" for c, _, _ in CASES}
+    assert {p.name for p in SNAPSHOTS.iterdir()} == want
+
+
+# ------------------------------------------------------------------ Slurm
+
+
+@pytest.mark.parametrize("case, argv, suffix", SLURM, ids=[c[0] for c in SLURM])
+def test_sbatch_script_is_executable_bash(case: str, argv: list[str], suffix: str, cli: Cli, tmp_path: Path) -> None:
+    out, _ = rendered(cli, tmp_path, case, argv, suffix)
+    assert os.access(out, os.X_OK)
+    res = subprocess.run(["bash", "-n", str(out)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert (SNAPSHOTS / f"{case}.sbatch").read_text() == out.read_text()
+
+
+def test_container_steps_run_the_launcher_in_the_image(cli: Cli, tmp_path: Path) -> None:
+    pyxis, _ = rendered(cli, tmp_path, *SLURM[1])
+    apptainer, _ = rendered(cli, tmp_path, *SLURM[2])
+    assert f"--container-image='{PYXIS_IMAGE}'" in pyxis.read_text()  # `#` would start a comment unquoted
+    assert "--container-mounts=/models/DeepSeek-V4-Flash:/models/DeepSeek-V4-Flash:ro," in pyxis.read_text()
+    assert "apptainer exec --nv --bind /models/DeepSeek-V4-Flash:/models/DeepSeek-V4-Flash:ro," in apptainer.read_text()
+    assert f" {SIF} v4flash-pd up " in apptainer.read_text()
+
+
+# ------------------------------------------------------------------ Kubernetes
+
+
+def k8s_options(argv: list[str]) -> K8sOptions:
+    return K8sOptions(namespace=argv[argv.index("--namespace") + 1] if "--namespace" in argv else "")
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
+def test_manifests_are_valid_kubernetes(case: str, argv: list[str], suffix: str, cli: Cli, tmp_path: Path) -> None:
+    """Both the committed golden and what `render k8s` writes now (a golden regenerated from a broken renderer
+    must not pass either)."""
+    out, _ = rendered(cli, tmp_path, case, argv, suffix)
+    for text in ((SNAPSHOTS / f"{case}.yaml").read_text(), out.read_text()):
+        docs = load_yaml_docs(text)
+        assert [(d["apiVersion"], d["kind"]) for d in docs] == [
+            ("v1", "ConfigMap"), ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("apps/v1", "Deployment"), ("v1", "Service")]
+        assert validate(docs) == []
+        namespace = k8s_options(argv).namespace
+        assert all(d["metadata"].get("namespace", "") == namespace for d in docs)
+
+
+def lws(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "LeaderWorkerSet" and d["metadata"]["name"].endswith(role))
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]
+    pod = spec["leaderWorkerTemplate"]["workerTemplate"] if doc["kind"] == "LeaderWorkerSet" else spec["template"]
+    return pod["spec"]["containers"][0]
+
+
+def rename(d: dict[str, Any], old: str, new: str) -> None:
+    d[new] = d.pop(old)
+
+
+MUTATIONS: list[tuple[str, Callable[[list[dict[str, Any]]], None], str]] = [
+    ("lws-replicas-not-an-integer", lambda docs: lws(docs, "prefill")["spec"].update(replicas="one"), "replicas"),
+    ("lws-readiness-probe-misspelt", lambda docs: rename(container(lws(docs, "decode")), "readinessProbe",
+                                                         "readinesProbe"), "readinesProbe"),
+    ("router-readiness-probe-misspelt", lambda docs: rename(container(docs[3]), "readinessProbe", "readinesProbe"),
+     "readinesProbe"),
+    ("deployment-replicas-not-an-integer", lambda docs: docs[3]["spec"].update(replicas="one"), "replicas"),
+    ("lws-size-not-an-integer", lambda docs: lws(docs, "decode")["spec"]["leaderWorkerTemplate"].update(size="1"),
+     "size"),
+    ("configmap-data-not-a-string", lambda docs: docs[0]["data"].update({"cluster-plan.json": {"a": 1}}),
+     "cluster-plan.json"),
+]
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
+@pytest.mark.parametrize("mutation, mutate, field", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_a_broken_copy_of_the_manifests_is_invalid(case: str, argv: list[str], suffix: str, mutation: str,
+                                                    mutate: Callable[[list[dict[str, Any]]], None], field: str) -> None:
+    """The validation can fail: each mutation of a golden manifest alone makes it invalid, naming the field."""
+    docs = load_yaml_docs((SNAPSHOTS / f"{case}.yaml").read_text())
+    broken = copy.deepcopy(docs)
+    mutate(broken)
+    errors = validate(broken)
+    assert errors, f"{mutation} passed validation"
+    assert any(field in e for e in errors), errors
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
+def test_the_cluster_plan_file_rebuilds_the_manifests(case: str, argv: list[str], suffix: str, cli: Cli,
+                                                      tmp_path: Path) -> None:
+    """The written cluster-plan.json is what the ConfigMap carries, and it alone determines the manifests."""
+    out, plan_path = rendered(cli, tmp_path, case, argv, suffix)
+    text = out.read_text()
+    docs = load_yaml_docs(text)
+    assert docs[0]["data"]["cluster-plan.json"] == plan_path.read_text()  # byte for byte, multi-line JSON included
+    plan_doc = json.loads(plan_path.read_text())
+    cfg = load_config(env={}, base=read_plan(plan_path))
+    opts = k8s_options(argv)
+    built = manifests(cfg, plan_doc, opts)
+    assert built == docs
+    assert render(cfg, plan_doc, opts) == text
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
+def test_the_yaml_emitter_round_trips_the_manifests(case: str, argv: list[str], suffix: str, tmp_path: Path) -> None:
+    plan_path = SNAPSHOTS / f"{case}.cluster-plan.json"
+    cfg = load_config(env={}, base=read_plan(plan_path))
+    docs = manifests(cfg, json.loads(plan_path.read_text()), k8s_options(argv))
+    assert list(yaml.safe_load_all(to_yaml(docs))) == docs
+    assert list(yaml.safe_load_all(to_yaml(docs, header="a header\nof two lines"))) == docs
+
+
+TRICKY: list[Any] = [
+    "yes", "No", "on", "OFF", "true", "null", "~", "y", "1", "0.5", "1e3", "0x1F", "-1", "", " ", "a b", "a: b",
+    "a #b", "#c", "- x", "-", "[x]", "{x}", "'q'", '"q"', "$(V4FLASH_INDEX)", "metadata.labels['x/y']", "*a", "&a",
+    "!t", "%p", "@x", "`x`", "a,b", "é", "tab\tin", "back\\slash", "http://x:1/y", "/p/a:b", "v4flash-pd:latest",
+    "{\n  \"a\": 1\n}\n", "two\nlines\n", 0, 1, -3, 2.5, True, False, None, {}, [], [[]], [{}], [[1, 2], ["a"]],
+    {"k": {"n": [1, {"m": ["x", {}]}]}}, [{"a": 1, "b": [{"c": "d"}]}],
+]
+
+
+@pytest.mark.parametrize("value", TRICKY, ids=[repr(v)[:30] for v in TRICKY])
+def test_the_yaml_emitter_round_trips_scalars_and_nesting(value: Any) -> None:
+    docs = [{"value": value, "list": [value], "nested": {"key": value}}]
+    assert list(yaml.safe_load_all(to_yaml(docs))) == docs
