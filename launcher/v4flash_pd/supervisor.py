@@ -145,12 +145,25 @@ class Supervisor:
         sessions, so nobody else tells them."""
 
         def handler(signum: int, _frame: Any) -> None:
-            self._stop_count += 1  # a second one while stopping: no more grace (see stop_all)
+            # Only a person's second Ctrl-C cuts the grace short (see stop_all): schedulers repeat
+            # SIGTERM (Slurm's scancel per step, kubelet, docker), which must not turn into SIGKILL.
+            if signum == signal.SIGINT or self._stop_signal is None:
+                self._stop_count += 1
             if self._stop_signal is None:
                 self._stop_signal = signum
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, handler)
+
+    @staticmethod
+    def ignore_stop_signals() -> None:
+        """Once everything is stopped, a late SIGTERM (a scheduler repeating itself) must not kill the
+        exiting launcher with -15 and turn a clean stop into a failed job."""
+        for sig in STOP_SIGNALS:
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (ValueError, OSError):  # not the main thread: nothing to protect
+                pass
 
     def _check_stop(self) -> None:
         if self._stop_signal is not None:

@@ -437,6 +437,30 @@ def test_a_second_stop_signal_skips_the_rest_of_the_grace_period(box: Box) -> No
     _assert_all_gone(pids)
 
 
+def test_a_repeated_sigterm_keeps_the_grace_period(box: Box) -> None:
+    """Schedulers repeat SIGTERM (Slurm's scancel signals every step, the kubelet, docker): that is
+    not a person's second Ctrl-C, and must neither SIGKILL workers that are still stopping nor make the
+    launcher die of the signal instead of exiting 0."""
+    box.env.update(V4FLASH_REHEARSAL_STOP_DELAY_S="2", V4FLASH_GRACE="30")
+    p = box.up()
+    box.wait_text("READY", p)
+    pids = box.pids()
+    os.kill(p.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while p.poll() is None and time.monotonic() < deadline:  # more TERMs while it stops and exits
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    assert p.wait(30) == 0, box.text()
+    assert "SIGKILL" not in box.text(), box.text()
+    assert "stopped cleanly" in box.text(), box.text()
+    _assert_all_gone(pids)
+
+
 def test_detach_into_a_reused_run_dir_waits_for_its_own_launcher(box: Box, tmp_path: Path) -> None:
     """The run dir still says `stopped` from the previous run: `up --detach` must not take that for its
     own launcher's answer (it used to report a failure and leave the new launcher and trio running)."""

@@ -151,6 +151,7 @@ def command(params: dict[str, Any]) -> None:
         sup.supervise()
     except StopRequested as stop:
         sup.stop_all()  # signals first; every write below is best effort
+        sup.ignore_stop_signals()
         sup.set_state(status="stopped", stopped=time.time(), reason=str(stop))
         sup.say(f"received {stop}; stopped cleanly")
         if stop.exit_code:
