@@ -145,7 +145,11 @@ trap 'echo "v4flash-pd: stop requested, stopping every step" >&2; stop_steps' TE
     tail = '''
 rc=0
 wait -n || rc=$?
-if [ "$stopping" = 0 ]; then
+if [ "$stopping" = 1 ]; then
+  :
+elif [ "$rc" -eq 0 ]; then
+  echo "v4flash-pd: a step stopped cleanly; stopping the others" >&2
+else
   echo "v4flash-pd: a step ended (exit $rc); stopping the others (fail fast)" >&2
 fi
 stop_steps
