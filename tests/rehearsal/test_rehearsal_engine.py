@@ -313,7 +313,12 @@ def test_one_json_line_per_request(start_engine) -> None:
     e = start_engine()
     for i in range(3):
         post_json(e.port, "/generate", {"text": f"req {i}"})
+    # the access record is written after the reply is sent: give the last one a moment (bounded)
+    deadline = time.monotonic() + 5
     lines = [r for r in e.records() if r.get("path") == "/generate"]
+    while len(lines) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        lines = [r for r in e.records() if r.get("path") == "/generate"]
     assert len(lines) == 3
     for r in lines:
         assert {"role", "method", "path", "status", "bootstrap_host", "bootstrap_port",
