@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from v4flash_pd.config import (
-    NETWORK_TRANSPORTS,
     ClusterSpec,
     Config,
     WorkerSpec,
@@ -66,8 +65,8 @@ def layout(spec: ClusterSpec) -> tuple[Slot, ...]:
     empty = sorted(set(range(spec.boxes)) - {s.box for s in slots})
     if empty:
         raise UserError(
-            f"box(es) {empty} of the {spec.boxes}-box cluster would run nothing ({want} workers fill "
-            f"{len({s.box for s in slots})} box(es))",
+            f"box(es) {', '.join(map(str, empty))} of the {spec.boxes}-box cluster would run nothing ({want} workers "
+            f"fill {len({s.box for s in slots})} box(es))",
             f"use --boxes {spec.boxes - len(empty)}, or add workers (--prefill/--decode)",
         )
     return slots
@@ -102,8 +101,9 @@ def _check_ports(cfg: Config, spec: ClusterSpec, workers: list[WorkerSpec]) -> N
                 raise UserError(
                     f"port {port} is used twice on {where}: by {seen[port]} and by {owner}",
                     "slot s of box k listens on cluster.http_port/bootstrap_port/nccl_port + s + k x "
-                    "cluster.port_offset: move the bases apart (e.g. --set cluster.nccl_port=30110), set "
-                    "port_offset to at least the number of slots per box, or move the router (--set router.port=N)",
+                    "cluster.port_offset: use an offset larger than the spread of all boxes' ports (e.g. --port-offset "
+                    "100 with the default bases), move the bases apart (e.g. --set cluster.nccl_port=31000), or move "
+                    "the router (--set router.port=N)",
                 )
             seen[port] = owner
 
@@ -139,11 +139,19 @@ def expand(cfg: Config, raw: Mapping[str, Any]) -> Config:
     workers: list[WorkerSpec] = []
     for slot in layout(spec):
         template = dict((raw.get(slot.role) or [{}])[0])
+        tp, size = template.get("tp", 1), len(spec.slot_gpus[slot.slot])
+        if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and size % tp:
+            raise UserError(
+                f"cluster.slot_gpus[{slot.slot}] has {size} GPU(s), which a {slot.role} worker of TP {tp} cannot use "
+                "(a worker is one slot: the GPUs of one NUMA node)",
+                f"give every slot a multiple of {tp} GPUs (--set cluster.slot_gpus=[[0,1,2,3],[4,5,6,7]]), or "
+                f"--set {slot.role}.0.tp=N with N a divisor of {size}")
         template.pop("bootstrap_port", None)
         entry = {**template, **slot_ports(spec, slot), "gpus": list(spec.slot_gpus[slot.slot]), "numa_node": None,
                  "host": spec.bind_host}
         w = _worker(slot.role, slot.index, entry, engine_mem)
-        workers.append(replace(w, box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else ""))
+        workers.append(replace(w, box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else "",
+                               env=_with_network(w.env, spec.network)))  # a worker's own UCX_TLS too
     _check_ports(cfg, spec, workers)
     return replace(cfg, workers=tuple(workers), env=_with_network(cfg.env, spec.network))
 
@@ -189,8 +197,9 @@ def select(cfg: Config, box: int | None = None, role: str | None = None, index: 
         return replace(cfg, workers=tuple(replace(w, remote=True) for w in cfg.workers))
     count = len(cfg.role(role))
     if index is None or not 0 <= index < count:
-        raise UserError(f"--role {role} needs --index 0..{count - 1} (this plan has {count} {role} worker(s)), "
-                        f"got {index}", "pass --index I (env V4FLASH_INDEX), e.g. from the pod's group index")
+        got = "none was given" if index is None else f"got {index}"
+        raise UserError(f"--role {role} needs --index 0..{count - 1} (this plan has {count} {role} worker(s)); {got}",
+                        "pass --index I (env V4FLASH_INDEX; the rendered pods set it from their index label)")
     name = f"{role}-{index}"
     return replace(cfg, workers=tuple(replace(w, remote=w.name != name) for w in cfg.workers), router=None)
 
@@ -223,18 +232,13 @@ def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any
         raise UserError(f"{where} is not valid JSON ({exc})",
                         "render it again with `v4flash-pd render slurm|k8s`; do not edit it by hand") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("config"), dict):
-        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise UserError(f"{where} is not a v4flash-pd cluster plan (format {got!r}, want {PLAN_FORMAT!r})",
+        got = f"format {doc.get('format')!r}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, not an object"
+        raise UserError(f"{where} is not a v4flash-pd cluster plan ({got}; want format {PLAN_FORMAT!r})",
                         "pass the cluster-plan.json written by `v4flash-pd render slurm|k8s` of this version")
     profile = doc.get("profile")
     if not isinstance(profile, str):
         raise UserError(f"{where} has no profile name", "render it again with `v4flash-pd render slurm|k8s`")
     return doc["config"], profile
-
-
-def network_ok(env: Mapping[str, str]) -> bool:
-    tls = env.get("UCX_TLS", "")
-    return not tls.strip() or tls.strip() == "all" or any(t.strip() in NETWORK_TRANSPORTS for t in tls.split(","))
 
 
 # ------------------------------------------------------------ planning every part (plan, render)

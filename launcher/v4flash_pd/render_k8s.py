@@ -48,8 +48,18 @@ def check_options(opts: K8sOptions) -> None:
         if value and (not _DNS_LABEL.match(value) or len(value) > 40):
             raise UserError(f"{what} {value!r} is not a DNS label Kubernetes accepts (here at most 40 characters)",
                             f"use lowercase letters, digits and '-', e.g. {what} v4flash")
-    if not opts.image:
-        raise UserError("--image is empty", "pass the image every node has, e.g. --image registry.local/v4flash-pd:0.1.0")
+    if not opts.image or any(c.isspace() for c in opts.image):
+        raise UserError(f"--image {opts.image!r} is not an image reference",
+                        "pass the image every node has, e.g. --image registry.local/v4flash-pd:0.1.0")
+    if not re.fullmatch(r"[1-9][0-9]*", opts.worker_cpu):
+        raise UserError(f"--worker-cpu {opts.worker_cpu!r} is not a whole number of CPUs",
+                        "pass e.g. --worker-cpu 32: the CPU Manager pins only whole CPUs of Guaranteed pods")
+    if not re.fullmatch(r"[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", opts.worker_memory):
+        raise UserError(f"--worker-memory {opts.worker_memory!r} is not a Kubernetes memory quantity",
+                        "pass e.g. --worker-memory 256Gi")
+    if opts.model_host_path and not opts.model_host_path.startswith("/"):
+        raise UserError(f"--model-host-path {opts.model_host_path!r} is not an absolute path",
+                        "pass the model dir as every node has it, e.g. --model-host-path /data/DeepSeek-V4-Flash")
 
 
 def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
@@ -61,7 +71,10 @@ def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
     tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
     c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
              hosts=[pod_dns(opts, "prefill", i) for i in range(p)] + [pod_dns(opts, "decode", j) for j in range(d)])
-    return {**raw, "cluster": c}
+    # each pod is its own network namespace: the router's metrics port must listen on the pod address to
+    # be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
+    router = {**(raw.get("router") or {}), "metrics_host": "0.0.0.0"}
+    return {**raw, "cluster": c, "router": router}
 
 
 def pod_dns(opts: K8sOptions, role: str, index: int) -> str:
@@ -237,7 +250,7 @@ def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse:
 
 # ------------------------------------------------------------ YAML out (the launcher needs no YAML library)
 
-_PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./:-]*$")
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./:-]*(?<!:)")
 _RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
 
 
@@ -249,23 +262,34 @@ def _scalar(v: Any) -> str:
     if isinstance(v, (int, float)):
         return json.dumps(v)
     s = str(v)
-    if _PLAIN.match(s) and s.lower() not in _RESERVED:
+    if _PLAIN.fullmatch(s) and s.lower() not in _RESERVED:
         return s
     return json.dumps(s)  # a JSON string is a valid double-quoted YAML scalar
+
+
+def _block_ok(s: str) -> bool:
+    """A literal block (`|`) keeps the text exactly only for plain lines ending in one newline."""
+    lines = s[:-1].split("\n")
+    return (s.endswith("\n") and not s.endswith("\n\n") and "\r" not in s and bool(lines[0])
+            and not lines[0][0].isspace() and all(line.isprintable() for line in lines))
+
+
+def _inline(item: Any) -> str:
+    return json.dumps(item) if isinstance(item, (dict, list)) else _scalar(item)
 
 
 def _emit(v: Any, indent: int, out: list[str]) -> None:
     pad = "  " * indent
     if isinstance(v, dict):
         for k, item in v.items():
-            if isinstance(item, str) and "\n" in item:
+            if isinstance(item, str) and "\n" in item and _block_ok(item):
                 out.append(f"{pad}{_scalar(k)}: |")
-                out += [f"{pad}  {line}" if line else "" for line in item.rstrip("\n").split("\n")]
+                out += [f"{pad}  {line}" if line else "" for line in item[:-1].split("\n")]
             elif isinstance(item, (dict, list)) and item:
                 out.append(f"{pad}{_scalar(k)}:")
                 _emit(item, indent + 1, out)
             else:
-                out.append(f"{pad}{_scalar(k)}: {_scalar(item) if not isinstance(item, (dict, list)) else json.dumps(item)}")
+                out.append(f"{pad}{_scalar(k)}: {_inline(item)}")
     elif isinstance(v, list):
         for item in v:
             if isinstance(item, (dict, list)) and item:
@@ -275,7 +299,7 @@ def _emit(v: Any, indent: int, out: list[str]) -> None:
                 out.append(f"{pad}- {first}")
                 out += sub[1:]
             else:
-                out.append(f"{pad}- {_scalar(item) if not isinstance(item, (dict, list)) else json.dumps(item)}")
+                out.append(f"{pad}- {_inline(item)}")
 
 
 def to_yaml(docs: list[dict[str, Any]], header: str = "") -> str:

@@ -10,6 +10,7 @@ Fail fast: the first step to end stops the others with `scancel --signal=TERM` (
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,18 @@ def check_options(opts: SlurmOptions) -> None:
             raise UserError(f"{name} {value!r} has whitespace or shell characters", f"pass a plain {name} value")
 
 
+def check_model_path(opts: SlurmOptions, model: str) -> None:
+    """The model dir becomes a bind-mount spec (`SRC:DST:ro`, comma-separated) in the script: only a
+    plain absolute path survives both the mount syntax and the shell unquoted and unchanged."""
+    if opts.container == "none" or opts.rehearse:
+        return
+    if not re.fullmatch(r"/[A-Za-z0-9._/+@=-]*", model):
+        raise UserError(f"model.path {model!r} cannot be bind-mounted by {opts.container}: it needs a plain absolute "
+                        "path (no spaces, commas, colons or shell characters)",
+                        "move or symlink the model dir to such a path on every node (e.g. /models/DeepSeek-V4-Flash) "
+                        "and pass --model PATH")
+
+
 def _launcher(opts: SlurmOptions, model: str) -> str:
     """How a step runs `v4flash-pd` on its node: bare, under pyxis, or under apptainer."""
     if opts.container == "none":
@@ -68,6 +81,7 @@ def sbatch_script(cfg: Config, plan_doc: dict[str, Any], opts: SlurmOptions) -> 
     spec = cfg.cluster
     assert spec is not None and cfg.router is not None
     check_options(opts)
+    check_model_path(opts, cfg.model_path)
     gpus = sum(len(g) for g in spec.slot_gpus)
     plan_text = json.dumps(plan_doc, sort_keys=True, separators=(",", ":"))
     rehearse = " --rehearse" if opts.rehearse else ""

@@ -49,7 +49,7 @@ def up(plan: str, *args: str) -> list[str]:
 # (id, argv (PLAN = the rendered plan file, RUN = a run dir, OUT = a render output), extra env, words)
 CASES: list[tuple[str, Callable[[Path], list[str]], dict[str, str], list[str]]] = [
     ("up-cluster-plan-without-box", lambda t: up("PLAN"), {},
-     ["cluster plan of 2 boxes", "one `up` starts one part"]),
+     ["cluster plan of 2 boxes", "one part of it at a time"]),
     ("up-cluster-config-without-box", lambda t: ["up", "--rehearse", "--run-dir", "RUN", "--config",
                                                  write(t, "c.toml", CLUSTER_TOML)], {},
      ["cluster plan of 2 boxes", "--box K"]),
@@ -96,7 +96,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], dict[str, str], list[str]]] 
     ("doctor-plan-and-config", lambda t: ["doctor", "--cluster-plan", "PLAN", "--box", "0", "--config",
                                           write(t, "c.toml", "")], {}, ["--cluster-plan already holds"]),
     ("render-slurm-without-boxes", lambda t: ["render", "slurm", "-o", "OUT"], {},
-     ["render needs a cluster", "--boxes N"]),
+     ["render slurm needs a cluster", "--boxes N"]),
     ("render-slurm-pyxis-without-image", lambda t: ["render", "slurm", "--boxes", "2", "--container", "pyxis", "-o", "OUT"],
      {}, ["--container pyxis needs the image", "--image"]),
     ("render-slurm-apptainer-without-image", lambda t: ["render", "slurm", "--boxes", "2", "--container", "apptainer",
@@ -104,7 +104,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], dict[str, str], list[str]]] 
     ("render-slurm-too-many-workers", lambda t: ["render", "slurm", "--boxes", "1", "--prefill", "2", "--decode", "1",
                                                  "-o", "OUT"], {}, ["= 3 slots", "hold 2", "--boxes 2"]),
     ("render-slurm-empty-box", lambda t: ["render", "slurm", "--boxes", "3", "--prefill", "1", "--decode", "1",
-                                          "-o", "OUT"], {}, ["box(es) [2]", "would run nothing", "--boxes 2"]),
+                                          "-o", "OUT"], {}, ["box(es) 2 of", "would run nothing", "--boxes 2"]),
     ("render-slurm-port-offset-collision", lambda t: ["render", "slurm", "--boxes", "2", "--prefill", "2", "--decode", "2",
                                                       "--port-offset", "1", "-o", "OUT"], {},
      ["port 30001 is used twice", "port_offset"]),
@@ -123,12 +123,34 @@ CASES: list[tuple[str, Callable[[Path], list[str]], dict[str, str], list[str]]] 
      {}, ["cluster.hosts names 1 host(s) for 2 box(es)"]),
     ("render-slurm-job-name-with-space", lambda t: ["render", "slurm", "--boxes", "2", "--job-name", "a b", "-o", "OUT"],
      {}, ["--job-name 'a b'"]),
-    ("render-k8s-bad-name", lambda t: ["render", "k8s", "--boxes", "2", "--name", "Bad_Name", "-o", "OUT"], {},
+    ("render-k8s-bad-name", lambda t: ["render", "k8s", "--name", "Bad_Name", "-o", "OUT"], {},
      ["--name 'Bad_Name' is not a DNS label", "lowercase"]),
-    ("render-k8s-bad-namespace", lambda t: ["render", "k8s", "--boxes", "2", "--namespace", "-serving", "-o", "OUT"], {},
+    ("render-k8s-bad-namespace", lambda t: ["render", "k8s", "--namespace", "-serving", "-o", "OUT"], {},
      ["--namespace '-serving' is not a DNS label"]),
-    ("render-k8s-port-offset", lambda t: ["render", "k8s", "--boxes", "2", "--port-offset", "3", "-o", "OUT"], {},
+    ("render-k8s-port-offset", lambda t: ["render", "k8s", "--port-offset", "3", "-o", "OUT"], {},
      ["--port-offset is for logical Slurm nodes", "drop --port-offset"]),
+    ("render-k8s-boxes", lambda t: ["render", "k8s", "--boxes", "2", "-o", "OUT"], {},
+     ["--boxes has no meaning here", "drop --boxes"]),
+    ("render-k8s-bad-flavor", lambda t: ["render", "k8s", "--flavor", "helm", "-o", "OUT"], {}, ["--flavor"]),
+    ("render-k8s-cpu-not-whole", lambda t: ["render", "k8s", "--worker-cpu", "2.5", "-o", "OUT"], {},
+     ["--worker-cpu '2.5' is not a whole number", "Guaranteed"]),
+    ("render-k8s-memory-not-a-quantity", lambda t: ["render", "k8s", "--worker-memory", "lots", "-o", "OUT"], {},
+     ["--worker-memory 'lots'", "256Gi"]),
+    ("render-k8s-relative-model-host-path", lambda t: ["render", "k8s", "--model-host-path", "models/x", "-o", "OUT"],
+     {}, ["not an absolute path"]),
+    ("render-slurm-pyxis-model-path-with-space", lambda t: ["render", "slurm", "--boxes", "2", "--container", "pyxis",
+                                                            "--image", "docker://r#i:1", "--model", "/models/Deep Seek",
+                                                            "-o", "OUT"], {},
+     ["cannot be bind-mounted by pyxis", "plain absolute"]),
+    ("render-slurm-apptainer-model-path-with-subshell", lambda t: ["render", "slurm", "--boxes", "2", "--container",
+                                                                   "apptainer", "--image", "/s/i.sif", "--model",
+                                                                   "/models/$(id)", "-o", "OUT"], {},
+     ["cannot be bind-mounted by apptainer"]),
+    ("up-role-prefill-without-index", lambda t: ["up", "--cluster-plan", "PLAN", "--role", "prefill", "--rehearse"], {},
+     ["--role prefill needs --index 0..0", "none was given"]),
+    ("render-slurm-slot-smaller-than-tp", lambda t: ["render", "slurm", "--boxes", "2", "--set",
+                                                     "cluster.slot_gpus=[[0,1],[2,3]]", "-o", "OUT"], {},
+     ["cluster.slot_gpus[0] has 2 GPU(s)", "prefill.0.tp=N"]),
 ]
 
 
@@ -182,7 +204,7 @@ def test_render_slurm_writes_an_executable_script_and_the_plan(cli: Cli, tmp_pat
 
 def test_render_k8s_writes_manifests_and_the_plan(cli: Cli, tmp_path: Path) -> None:
     out = tmp_path / "k8s" / "v4flash.yaml"
-    res = cli("render", "k8s", "--boxes", "2", "--prefill", "2", "--decode", "1", "-o", str(out))
+    res = cli("render", "k8s", "--prefill", "2", "--decode", "1", "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert f"kubectl apply -f {out}" in res.stdout
     doc = json.loads((out.parent / "cluster-plan.json").read_text())

@@ -516,3 +516,12 @@ def test_an_unreadable_plan_file_is_refused(make: Any, words: list[str], tmp_pat
     assert "cluster plan" in err.message
     for w in words:
         assert w in err.message, (w, err.message)
+
+
+def test_a_workers_own_ucx_tls_gets_the_network_transport_too() -> None:
+    """A per-worker UCX_TLS overrides the global one in the worker's env: it must cross boxes as well."""
+    cfg = load_config(env={}, overrides={"cluster.boxes": 2}, sets=("decode.0.env.UCX_TLS=cuda_ipc",))
+    decode = next(w for w in cfg.workers if w.name == "decode-0")
+    assert dict(decode.env)["UCX_TLS"].split(",") == ["cuda_ipc", "tcp"]
+    prefill = next(w for w in cfg.workers if w.name == "prefill-0")
+    assert "UCX_TLS" not in dict(prefill.env)

@@ -38,13 +38,21 @@ CASES: list[tuple[str, list[str], str]] = [
                           "--image", PYXIS_IMAGE], "sbatch"),
     ("slurm-1p1d-apptainer", ["slurm", "--boxes", "2", "--prefill", "1", "--decode", "1", "--container", "apptainer",
                               "--image", SIF], "sbatch"),
-    ("k8s-lws-1p1d", ["k8s", "--flavor", "lws", "--boxes", "2", "--prefill", "1", "--decode", "1"], "yaml"),
-    ("k8s-lws-2p1d-serving", ["k8s", "--flavor", "lws", "--boxes", "3", "--prefill", "2", "--decode", "1",
+    ("k8s-lws-1p1d", ["k8s", "--flavor", "lws", "--prefill", "1", "--decode", "1"], "yaml"),
+    ("k8s-lws-2p1d-serving", ["k8s", "--flavor", "lws", "--prefill", "2", "--decode", "1",
                               "--namespace", "serving"], "yaml"),
+    ("k8s-rbg-2p1d", ["k8s", "--flavor", "rbg", "--prefill", "2", "--decode", "1"], "yaml"),
 ]
 IDS = [c[0] for c in CASES]
 SLURM = [c for c in CASES if c[2] == "sbatch"]
 K8S = [c for c in CASES if c[2] == "yaml"]
+K8S_LWS = [c for c in K8S if "lws" in c[1]]
+K8S_RBG = [c for c in K8S if "rbg" in c[1]]
+KINDS = {
+    "lws": [("v1", "ConfigMap"), ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("apps/v1", "Deployment"), ("v1", "Service")],
+    "rbg": [("v1", "ConfigMap"), ("workloads.x-k8s.io/v1alpha2", "RoleBasedGroup"), ("v1", "Service")],
+}
 Cli = Callable[..., subprocess.CompletedProcess]
 
 
@@ -105,7 +113,8 @@ def test_container_steps_run_the_launcher_in_the_image(cli: Cli, tmp_path: Path)
 
 
 def k8s_options(argv: list[str]) -> K8sOptions:
-    return K8sOptions(namespace=argv[argv.index("--namespace") + 1] if "--namespace" in argv else "")
+    return K8sOptions(namespace=argv[argv.index("--namespace") + 1] if "--namespace" in argv else "",
+                      flavor=argv[argv.index("--flavor") + 1])
 
 
 @pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
@@ -115,9 +124,7 @@ def test_manifests_are_valid_kubernetes(case: str, argv: list[str], suffix: str,
     out, _ = rendered(cli, tmp_path, case, argv, suffix)
     for text in ((SNAPSHOTS / f"{case}.yaml").read_text(), out.read_text()):
         docs = load_yaml_docs(text)
-        assert [(d["apiVersion"], d["kind"]) for d in docs] == [
-            ("v1", "ConfigMap"), ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
-            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("apps/v1", "Deployment"), ("v1", "Service")]
+        assert [(d["apiVersion"], d["kind"]) for d in docs] == KINDS[k8s_options(argv).flavor]
         assert validate(docs) == []
         namespace = k8s_options(argv).namespace
         assert all(d["metadata"].get("namespace", "") == namespace for d in docs)
@@ -151,7 +158,52 @@ MUTATIONS: list[tuple[str, Callable[[list[dict[str, Any]]], None], str]] = [
 ]
 
 
-@pytest.mark.parametrize("case, argv, suffix", K8S, ids=[c[0] for c in K8S])
+def rbg_role(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    return next(r for r in docs[1]["spec"]["roles"] if r["name"] == role)
+
+
+def rbg_container(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    return rbg_role(docs, role)["standalonePattern"]["template"]["spec"]["containers"][0]
+
+
+RBG_MUTATIONS: list[tuple[str, Callable[[list[dict[str, Any]]], None], str]] = [
+    ("rbg-replicas-not-an-integer", lambda docs: rbg_role(docs, "prefill").update(replicas="one"), "replicas"),
+    ("rbg-readiness-probe-misspelt", lambda docs: rename(rbg_container(docs, "decode"), "readinessProbe",
+                                                         "readinesProbe"), "readinesProbe"),
+    ("rbg-router-dependencies-misspelt", lambda docs: rename(rbg_role(docs, "router"), "dependencies", "dependsOn"),
+     "dependsOn"),
+    ("rbg-dependencies-not-a-list", lambda docs: rbg_role(docs, "router").update(dependencies="prefill"),
+     "dependencies"),
+]
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S_RBG, ids=[c[0] for c in K8S_RBG])
+@pytest.mark.parametrize("mutation, mutate, field", RBG_MUTATIONS, ids=[m[0] for m in RBG_MUTATIONS])
+def test_a_broken_copy_of_the_rbg_manifests_is_invalid(case: str, argv: list[str], suffix: str, mutation: str,
+                                                        mutate: Callable[[list[dict[str, Any]]], None],
+                                                        field: str) -> None:
+    docs = load_yaml_docs((SNAPSHOTS / f"{case}.yaml").read_text())
+    broken = copy.deepcopy(docs)
+    mutate(broken)
+    errors = validate(broken)
+    assert errors, f"{mutation} passed validation"
+    assert any(field in e for e in errors), errors
+
+
+def test_rbg_workers_reach_each_other_by_the_rbg_pod_names() -> None:
+    """RBG's headless Service per role is s-<rbg>-<role>; the index comes from role-instance-index."""
+    plan = json.loads((SNAPSHOTS / "k8s-rbg-2p1d.cluster-plan.json").read_text())
+    assert plan["config"]["cluster"]["hosts"] == ["v4flash-prefill-0.s-v4flash-prefill",
+                                                  "v4flash-prefill-1.s-v4flash-prefill",
+                                                  "v4flash-decode-0.s-v4flash-decode"]
+    docs = load_yaml_docs((SNAPSHOTS / "k8s-rbg-2p1d.yaml").read_text())
+    env = {e["name"]: e for e in rbg_container(docs, "prefill")["env"]}
+    assert env["V4FLASH_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['rbg.workloads.x-k8s.io/role-instance-index']"
+    assert rbg_role(docs, "router")["dependencies"] == ["prefill", "decode"]
+
+
+@pytest.mark.parametrize("case, argv, suffix", K8S_LWS, ids=[c[0] for c in K8S_LWS])
 @pytest.mark.parametrize("mutation, mutate, field", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_a_broken_copy_of_the_manifests_is_invalid(case: str, argv: list[str], suffix: str, mutation: str,
                                                     mutate: Callable[[list[dict[str, Any]]], None], field: str) -> None:
@@ -193,7 +245,7 @@ TRICKY: list[Any] = [
     "yes", "No", "on", "OFF", "true", "null", "~", "y", "1", "0.5", "1e3", "0x1F", "-1", "", " ", "a b", "a: b",
     "a #b", "#c", "- x", "-", "[x]", "{x}", "'q'", '"q"', "$(V4FLASH_INDEX)", "metadata.labels['x/y']", "*a", "&a",
     "!t", "%p", "@x", "`x`", "a,b", "é", "tab\tin", "back\\slash", "http://x:1/y", "/p/a:b", "v4flash-pd:latest",
-    "{\n  \"a\": 1\n}\n", "two\nlines\n", 0, 1, -3, 2.5, True, False, None, {}, [], [[]], [{}], [[1, 2], ["a"]],
+    "{\n  \"a\": 1\n}\n", "two\nlines\n", "x:", "line\n", "yes\n", "a\nb", "a\nb\n\n", "  x\ny\n", "a\r\nb\n", 0, 1, -3, 2.5, True, False, None, {}, [], [[]], [{}], [[1, 2], ["a"]],
     {"k": {"n": [1, {"m": ["x", {}]}]}}, [{"a": 1, "b": [{"c": "d"}]}],
 ]
 

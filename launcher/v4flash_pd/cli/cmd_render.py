@@ -24,12 +24,12 @@ def _cluster_config(params: dict[str, Any], edit: Any = None) -> tuple[Any, dict
     from v4flash_pd.config import build_config
 
     raw, profile, sources = config_layers(params)
-    if not (raw.get("cluster") or {}).get("boxes"):
-        raise UserError("render needs a cluster: how many boxes, prefill and decode workers",
+    if edit is not None:  # Kubernetes: one pod per worker, the pods are the "boxes"
+        raw = edit(raw)
+    elif not (raw.get("cluster") or {}).get("boxes"):
+        raise UserError("render slurm needs a cluster: how many boxes, prefill and decode workers",
                         "pass --boxes N --prefill P --decode D (e.g. --boxes 2 --prefill 1 --decode 1), or set "
                         "[cluster] boxes = N in the config file")
-    if edit is not None:
-        raw = edit(raw)
     cfg = build_config(raw, profile, sources)
     assert cfg.cluster is not None
     part_plans(cfg, rehearse=bool(params.get("rehearse")))  # every box's plan must build, as `up` will build it
@@ -96,7 +96,8 @@ def slurm(params: dict[str, Any]) -> None:
 @click.option("--image", default="v4flash-pd:latest", show_default=True, help="The image every GPU node has.")
 @click.option("--namespace", default="", help="metadata.namespace of every object (default: kubectl's).")
 @click.option("--name", "app_name", default="v4flash", show_default=True, help="Prefix of every object name.")
-@click.option("--worker-cpu", default="32", show_default=True, help="CPUs per worker pod (requests = limits).")
+@click.option("--worker-cpu", default="32", show_default=True,
+              help="Whole CPUs per worker pod (requests = limits: Guaranteed QoS, pinned by the CPU Manager).")
 @click.option("--worker-memory", default="256Gi", show_default=True, help="Memory per worker pod (requests = limits).")
 @click.option("--model-host-path", default="", help="The model dir on every node (default: model.path).")
 @click.option("--rehearse", is_flag=True, help="Stand-in engines instead of SGLang (no GPUs, no model).")
@@ -114,6 +115,10 @@ def k8s(params: dict[str, Any]) -> None:
     if params.get("port_offset"):
         raise UserError("--port-offset is for logical Slurm nodes sharing one network namespace; every pod has its own",
                         "drop --port-offset")
+    if params.get("boxes") is not None:
+        raise UserError("render k8s places one TP worker per pod and lets Kubernetes pick the nodes: --boxes has no "
+                        "meaning here (the pods are --prefill P + --decode D)",
+                        "drop --boxes; pass --prefill P --decode D")
     cfg, doc = _cluster_config(params, edit=lambda raw: pod_cluster(raw, opts))
     out: Path = params["output"]
     _write(out, render(cfg, doc, opts, rehearse=params["rehearse"]))

@@ -217,7 +217,8 @@ def selected(cfg: Config, params: dict[str, Any]) -> Config:
         return cfg
     if cfg.cluster is not None and box is None and role is None:
         raise UserError(
-            f"this config is a cluster plan of {cfg.cluster.boxes} boxes; one `up` starts one part of it",
+            f"this config is a cluster plan of {cfg.cluster.boxes} boxes; `up` and `doctor` work on one part of it "
+            "at a time (a box, or the router)",
             "render it for your cluster (`v4flash-pd render slurm` or `render k8s`), or start a part by hand: "
             f"`up --cluster-plan FILE --box K` on box K (K = 0..{cfg.cluster.boxes - 1}) and `up --cluster-plan FILE "
             "--role router --hosts HOST0,HOST1,...` on box 0",
