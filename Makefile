@@ -78,7 +78,7 @@ wheelhouse: venv ## download every locked wheel (hash-checked, image platform) i
 	$(BIN)/python tools/lock.py wheelhouse wheelhouse
 
 lint: venv ## ruff + mypy (launcher, tests), hadolint the Dockerfile, check the stack pins agree, parse flake.nix
-	$(BIN)/ruff check launcher tests/launcher tests/ops tools/bench_launcher.py
+	$(BIN)/ruff check launcher tests/launcher tests/cluster tests/ops tools/bench_launcher.py
 	$(BIN)/mypy
 	$(BIN)/hadolint --no-color docker/Dockerfile
 	$(BIN)/python tools/check_consistency.py

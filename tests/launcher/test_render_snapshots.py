@@ -245,7 +245,8 @@ TRICKY: list[Any] = [
     "yes", "No", "on", "OFF", "true", "null", "~", "y", "1", "0.5", "1e3", "0x1F", "-1", "", " ", "a b", "a: b",
     "a #b", "#c", "- x", "-", "[x]", "{x}", "'q'", '"q"', "$(V4FLASH_INDEX)", "metadata.labels['x/y']", "*a", "&a",
     "!t", "%p", "@x", "`x`", "a,b", "é", "tab\tin", "back\\slash", "http://x:1/y", "/p/a:b", "v4flash-pd:latest",
-    "{\n  \"a\": 1\n}\n", "two\nlines\n", "x:", "line\n", "yes\n", "a\nb", "a\nb\n\n", "  x\ny\n", "a\r\nb\n", 0, 1, -3, 2.5, True, False, None, {}, [], [[]], [{}], [[1, 2], ["a"]],
+    "{\n  \"a\": 1\n}\n", "two\nlines\n", "x:", "line\n", "yes\n", "a\nb", "a\nb\n\n", "  x\ny\n", "a\r\nb\n",
+    0, 1, -3, 2.5, True, False, None, {}, [], [[]], [{}], [[1, 2], ["a"]],
     {"k": {"n": [1, {"m": ["x", {}]}]}}, [{"a": 1, "b": [{"c": "d"}]}],
 ]
 
