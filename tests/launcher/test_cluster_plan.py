@@ -525,3 +525,18 @@ def test_a_workers_own_ucx_tls_gets_the_network_transport_too() -> None:
     assert dict(decode.env)["UCX_TLS"].split(",") == ["cuda_ipc", "tcp"]
     prefill = next(w for w in cfg.workers if w.name == "prefill-0")
     assert "UCX_TLS" not in dict(prefill.env)
+
+
+def test_a_pod_binds_the_numa_node_of_the_gpus_it_was_given() -> None:
+    """A Kubernetes worker pod sees its 4 GPUs as 0-3 wherever they sit: the node comes from their
+    topology (here node 1), never from the worker's index or role."""
+    from v4flash_pd.render_k8s import K8sOptions, pod_cluster
+
+    raw, profile, sources = merged_layers(env={}, overrides={"cluster.prefill": 2, "cluster.decode": 1})
+    cfg = build_config(pod_cluster(raw, K8sOptions()), profile, sources)
+    for role, index in (("prefill", 1), ("decode", 0)):
+        plan = build_plan(select(cfg, role=role, index=index), remote(SWAPPED))
+        (p,) = plan.workers()
+        assert p.name == f"{role}-{index}" and p.gpus == (0, 1, 2, 3)
+        assert p.binding.node == 1, p.binding
+        assert flag(list(p.argv), "--host") == "0.0.0.0"
