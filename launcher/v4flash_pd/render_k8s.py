@@ -175,16 +175,39 @@ def _worker_lws(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
     }
 
 
+def router_secret(opts: K8sOptions) -> str:
+    """The Secret (key `api-key`) the operator creates when the plan asks for router authentication."""
+    return f"{opts.name}-router-key"
+
+
+def _router_key(cfg: Config, opts: K8sOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, volumes, mounts) that hand the router its API key from a Secret, where the plan reads it
+    (router.api_key_env or router.api_key_file): never in the manifest, never in argv."""
+    r = cfg.router
+    assert r is not None
+    ref = {"name": router_secret(opts), "key": "api-key"}
+    if r.api_key_env:
+        return [{"name": r.api_key_env, "valueFrom": {"secretKeyRef": ref}}], [], []
+    if r.api_key_file:
+        vol = {"name": "router-key", "secret": {"secretName": ref["name"], "defaultMode": 0o400,
+                                                "items": [{"key": "api-key", "path": "api-key"}]}}
+        return [], [vol], [{"name": "router-key", "mountPath": r.api_key_file, "subPath": "api-key", "readOnly": True}]
+    return [], [], []
+
+
 def _router_pod(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
     r = cfg.router
     assert r is not None
     vols, mounts = _volumes(cfg, opts, with_model=False)
+    key_env, key_vols, key_mounts = _router_key(cfg, opts)
+    vols += key_vols
+    mounts += key_mounts
     container = {
         "name": "router",
         "image": opts.image,
         "imagePullPolicy": opts.image_pull_policy,
         "args": ["up", "--cluster-plan", PLAN_FILE, "--role", "router"] + (["--rehearse"] if rehearse else []),
-        "env": _env(cfg, []),
+        "env": _env(cfg, key_env),
         "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": r.metrics_port}],
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
         # the router starts only once every worker is healthy (up to ready_timeout), then gates itself
@@ -319,5 +342,7 @@ def render(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bo
               f"{spec.prefill} prefill + {spec.decode} decode TP workers (one pod each), one router.\n"
               f"Needs the {controller} and, for NUMA alignment, kubelets with the CPU Manager\n"
               "static policy, Topology Manager single-numa-node and the Memory Manager Static policy (README: cluster).\n"
-              "Apply: kubectl apply -f THIS_FILE")
+              + (f"Router API key: kubectl create secret generic {router_secret(opts)} --from-file=api-key=KEYFILE\n"
+                 if cfg.router is not None and cfg.router.auth else "")
+              + "Apply: kubectl apply -f THIS_FILE")
     return to_yaml(manifests(cfg, plan_doc, opts, rehearse), header)

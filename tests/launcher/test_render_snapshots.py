@@ -255,3 +255,27 @@ TRICKY: list[Any] = [
 def test_the_yaml_emitter_round_trips_scalars_and_nesting(value: Any) -> None:
     docs = [{"value": value, "list": [value], "nested": {"key": value}}]
     assert list(yaml.safe_load_all(to_yaml(docs))) == docs
+
+
+@pytest.mark.parametrize("key, flavor", [("router.api_key_env=ROUTER_KEY", "lws"),
+                                         ("router.api_key_file=/etc/v4flash-key/router.key", "rbg")])
+def test_the_router_key_comes_from_a_secret_never_from_the_manifest(key: str, flavor: str, cli: Cli,
+                                                                     tmp_path: Path) -> None:
+    out, _ = rendered(cli, tmp_path, f"auth-{flavor}", ["k8s", "--flavor", flavor, "--set", key], "yaml")
+    docs = load_yaml_docs(out.read_text())
+    assert validate(docs) == []
+    if flavor == "lws":
+        router = docs[3]["spec"]["template"]["spec"]
+    else:
+        router = next(r for r in docs[1]["spec"]["roles"] if r["name"] == "router")["standalonePattern"]["template"]["spec"]
+    c = router["containers"][0]
+    if key.startswith("router.api_key_env"):
+        env = {e["name"]: e for e in c["env"]}
+        assert env["ROUTER_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "v4flash-router-key", "key": "api-key"}}
+    else:
+        assert {"name": "router-key", "mountPath": "/etc/v4flash-key/router.key", "subPath": "api-key",
+                "readOnly": True} in c["volumeMounts"]
+        vol = next(v for v in router["volumes"] if v["name"] == "router-key")
+        assert vol["secret"]["secretName"] == "v4flash-router-key"
+    assert "kubectl create secret generic v4flash-router-key --from-file=api-key=" in out.read_text()
+    assert not any("--api-key" in a for a in c["args"])
