@@ -435,21 +435,14 @@ def merged_layers(
     return raw, prof_name, tuple(sources)
 
 
-def load_config(
-    config_file: Path | str | None = None,
-    profile: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    sets: tuple[str, ...] = (),
-    base: tuple[Mapping[str, Any], str] | None = None,
-) -> Config:
-    """Resolve all layers into a validated Config.
+def load_config(*args: Any, **kwargs: Any) -> Config:
+    """Resolve all layers into a validated Config (the arguments are `merged_layers`'s).
 
     `overrides` are the typed CLI flags (already dotted keys, e.g. {"model.path": "/m"}); `sets` are
     `--set` items. Env layer: `V4FLASH_SET` (whitespace-separated KEY=VALUE items); the named
     options' V4FLASH_<OPTION> env vars are resolved by click before they arrive here as overrides.
     """
-    return build_config(*merged_layers(config_file, profile, overrides, env, sets, base))
+    return build_config(*merged_layers(*args, **kwargs))
 
 
 # ---------------------------------------------------------------- typing + validation
