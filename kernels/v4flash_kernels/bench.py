@@ -26,7 +26,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from v4flash_kernels.provenance import measured_commit
 
@@ -289,20 +289,27 @@ def _upstream_kwargs(kw: dict) -> dict:
 
 
 
+def variant_summary(v: Dict[str, dict]) -> Tuple[float, str, float, float, float, str]:
+    """(ours µs, fastest correct variant of ours, its µs, upstream µs, worst rel. err, "  FAIL:..." or "")
+    of one row's variants: the columns every kernel bench's table shares."""
+    ours = v["ours"]["us"]
+    mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
+    best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
+    best = mine[best_name]["us"] if mine else float("nan")
+    up = v.get("upstream", {}).get("us", float("nan"))
+    err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
+    bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
+    return ours, best_name, best, up, err, bad
+
+
 def format_table(rows: List[dict]) -> str:
     head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} {'sm120cfg':>8} "
             f"{'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
     lines = [head, "-" * len(head)]
     for r in rows:
         v = r["variants"]
-        ours = v["ours"]["us"]
-        mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
-        best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
-        best = mine[best_name]["us"] if mine else float("nan")
-        up = v.get("upstream", {}).get("us", float("nan"))
-        err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
+        ours, best_name, best, up, err, bad = variant_summary(v)
         s120 = v.get(SM120_VARIANT, {}).get("us", float("nan"))
-        bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
         lines.append(
             f"{r['kind']:<10} {r.get('mode', ''):<6} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} {r['floor_h200_us']:>9.2f} "
             f"{r['floor_rtx6000_us']:>8.2f} {ours:>8.1f} {s120:>8.1f} {best:>8.1f} {up:>9.1f} {up / ours:>6.1f} {err:>8.1e}  "

@@ -22,8 +22,9 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
+from v4flash_kernels.bench import time_graph
 from v4flash_kernels.provenance import measured_commit
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
@@ -76,27 +77,6 @@ def bytes_moved(shape: Shape, heads: int = 64) -> int:
     pages = math.ceil(shape.c4_len / 64)
     msl = shape.width * 64
     return shape.batch * (pages * 8448 + msl * 4 + heads * (128 + 4) + shape.width * 4)
-
-
-def time_graph(fn: Callable, rep_ms: int = 100, warmup_ms: int = 25) -> float:
-    """Median µs per replay of a CUDA graph holding one call of `fn` (L2 flushed by do_bench)."""
-    import torch
-    import triton
-
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    del g
-    return ms * 1e3
 
 
 def check(out, ref, other=None) -> dict:

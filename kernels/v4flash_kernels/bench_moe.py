@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Dict, List, Optional
 
+from v4flash_kernels.bench import variant_summary
 from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
@@ -300,14 +301,7 @@ def format_table(rows: List[dict]) -> str:
             f"{'best':>9} {'upstream':>10} {'x_up':>7} {'TFLOP/s':>7} {'GB/s':>6} {'err':>8}  best variant")
     lines = [head, "-" * len(head)]
     for r in rows:
-        v = r["variants"]
-        ours = v["ours"]["us"]
-        mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
-        best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
-        best = mine[best_name]["us"] if mine else float("nan")
-        up = v.get("upstream", {}).get("us", float("nan"))
-        err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
-        bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
+        ours, best_name, best, up, err, bad = variant_summary(r["variants"])
         rt = r["routing"] + (f"-{int(r['hole_frac'] * 100)}%" if r["hole_frac"] else "")
         lines.append(
             f"{r['tp']:>2} {r['tokens']:>5} {rt:<8} {r['experts_touched']:>5.0f} {r['floor_h200_us']:>9.1f} "
