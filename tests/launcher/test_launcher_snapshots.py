@@ -7,13 +7,12 @@ Regenerate after an intended change: V4FLASH_UPDATE_SNAPSHOTS=1 pytest tests/lau
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from snapshot import check_snapshot
 from v4flash_pd.profiles import PROFILES
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -29,14 +28,7 @@ def snapshot_path(profile: str, rehearse: bool) -> Path:
 def test_plan_json_matches_snapshot(profile: str, rehearse: bool, plan_json) -> None:
     args = ["--topology", T8, "--profile", profile] + (["--rehearse"] if rehearse else [])
     got = json.dumps(plan_json(*args), indent=2, sort_keys=True) + "\n"
-    path = snapshot_path(profile, rehearse)
-    if os.environ.get("V4FLASH_UPDATE_SNAPSHOTS") == "1":
-        path.write_text(got)
-    assert path.exists(), f"no snapshot {path.name}: run with V4FLASH_UPDATE_SNAPSHOTS=1 and commit it"
-    want = path.read_text()
-    if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "plan --json"))
-        pytest.fail(f"plan for {profile} changed:\n{diff[:6000]}")
+    check_snapshot(got, snapshot_path(profile, rehearse), "plan --json")
 
 
 def test_every_profile_has_a_snapshot() -> None:

@@ -12,7 +12,6 @@ Regenerate after an intended change: V4FLASH_UPDATE_SNAPSHOTS=1 pytest tests/lau
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from cluster.k8s_schema import load_yaml_docs, validate
+from snapshot import check_snapshot
 from v4flash_pd.cluster import read_plan
 from v4flash_pd.config import load_config
 from v4flash_pd.render_k8s import K8sOptions, manifests, render, to_yaml
@@ -63,17 +63,6 @@ def rendered(cli: Cli, tmp_path: Path, case: str, argv: list[str], suffix: str) 
     assert res.returncode == 0, f"render failed (rc {res.returncode}):\n{res.stderr}"
     assert res.stderr == "" and "Traceback" not in res.stderr
     return out, out.parent / "cluster-plan.json"
-
-
-def check_snapshot(got: str, path: Path) -> None:
-    if os.environ.get("V4FLASH_UPDATE_SNAPSHOTS") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-    assert path.exists(), f"no snapshot {path.name}: run with V4FLASH_UPDATE_SNAPSHOTS=1 and commit it"
-    want = path.read_text()
-    if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "render"))
-        pytest.fail(f"{path.name} changed:\n{diff[:6000]}")
 
 
 @pytest.mark.parametrize("case, argv, suffix", CASES, ids=IDS)
