@@ -41,7 +41,7 @@ def command(params: dict[str, Any]) -> None:
             return
         click.echo(cluster_text(cfg, parts))
         return
-    r = resolve(params, "plan")
+    r = resolve(params, "plan", cfg)  # the config is built once
     if params["as_json"]:
         d = r.plan.to_dict()
         d["config"] = r.config.to_dict()

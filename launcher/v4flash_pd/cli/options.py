@@ -188,7 +188,7 @@ def config_from_params(params: dict[str, Any]) -> Config:
     return build_config(*config_layers(params))
 
 
-def resolve(params: dict[str, Any], command: str) -> Resolved:
+def resolve(params: dict[str, Any], command: str, cfg: Config | None = None) -> Resolved:
     """Config -> Host -> Plan, for `command` in plan | up | doctor.
 
     `plan --topology FILE` plans for that box (Host.remote: nothing of this machine); `up` and
@@ -198,7 +198,7 @@ def resolve(params: dict[str, Any], command: str) -> Resolved:
     """
     t0 = time.monotonic()
     rehearse = bool(params.get("rehearse"))
-    cfg = selected(config_from_params(params), params)
+    cfg = selected(cfg if cfg is not None else config_from_params(params), params)
     tfile = params.get("topology_file")
     topology = topo.load(tfile) if tfile else None
     if command == "plan" and topology is not None:
