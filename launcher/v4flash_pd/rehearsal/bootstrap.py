@@ -14,13 +14,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from v4flash_pd.httpclient import Reply, request
 from v4flash_pd.poll import poll_until
 from v4flash_pd.rehearsal.httpbase import JsonHandler, Server, make_server
 
+_T = TypeVar("_T")
 ROOM_PATH = "/rehearsal/room/"
 _LAYOUT_QUERY = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 
@@ -155,6 +156,16 @@ def _get(host: str, port: int, path: str, timeout: float) -> Reply:
     return request(f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}", timeout=timeout)
 
 
+def _decode(rep: Reply, cls: type[_T], last: list[str]) -> _T | None:
+    """A 200 reply's JSON as dataclass `cls`; None (and why, in last[0]) when it does not fit."""
+    try:
+        d = rep.json()
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+    except (ValueError, KeyError, TypeError) as e:
+        last[0] = f"{type(e).__name__}: {e}"
+        return None
+
+
 def _why(rep: Reply) -> str:
     return f"HTTP {rep.status}: {rep.body[:200]}" if rep.status else f"no answer ({rep.kind}): {rep.error}"
 
@@ -176,12 +187,7 @@ def fetch_room(host: str, port: int, room: int, timeout_s: float,
     def get_layout() -> Layout | None:
         rep = _get(host, port, "/route?" + _LAYOUT_QUERY, min(left(), 2.0))
         if rep.status == 200:
-            try:
-                d = rep.json()
-                return Layout(**{k: d[k] for k in Layout.__dataclass_fields__})
-            except (ValueError, KeyError, TypeError) as e:
-                last[0] = f"{type(e).__name__}: {e}"
-                return None
+            return _decode(rep, Layout, last)
         last[0] = _why(rep)
         return None
 
@@ -193,12 +199,7 @@ def fetch_room(host: str, port: int, room: int, timeout_s: float,
         wait = min(left(), 1.0)
         rep = _get(host, port, f"{ROOM_PATH}{room}?wait={wait:.3f}", wait + 2.0)
         if rep.status == 200:
-            try:
-                d = rep.json()
-                return Room(**{k: d[k] for k in Room.__dataclass_fields__})
-            except (ValueError, KeyError, TypeError) as e:
-                last[0] = f"{type(e).__name__}: {e}"
-                return None
+            return _decode(rep, Room, last)
         last[0] = f"HTTP {rep.status}" if rep.status else _why(rep)
         return None
 
