@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,15 @@ class Run:
         return [ln for ln in self.stderr.splitlines() if ln.startswith(LOG_PREFIX)]
 
 
+def probe_run(p: subprocess.CompletedProcess) -> Run:
+    """A finished probe: its last `PROBE-JSON {...}` stdout line is the result."""
+    result = None
+    for ln in p.stdout.splitlines():
+        if ln.startswith("PROBE-JSON "):
+            result = json.loads(ln[len("PROBE-JSON "):])
+    return Run(p.returncode, p.stdout, p.stderr, result)
+
+
 @dataclass(frozen=True)
 class HookEnv:
     python: Path
@@ -61,11 +69,11 @@ class HookEnv:
         e.update(env or {})
         p = subprocess.run([str(self.python), *flags, str(PROBE), *args], env=e, capture_output=True,
                            text=True, timeout=timeout, cwd=str(cwd) if cwd else None)
-        result = None
-        for ln in p.stdout.splitlines():
-            if ln.startswith("PROBE-JSON "):
-                result = json.loads(ln[len("PROBE-JSON "):])
-        return Run(p.returncode, p.stdout, p.stderr, result)
+        return probe_run(p)
+
+    def probe_code(self, code: str, *args: str, env: Optional[dict] = None, timeout: int = 240) -> Run:
+        """Fresh interpreter running `code` (which prints one PROBE-JSON line), like `run` runs probe.py."""
+        return probe_run(self.python_args("-c", code, *args, env=env, timeout=timeout))
 
     def python_c(self, code: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
         return self.python_args("-c", code, env=env, timeout=timeout)

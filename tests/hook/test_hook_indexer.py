@@ -10,7 +10,6 @@ the function they claim and select the same positions as the fp64 reference.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -95,18 +94,13 @@ CONSUMER_ENV = {"TRITON_INTERPRET": "1", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1
 
 
 def _probe(hook_env, code: str, *args: str, env: dict, timeout: int = 240) -> tuple:
-    p = hook_env.python_args("-c", code, *args, env=env, timeout=timeout)
-    res = None
-    for ln in p.stdout.splitlines():
-        if ln.startswith("PROBE-JSON "):
-            res = json.loads(ln[len("PROBE-JSON "):])
-    hook_lines = [ln for ln in p.stderr.splitlines() if ln.startswith("[v4flash-kernels]")]
-    return p, res, hook_lines
+    r = hook_env.probe_code(code, *args, env=env, timeout=timeout)
+    return r, r.result, r.hook_lines
 
 
 def test_import_swaps_the_function_the_caller_looks_up(hook_env):
     p, res, lines = _probe(hook_env, IDENTITY, env={})
-    assert p.returncode == 0, p.stderr
+    assert p.rc == 0, p.stderr
     assert res["is_ours"] and res["caller_sees_ours"] and res["fn"] == OURS
     st = res["status"]
     assert st["active"] is True, st
@@ -116,7 +110,7 @@ def test_import_swaps_the_function_the_caller_looks_up(hook_env):
 
 def test_switch_off_leaves_upstream(hook_env):
     p, res, lines = _probe(hook_env, IDENTITY, env={"V4FLASH_INDEXER": "0"})
-    assert p.returncode == 0, p.stderr
+    assert p.rc == 0, p.stderr
     assert not res["is_ours"] and not res["caller_sees_ours"] and res["fn"] == UPSTREAM
     st = res["status"]
     assert st["active"] is False and "V4FLASH_INDEXER=0" in st["reason"]
@@ -129,7 +123,7 @@ def test_sglang_consumer_on_and_off_select_the_same_positions(hook_env, tmp_path
     for mode, extra in (("on", {}), ("off", {"V4FLASH_INDEXER": "0"})):
         out = tmp_path / f"{mode}.pt"
         p, res, _ = _probe(hook_env, CONSUMER, "11", str(out), env={**CONSUMER_ENV, **extra}, timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
+        assert p.rc == 0, p.stderr[-4000:]
         runs[mode] = (res, torch.load(out, weights_only=False))
     assert runs["on"][0]["entered"] == ["ours"] and runs["on"][0]["status"]["active"] is True
     assert runs["off"][0]["entered"] == ["upstream"] and runs["off"][0]["status"]["active"] is False

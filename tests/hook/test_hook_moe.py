@@ -9,7 +9,6 @@ unpatched runs must enter the function they claim and both match the fp64 refere
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -86,18 +85,13 @@ print("PROBE-JSON " + json.dumps({"entered": entered, "status": hook.patch_statu
 
 
 def _probe(env, code: str, *args: str, extra_env: dict, timeout: int = 240) -> tuple:
-    p = env.python_args("-c", code, *args, env=extra_env, timeout=timeout)
-    res = None
-    for ln in p.stdout.splitlines():
-        if ln.startswith("PROBE-JSON "):
-            res = json.loads(ln[len("PROBE-JSON "):])
-    hook_lines = [ln for ln in p.stderr.splitlines() if ln.startswith("[v4flash-kernels]")]
-    return p, res, hook_lines
+    r = env.probe_code(code, *args, env=extra_env, timeout=timeout)
+    return r, r.result, r.hook_lines
 
 
 def test_import_swaps_the_moe_function(hook_env):
     p, res, lines = _probe(hook_env, IDENTITY, extra_env={})
-    assert p.returncode == 0, p.stderr
+    assert p.rc == 0, p.stderr
     assert res["is_ours"] and res["fn"] == OURS
     assert res["status"]["active"] is True, res["status"]
     assert len(lines) == 1 and "MXFP4 MoE patch ACTIVE" in lines[0] and UPSTREAM in lines[0] and OURS in lines[0]
@@ -105,7 +99,7 @@ def test_import_swaps_the_moe_function(hook_env):
 
 def test_moe_switch_off_is_independent_of_attention(hook_env):
     p, res, lines = _probe(hook_env, IDENTITY, extra_env={"V4FLASH_MOE": "0", "PROBE_ALSO_ATTENTION": "1"})
-    assert p.returncode == 0, p.stderr
+    assert p.rc == 0, p.stderr
     assert not res["is_ours"] and res["fn"] == UPSTREAM
     assert res["status"]["active"] is False and "V4FLASH_MOE=0" in res["status"]["reason"]
     assert res["attention"]["active"] is True  # the other patch does not follow this switch
@@ -120,7 +114,7 @@ def test_sglang_sm120_moe_path_on_and_off_agree(hook_env, tmp_path):
         out = tmp_path / f"{mode}.pt"
         p, res, _ = _probe(hook_env, CONSUMER, "5", str(out), extra_env={"TRITON_INTERPRET": "1", **extra},
                            timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
+        assert p.rc == 0, p.stderr[-4000:]
         runs[mode] = (res, torch.load(out, weights_only=False))
     assert runs["on"][0]["entered"] == ["ours"] and runs["on"][0]["status"]["active"] is True
     assert runs["off"][0]["entered"] == ["upstream"] and runs["off"][0]["status"]["active"] is False
@@ -144,7 +138,7 @@ def test_changed_upstream_signature_no_moe_patch_one_warning(tmp_path, hook_whee
     overlay = sglang_overlay(tmp_path / "overlay", sglang_layer, edit=(rel, old, new))
     env = build_hook_env(tmp_path / "venv", hook_wheel, sglang_layer, overlay)
     p, res, lines = _probe(env, IDENTITY, extra_env={"PROBE_ALSO_ATTENTION": "1"})
-    assert p.returncode == 0, p.stderr
+    assert p.rc == 0, p.stderr
     assert res["fn"] == UPSTREAM and not res["is_ours"]
     assert res["status"]["active"] is False and "signature differs" in res["status"]["reason"]
     assert res["attention"]["active"] is True  # refusing one patch leaves the other in place
