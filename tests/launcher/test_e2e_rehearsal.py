@@ -21,6 +21,8 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_pd.procs import group_alive
+
 pytestmark = pytest.mark.timeout(120)
 
 BIN = Path(sys.executable).parent / "v4flash-pd"
@@ -112,14 +114,6 @@ def _post(url: str, body: dict, timeout: float = 20) -> tuple[int, dict]:
         return r.status, json.loads(r.read())
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")
 def test_ready_generate_handshake_then_sigterm_leaves_nothing(box: dict, up) -> None:
     u = up()
@@ -158,7 +152,7 @@ def test_ready_generate_handshake_then_sigterm_leaves_nothing(box: dict, up) -> 
     assert took < 5 + 2, f"shutdown took {took:.1f}s"
     assert "stopped cleanly" in u.text()
     for name, pid in pids.items():
-        assert _group_gone(int(pid)), f"{name} (pgid {pid}) still has processes"
+        assert not group_alive(int(pid)), f"{name} (pgid {pid}) still has processes"
     assert u.state()["status"] == "stopped"
 
 
@@ -174,7 +168,7 @@ def test_killing_decode_stops_everything_with_its_log_tail(box: dict, up) -> Non
     assert "rehearsal stand-in for sglang.launch_server" in out  # a line from decode's own log, echoed as the tail
     assert "v4flash-pd logs decode-0" in out
     for name, pid in pids.items():
-        assert _group_gone(int(pid)), f"{name} survived the fail-fast stop"
+        assert not group_alive(int(pid)), f"{name} survived the fail-fast stop"
     assert u.state()["status"] == "failed"
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_pd.procs import group_alive
+
 pytestmark = pytest.mark.timeout(180)
 
 PY = sys.executable
@@ -30,14 +32,6 @@ def _can_unshare() -> bool:
 
 
 needs_mount_ns = pytest.mark.skipif(not _can_unshare(), reason="needs unshare -m and mount (root or CAP_SYS_ADMIN)")
-
-
-def _gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _wait(cond, timeout: float, what: str):
@@ -116,7 +110,7 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
         rc = up.p.wait(60)
         out = up.text()
         for name, pid in pids.items():
-            _wait(lambda pid=pid: _gone(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
+            _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
         assert rc == 0, out
         assert "stopped cleanly" in out and "Traceback" not in out, out
         assert "cannot write the run dir" in out, out

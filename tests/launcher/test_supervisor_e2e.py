@@ -17,17 +17,11 @@ from typing import Any
 import fakebox
 import pytest
 
+from v4flash_pd.procs import group_alive
+
 pytestmark = pytest.mark.timeout(180)
 
 PY = sys.executable
-
-
-def _gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _wait(cond: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -115,7 +109,7 @@ def box(tmp_path: Path):
 
 def _assert_all_gone(pids: dict[str, int]) -> None:
     for name, pid in pids.items():
-        _wait(lambda pid=pid: _gone(pid), 10, f"{name} (pgid {pid}) to go")
+        _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
 
 
 # ------------------------------------------------------------------ closed stdout, SIGHUP
@@ -334,7 +328,7 @@ def test_down_stops_what_a_killed_launcher_left_including_the_retitled_router(bo
     assert router_cmd.startswith(b"sglang::router"), router_cmd
     os.kill(int(st["launcher_pid"]), signal.SIGKILL)
     time.sleep(0.3)
-    assert not any(_gone(p) for p in pids.values())
+    assert not any(not group_alive(p) for p in pids.values())
     down = box.cli("down", "--grace", "5")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped leftover process groups" in down.stdout and "router" in down.stdout, down.stdout
@@ -475,6 +469,6 @@ def test_detach_into_a_reused_run_dir_waits_for_its_own_launcher(box: Box, tmp_p
     assert second.returncode == 0, second.stdout + second.stderr
     assert "READY" in second.stdout
     st = box.state(run)
-    assert st["status"] == "ready" and all(not _gone(p) for p in box.pids(run).values())
+    assert st["status"] == "ready" and all(group_alive(p) for p in box.pids(run).values())
     assert box.cli("down", "--run-dir", str(run)).returncode == 0
     _assert_all_gone(box.pids(run))

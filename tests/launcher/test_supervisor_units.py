@@ -31,6 +31,7 @@ from v4flash_pd.procgroup import (
     pid_file_text,
     verify,
 )
+from v4flash_pd.procs import group_alive
 from v4flash_pd.readiness import HealthGate, describe
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import Supervisor
@@ -338,14 +339,6 @@ class FullDiskRunDir(RunDir):
         super().write_json(name, data)
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("failure", ["enospc", "stdout-closed", "both"])
 def test_stop_all_stops_every_process_when_the_disk_is_full_or_stdout_is_gone(tmp_path: Path, failure: str) -> None:
     root = RunDir.create(tmp_path / "run")
@@ -374,7 +367,7 @@ def test_stop_all_stops_every_process_when_the_disk_is_full_or_stdout_is_gone(tm
         os.dup2(saved_stdout, 1)
         os.close(saved_stdout)
     for name, pid in pids.items():
-        assert _group_gone(pid), f"{name} (pgid {pid}) was left running"
+        assert not group_alive(pid), f"{name} (pgid {pid}) was left running"
 
 
 def test_a_child_that_renames_itself_is_still_stopped_but_a_stranger_with_its_record_is_not(tmp_path: Path) -> None:
@@ -390,7 +383,7 @@ def test_a_child_that_renames_itself_is_still_stopped_but_a_stranger_with_its_re
         assert poll_until(lambda: Path(f"/proc/{recorded.pid}/cmdline").read_bytes().startswith(b"renamed::x"), 10)
         assert not verify(recorded).ours  # a stranger's view: the title is none of the recorded ones
         rep = g.stop(grace=2.0)
-        assert rep.refused == [] and _group_gone(recorded.pid), rep
+        assert rep.refused == [] and not group_alive(recorded.pid), rep
     finally:
-        if not _group_gone(recorded.pid):
+        if group_alive(recorded.pid):
             os.killpg(recorded.pid, signal.SIGKILL)
