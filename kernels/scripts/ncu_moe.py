@@ -11,8 +11,8 @@ import argparse
 
 import torch
 
-from v4flash_kernels import moe
-from v4flash_kernels.bench_moe import Shape, bind_plan, build
+from v4flash_kernels.moe import op as moe
+from v4flash_kernels.moe.bench import Shape, bind_plan, build
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", type=int, default=1)

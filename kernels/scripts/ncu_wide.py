@@ -15,8 +15,9 @@ Used for the profile in kernels/BENCH.md (H200, 2026-11-29), from the repo root 
 
 import torch
 
-from v4flash_kernels import bench, decode
-from v4flash_kernels.reference import Case, make_inputs
+from v4flash_kernels.attention import bench
+from v4flash_kernels.attention import op as decode
+from v4flash_kernels.attention.reference import Case, make_inputs
 
 kw = make_inputs(Case(batch=64, heads=64, hole_frac=0.01, **bench.KINDS["c4"]), device="cuda", seed=1)
 

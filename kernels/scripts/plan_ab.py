@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from v4flash_kernels import decode
+from v4flash_kernels.attention import op as decode
 
 # (kind, B, H, extra width) -> tiles-per-split values to try besides the planner's own choice.
 SHAPES = (
@@ -51,8 +51,8 @@ def main() -> int:
 
     import torch
 
-    from v4flash_kernels import bench
-    from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
+    from v4flash_kernels.attention import bench
+    from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
 
     out_path = os.path.join(os.environ.get("OUT", "."), "plan_ab.json")
     t0 = time.time()

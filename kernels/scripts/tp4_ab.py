@@ -25,9 +25,10 @@ import time
 import torch
 import triton
 
-from v4flash_kernels import bench, decode
-from v4flash_kernels.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
-from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+from v4flash_kernels.attention import bench
+from v4flash_kernels.attention import op as decode
+from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
+from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
 SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
           ("c128@128K", 16), ("c4", 16), ("c128@256K", 1), ("c4", 4), ("swa", 64)]
@@ -62,7 +63,7 @@ def plans(B, H, w_a, w_b, sms, smem):
 def probe_split_only(kw, plan, heads):
     """Where a B=1 call's time goes: the split kernel alone (its partials never merged) and the
     combine kernel alone, launched exactly as decode.run does."""
-    from v4flash_kernels import _triton_sparse as k
+    from v4flash_kernels.attention import kernel as k
 
     q = kw["q"][:, :, heads[0]:heads[1]]
     B, H = q.shape[0], q.shape[2]

@@ -5,8 +5,9 @@ or ./screen2.json). Each variant is checked against the fp64 reference on NaN-po
 """
 import json, os, time
 import torch
-from v4flash_kernels import decode, bench
-from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref
+from v4flash_kernels.attention import op as decode
+from v4flash_kernels.attention import bench
+from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
 OLD = decode.KernelConfig(block_h=16, block_t=32, num_warps=4)  # the 16-head bf16 default of 2026-11-29
 SHAPES = [("c4", 64, 64), ("c128@256K", 64, 64), ("c128@128K", 64, 64), ("c4", 16, 64),
           ("c128@256K", 16, 64), ("c128@128K", 16, 64), ("swa", 64, 64), ("swa", 16, 64),

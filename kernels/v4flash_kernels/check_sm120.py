@@ -97,8 +97,8 @@ def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
     merge, 2 = one split finishes the row (see decode.epilogue_for)."""
     import triton.language as tl
 
-    from v4flash_kernels import _triton_sparse as k
-    from v4flash_kernels.decode import MERGE_COLS, merge_splits_per_load
+    from v4flash_kernels.attention import kernel as k
+    from v4flash_kernels.attention.op import MERGE_COLS, merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
              "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
@@ -117,8 +117,8 @@ def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
 
 
 def compile_combine(arch: int) -> CompileResult:
-    from v4flash_kernels import _triton_sparse as k
-    from v4flash_kernels.decode import COMBINE_NUM_WARPS, COMBINE_SPLIT_BLOCK
+    from v4flash_kernels.attention import kernel as k
+    from v4flash_kernels.attention.op import COMBINE_NUM_WARPS, COMBINE_SPLIT_BLOCK
 
     sig = {"WS_O": "*fp32", "WS_L": "*fp32", "OUT": "*bf16", "stride_ob": "i32", "stride_oh": "i32",
            "LSE": "*fp32", "stride_lb": "i32", "SINK": "*fp32", "H": "i32", "NS": "i32"}
@@ -144,8 +144,8 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) 
     import triton
     import triton.language as tl
 
-    from v4flash_kernels import _triton_moe as k
-    from v4flash_kernels.moe import INLINE_MAX_SLOTS
+    from v4flash_kernels.moe import kernel as k
+    from v4flash_kernels.moe.op import INLINE_MAX_SLOTS
 
     const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
                  BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
@@ -164,8 +164,8 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     """The MoE routing-prep kernels and the top-k combine, as moe.py launches them."""
     import triton
 
-    from v4flash_kernels import _triton_moe as k
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import kernel as k
+    from v4flash_kernels.moe import op as moe
 
     e_p2 = triton.next_power_of_2(256)
     bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline})
@@ -193,7 +193,7 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
 
 def check_moe(arch: int) -> List[CompileResult]:
     """Every MoE binary the planner can launch (fp32 and e8m0 scales) plus its helper kernels."""
-    from v4flash_kernels.moe import launchable
+    from v4flash_kernels.moe.op import launchable
 
     results = [compile_moe_gemm(cfg, gated, inline, u8, arch)
                for cfg, gated, inline in launchable() for u8 in (False, True)]
@@ -202,7 +202,7 @@ def check_moe(arch: int) -> List[CompileResult]:
 
 def compile_indexer(cfg, arch: int) -> CompileResult:
     """One indexer-logits binary as `indexer.run` launches it for SGLang (64 heads, fp8 q, fp16 MMA)."""
-    from v4flash_kernels import _triton_indexer as k
+    from v4flash_kernels.indexer import kernel as k
 
     sig = {"Q": "*fp8e4nv", "stride_qb": "i32", "stride_qh": "i32", "K8": "*fp8e4nv", "KS": "*fp32",
            "stride_kp8": "i32", "stride_kps": "i32", "W": "*fp32", "stride_wb": "i32", "stride_wh": "i32",
@@ -219,7 +219,7 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
 
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
-    from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
+    from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="v4flash-triton-"))
     results = []
@@ -230,7 +230,7 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
         results.append(compile_combine(arch))
         if configs is None:  # the shipped tables: the MoE kernels too
             results += check_moe(arch)
-            from v4flash_kernels.indexer import CONFIGS as INDEXER_CONFIGS
+            from v4flash_kernels.indexer.op import CONFIGS as INDEXER_CONFIGS
 
             results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
     return results

@@ -29,8 +29,8 @@ STUBS = Path(__file__).resolve().parent / "stubs"
 PROBE = Path(__file__).resolve().parent / "probe.py"
 LOG_PREFIX = "[v4flash-kernels]"
 # What the .pth may import at interpreter start (everything else waits for SGLang's module).
-BOOT_MODULES = {"v4flash_kernels", "v4flash_kernels.hook_boot"}
-HEAVY = ("torch", "triton", "sglang", "numpy", "inspect", "logging", "json", "v4flash_kernels.hook")
+BOOT_MODULES = {"v4flash_kernels", "v4flash_kernels.hook", "v4flash_kernels.hook.hook_boot"}
+HEAVY = ("torch", "triton", "sglang", "numpy", "inspect", "logging", "json", "v4flash_kernels.hook.hook")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import sys
 TARGET = "sglang.srt.layers.attention.flash_mla_sm120_triton"
 DISPATCHER = "sglang.srt.layers.attention.flash_mla_sm120"
 ENTRIES = {  # (file suffix, function name) -> who
-    ("v4flash_kernels/decode.py", "sparse_mla_decode"): "ours",
+    ("v4flash_kernels/attention/op.py", "sparse_mla_decode"): "ours",
     ("layers/attention/flash_mla_sm120_triton.py", "flash_mla_sparse_decode_triton"): "upstream",
 }
 
@@ -30,15 +30,15 @@ def identity() -> dict:
     fn = mod.flash_mla_sparse_decode_triton
     adapter = fn if hasattr(fn, "v4flash_ours") else None  # a patch adapter (tp_heads) wrapping ours
     fn = getattr(fn, "v4flash_ours", fn)
-    from v4flash_kernels import hook
+    from v4flash_kernels.hook import hook
 
     return {
         "pid": os.getpid(),
         "fn": f"{fn.__module__}.{fn.__qualname__}",
-        "is_ours": fn is importlib.import_module("v4flash_kernels.decode").sparse_mla_decode,
+        "is_ours": fn is importlib.import_module("v4flash_kernels.attention.op").sparse_mla_decode,
         "adapter": f"{adapter.__module__}.{adapter.__qualname__}" if adapter else None,
         "status": hook.status(),
-        "booted": sys.modules["v4flash_kernels.hook_boot"].booted,
+        "booted": sys.modules["v4flash_kernels.hook.hook_boot"].booted,
     }
 
 
@@ -71,7 +71,7 @@ def dispatch(seed: int, out_path: str, batch: int, heads: int, extra: str) -> di
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         _interpreter_shims()
-    from v4flash_kernels import reference as R
+    from v4flash_kernels.attention import reference as R
 
     extra_cfg = {
         "none": {},
@@ -105,7 +105,7 @@ def dispatch(seed: int, out_path: str, batch: int, heads: int, extra: str) -> di
 
 
 def _status() -> dict:
-    from v4flash_kernels import hook
+    from v4flash_kernels.hook import hook
 
     return hook.status()
 
@@ -139,11 +139,11 @@ def late(mode: str) -> dict:
     mod = importlib.import_module(TARGET)
     before = mod.flash_mla_sparse_decode_triton.__module__
     if mode == "late-boot":
-        import v4flash_kernels.hook_boot as boot
+        import v4flash_kernels.hook.hook_boot as boot
 
         boot.boot()
     else:
-        from v4flash_kernels import hook
+        from v4flash_kernels.hook import hook
 
         hook.apply()
     res = identity()

@@ -14,18 +14,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.reference_indexer import logits_error, reference_for
+from v4flash_kernels.indexer.reference import logits_error, reference_for
 
 TARGET = "sglang.srt.layers.attention.dsv4.indexer"
 UPSTREAM = f"{TARGET}.fp8_paged_mqa_logits_torch_sm120"
-OURS = "v4flash_kernels.indexer.fp8_paged_mqa_logits"
+OURS = "v4flash_kernels.indexer.op.fp8_paged_mqa_logits"
 
 IDENTITY = """
 import importlib, json, os
 mod = importlib.import_module("sglang.srt.layers.attention.dsv4.indexer")
 fn = mod.fp8_paged_mqa_logits_torch_sm120
 caller_sees = mod.C4IndexerBackendMixin.forward_c4_indexer.__globals__["fp8_paged_mqa_logits_torch_sm120"]
-from v4flash_kernels import hook, indexer
+from v4flash_kernels.hook import hook
+from v4flash_kernels.indexer import op as indexer
 print("PROBE-JSON " + json.dumps({
     "pid": os.getpid(), "fn": f"{fn.__module__}.{fn.__qualname__}",
     "is_ours": fn is indexer.fp8_paged_mqa_logits, "caller_sees_ours": caller_sees is indexer.fp8_paged_mqa_logits,
@@ -47,8 +48,8 @@ _i._patch_lang_tensor = _patched
 import torch
 ix = importlib.import_module("sglang.srt.layers.attention.dsv4.indexer")
 from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata
-from v4flash_kernels import hook
-from v4flash_kernels.reference_indexer import IndexerCase, make_indexer_inputs
+from v4flash_kernels.hook import hook
+from v4flash_kernels.indexer.reference import IndexerCase, make_indexer_inputs
 
 ix.is_sm120_supported = lambda: True  # the sm_120 branch of forward_c4_indexer on this CPU box
 seed, out_path = int(sys.argv[1]), sys.argv[2]
@@ -66,7 +67,7 @@ backend = SimpleNamespace(
     _forward_prepare_normal=lambda **_: (q, weights, cache2d),
 )
 batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False, is_decode=lambda: True))
-who = {("v4flash_kernels/indexer.py", "fp8_paged_mqa_logits"): "ours",
+who = {("v4flash_kernels/indexer/op.py", "fp8_paged_mqa_logits"): "ours",
        ("attention/dsv4/indexer.py", "fp8_paged_mqa_logits_torch_sm120"): "upstream"}
 entered, returned = [], []
 def prof(frame, event, arg):

@@ -14,17 +14,18 @@ import pytest
 import torch
 
 from hookenv import build_hook_env, sglang_overlay
-from v4flash_kernels.reference_moe import ref_of, rel_err
+from v4flash_kernels.moe.reference import ref_of, rel_err
 
 TARGET = "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton"
 UPSTREAM = f"{TARGET}.mxfp4_moe_forward_triton"
-OURS = "v4flash_kernels.moe.mxfp4_moe_forward"
+OURS = "v4flash_kernels.moe.op.mxfp4_moe_forward"
 
 IDENTITY = """
 import importlib, json, os
 mod = importlib.import_module("sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton")
 fn = mod.mxfp4_moe_forward_triton
-from v4flash_kernels import hook, moe
+from v4flash_kernels.hook import hook
+from v4flash_kernels.moe import op as moe
 res = {"pid": os.getpid(), "fn": f"{fn.__module__}.{fn.__qualname__}", "is_ours": fn is moe.mxfp4_moe_forward,
        "status": hook.patch_status("moe")}
 if os.environ.get("PROBE_ALSO_ATTENTION"):
@@ -51,8 +52,8 @@ _a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
 import torch
 from sglang.srt.layers.moe.topk import StandardTopKOutput
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
-from v4flash_kernels import hook
-from v4flash_kernels.reference_moe import MoeCase, make_inputs
+from v4flash_kernels.hook import hook
+from v4flash_kernels.moe.reference import MoeCase, make_inputs
 
 seed, out_path = int(sys.argv[1]), sys.argv[2]
 kw = make_inputs(MoeCase(tokens=3, experts=8, topk=6, hidden=128, inter=64, hole_frac=0.25,
@@ -66,7 +67,7 @@ method.runner = SimpleNamespace(config=SimpleNamespace(routed_scaling_factor=kw[
                                                        swiglu_limit=kw["clamp_limit"]))
 dispatch = SimpleNamespace(hidden_states=kw["hidden_states"], topk_output=StandardTopKOutput(
     topk_weights=kw["topk_weights"], topk_ids=kw["topk_ids"], router_logits=torch.zeros(3, 8)))
-who = {("v4flash_kernels/moe.py", "mxfp4_moe_forward"): "ours",
+who = {("v4flash_kernels/moe/op.py", "mxfp4_moe_forward"): "ours",
        ("fused_moe_triton/mxfp4_moe_sm120_triton.py", "mxfp4_moe_forward_triton"): "upstream"}
 entered = []
 def prof(frame, event, arg):

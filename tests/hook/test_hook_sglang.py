@@ -10,10 +10,10 @@ import torch
 
 from hookenv import BOOT_MODULES, HEAVY, build_hook_env, sglang_overlay
 from v4flash_kernels import __version__ as OURS_VERSION
-from v4flash_kernels import reference as R
+from v4flash_kernels.attention import reference as R
 
 PINNED = "0.5.13.post1"
-OURS = "v4flash_kernels.decode.sparse_mla_decode"
+OURS = "v4flash_kernels.attention.op.sparse_mla_decode"
 UPSTREAM = "sglang.srt.layers.attention.flash_mla_sm120_triton.flash_mla_sparse_decode_triton"
 
 
@@ -22,9 +22,9 @@ def test_wheel_ships_pth_at_root(hook_wheel):
         names = set(z.namelist())
         assert "v4flash_kernels_hook.pth" in names, sorted(n for n in names if "/" not in n)
         pth = z.read("v4flash_kernels_hook.pth").decode()
-    assert {"v4flash_kernels/hook.py", "v4flash_kernels/hook_boot.py", "v4flash_kernels/decode.py"} <= names
+    assert {"v4flash_kernels/hook/hook.py", "v4flash_kernels/hook/hook_boot.py", "v4flash_kernels/attention/op.py"} <= names
     lines = [ln for ln in pth.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert lines == ["import v4flash_kernels.hook_boot; v4flash_kernels.hook_boot.boot()"]
+    assert lines == ["import v4flash_kernels.hook.hook_boot; v4flash_kernels.hook.hook_boot.boot()"]
 
 
 def test_interpreter_start_loads_only_the_finder(hook_env):
@@ -91,7 +91,7 @@ def test_unrecognised_switch_value_refuses_and_warns(hook_env):
 
 @pytest.mark.parametrize("switch,rc,active", [("1", 0, True), ("0", 0, False), ("maybe", 1, False)])
 def test_status_cli_reports_this_interpreter(hook_env, switch, rc, active):
-    p = hook_env.python_args("-m", "v4flash_kernels.hook", env={"V4FLASH_SPARSE_DECODE": switch})
+    p = hook_env.python_args("-m", "v4flash_kernels.hook.hook", env={"V4FLASH_SPARSE_DECODE": switch})
     assert p.returncode == rc, p.stderr
     out = json.loads(p.stdout)
     st = out["patches"]["sparse_decode"]

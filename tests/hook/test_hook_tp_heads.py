@@ -26,8 +26,10 @@ import torch
 from sglang.srt.layers import dp_attention
 import sglang.srt.layers.attention.flash_mla_sm120 as disp
 import sglang.srt.layers.attention.flash_mla_sm120_triton as target
-from v4flash_kernels import decode, hook, patches
-from v4flash_kernels import reference as R
+from v4flash_kernels.attention import op as decode
+from v4flash_kernels.hook import hook
+from v4flash_kernels.hook import patches
+from v4flash_kernels.attention import reference as R
 
 rank, size, heads = {rank}, {size}, {heads}
 dp_attention.get_attention_tp_rank = lambda: rank
@@ -88,7 +90,7 @@ def test_patched_call_computes_only_this_ranks_heads(hook_env, rank, size, heads
     res = _scenario(hook_env, rank, size, heads)
     n = heads // size
     assert res["active"] is True
-    assert res["installed"].startswith("v4flash_kernels.tp_heads.make_tp_aware")
+    assert res["installed"].startswith("v4flash_kernels.hook.tp_heads.make_tp_aware")
     assert res["head_ranges"] == [[rank * n, (rank + 1) * n]] * 2  # read once, kept for the process
     assert res["same_second_call"]
     assert not res["nan"], "garbage from the other heads reached this rank's output"
@@ -108,5 +110,5 @@ def test_tp1_computes_every_head_like_upstream(hook_env):
 def test_identity_reports_the_adapter_around_ours(hook_env):
     run = hook_env.run("identity")
     assert run.rc == 0, run.stderr
-    assert run.result["is_ours"] and run.result["fn"] == "v4flash_kernels.decode.sparse_mla_decode"
-    assert run.result["adapter"] == "v4flash_kernels.tp_heads.make_tp_aware.<locals>.flash_mla_sparse_decode_triton"
+    assert run.result["is_ours"] and run.result["fn"] == "v4flash_kernels.attention.op.sparse_mla_decode"
+    assert run.result["adapter"] == "v4flash_kernels.hook.tp_heads.make_tp_aware.<locals>.flash_mla_sparse_decode_triton"

@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from v4flash_kernels import hook
+from v4flash_kernels.hook import hook
 
 
 def upstream_like(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
@@ -66,7 +66,7 @@ def test_signature_differences_are_named(fn, needle):
 
 def test_our_kernel_has_upstreams_signature():
     """Upstream's parameter list as of 0.5.13.post1, spelled out: a drift in ours must show here."""
-    from v4flash_kernels.decode import sparse_mla_decode
+    from v4flash_kernels.attention.op import sparse_mla_decode
 
     assert hook.signature_mismatch(upstream_like, sparse_mla_decode) is None
     n = len(hook.signature_params(upstream_like))
@@ -114,7 +114,7 @@ def test_status_before_any_decision_is_inactive():
     assert set(st["patches"]) == {p.name for p in hook.PATCHES}
     sd = st["patches"]["sparse_decode"]
     assert sd["active"] is False and sd["decided"] is False
-    assert sd["ours_function"] == "v4flash_kernels.decode.sparse_mla_decode"
+    assert sd["ours_function"] == "v4flash_kernels.attention.op.sparse_mla_decode"
 
 
 def kw_only_extra(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
@@ -134,7 +134,8 @@ def test_ours_may_add_keyword_only_options_with_defaults_only():
 
 
 def test_boot_finder_watches_exactly_the_registry_modules():
-    from v4flash_kernels import hook_boot, patches
+    from v4flash_kernels.hook import hook_boot
+    from v4flash_kernels.hook import patches
 
     assert hook_boot.TARGET_MODULES == {p.target_module for p in patches.PATCHES}
     assert len({p.name for p in patches.PATCHES}) == len(patches.PATCHES)
@@ -142,9 +143,9 @@ def test_boot_finder_watches_exactly_the_registry_modules():
 
 
 def test_reasons_name_the_patch_switch():
-    from v4flash_kernels.patches import PatchSpec
+    from v4flash_kernels.hook.patches import PatchSpec
 
-    spec = PatchSpec("x", "x", "V4FLASH_X", "sglang.m", "f", "v4flash_kernels.decode", "sparse_mla_decode")
+    spec = PatchSpec("x", "x", "V4FLASH_X", "sglang.m", "f", "v4flash_kernels.attention.op", "sparse_mla_decode")
     d = hook.decide("off", hook.PINNED_SGLANG, upstream_like, same_annotated, None, spec=spec)
     assert not d.active and "V4FLASH_X=off" in d.reason
 
@@ -153,8 +154,8 @@ def test_reasons_name_the_patch_switch():
 
 _FAKE_SGLANG = r'''
 import json, sys, types
-from v4flash_kernels import hook
-from v4flash_kernels.decode import sparse_mla_decode as ours
+from v4flash_kernels.hook import hook
+from v4flash_kernels.attention.op import sparse_mla_decode as ours
 
 def flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
                                    extra_k_cache=None, extra_indices=None, extra_topk_length=None):
@@ -246,7 +247,7 @@ print(json.dumps({"st": st, "ours": mod.flash_mla_sparse_decode_triton is instal
 def test_adapter_output_is_installed_and_status_tracks_it():
     res = _fresh(r"""
 import dataclasses
-from v4flash_kernels import patches
+from v4flash_kernels.hook import patches
 def adapter(fn):
     def wrapped(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
                 extra_k_cache=None, extra_indices=None, extra_topk_length=None):
@@ -267,14 +268,14 @@ print(json.dumps({"st": st, "out": mod.flash_mla_sparse_decode_triton(*[None] * 
 
 def test_one_failing_patch_leaves_the_others_applied():
     res = _fresh(r"""
-from v4flash_kernels import patches
+from v4flash_kernels.hook import patches
 other_mod = types.ModuleType("sglang.other_target")
 def other_fn(x):
     return "other-upstream"
 other_mod.other_fn = other_fn
 sys.modules["sglang.other_target"] = other_mod
 broken = patches.PatchSpec("other", "other", "V4FLASH_OTHER", "sglang.other_target", "other_fn",
-                           "v4flash_kernels.decode", "sparse_mla_decode")  # signature differs: refused
+                           "v4flash_kernels.attention.op", "sparse_mla_decode")  # signature differs: refused
 hook.PATCHES = (patches.SPARSE_DECODE, broken)
 specs = {s.name: s for s in hook.PATCHES}
 hook.by_name = lambda name: specs[name]

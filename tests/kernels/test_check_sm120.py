@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from v4flash_kernels.decode import SPLIT_CONFIGS, launchable_epilogues
+from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 
 
 def _env(tmp_path):
@@ -46,7 +46,7 @@ def test_check_sm120_rejects_an_oversized_config(tmp_path):
     """64-token tiles need ~147 KB of shared memory: fine on sm_90, over sm_120's 101376 B."""
     code = (
         "from v4flash_kernels.check_sm120 import check\n"
-        "from v4flash_kernels.decode import KernelConfig\n"
+        "from v4flash_kernels.attention.op import KernelConfig\n"
         "r = [x for x in check([KernelConfig(16, 64, 8)], archs=(120,)) if x.kernel == 'split_kernel'][0]\n"
         "print(r.shared_bytes, r.ok)\n"
     )

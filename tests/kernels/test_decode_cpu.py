@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from v4flash_kernels import decode
-from v4flash_kernels.reference import (
+from v4flash_kernels.attention import op as decode
+from v4flash_kernels.attention.reference import (
     Case,
     CacheSpec,
     dequant_tokens,
@@ -158,7 +158,7 @@ def _params(fn):
 
 def test_signature_matches_upstream():
     """Upstream's parameters exactly, then only keyword-only extras with defaults; the TP adapter exactly."""
-    from v4flash_kernels.tp_heads import make_tp_aware
+    from v4flash_kernels.hook.tp_heads import make_tp_aware
     from v4flash_kernels.upstream import load_upstream
 
     up = _params(load_upstream().flash_mla_sparse_decode_triton)
@@ -410,7 +410,7 @@ def test_single_split_finishes_in_the_split_kernel():
 
 
 def test_heads_for_tp_sizes_and_dp_attention():
-    from v4flash_kernels.tp_heads import AttnTp, heads_for
+    from v4flash_kernels.hook.tp_heads import AttnTp, heads_for
 
     assert heads_for(64, None) is None
     assert heads_for(64, AttnTp(0, 1)) is None  # TP1, or DP attention with attn-TP 1: all heads
@@ -423,7 +423,7 @@ def test_heads_for_tp_sizes_and_dp_attention():
 
 
 def test_adapter_reads_the_rank_once_and_passes_heads():
-    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
     seen, reads = [], []
 
@@ -447,7 +447,7 @@ def test_adapter_reads_the_rank_once_and_passes_heads():
 
 
 def test_adapter_end_to_end_matches_reference_on_the_rank_slice():
-    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
     case = Case(batch=2, heads=64, width=64, page_size=64, extra_width=64, extra_page_size=64)
     kw = make_inputs(case)
@@ -462,14 +462,14 @@ def test_adapter_end_to_end_matches_reference_on_the_rank_slice():
 
 
 def test_read_attn_tp_without_sglang_process_groups_means_all_heads():
-    from v4flash_kernels.tp_heads import read_attn_tp
+    from v4flash_kernels.hook.tp_heads import read_attn_tp
 
     assert read_attn_tp() is None  # sglang absent or its groups not initialised here
 
 
 def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     """Attention per decode step at B=1, 128K: 2 SWA + 21 c4 + 20 c128 calls; None when a row is missing."""
-    from v4flash_kernels import bench
+    from v4flash_kernels.attention import bench
 
     def row(kind, mode, batch, us):
         return dict(kind=kind, mode=mode, batch=batch, heads=64, tokens=1, floor_h200_us=0.1, floor_rtx6000_us=0.2,

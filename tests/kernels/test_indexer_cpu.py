@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from v4flash_kernels import indexer
-from v4flash_kernels.reference_indexer import IndexerCase, logits_error, make_indexer_inputs, reference_for
+from v4flash_kernels.indexer import op as indexer
+from v4flash_kernels.indexer.reference import IndexerCase, logits_error, make_indexer_inputs, reference_for
 from v4flash_kernels.upstream import load_indexer
 
 pytestmark = pytest.mark.skipif(
@@ -205,7 +205,7 @@ def test_shipped_configs_fit_sm120(tmp_path):
         "import json\n"
         "from dataclasses import asdict\n"
         "from v4flash_kernels.check_sm120 import compile_indexer\n"
-        "from v4flash_kernels.indexer import CONFIGS\n"
+        "from v4flash_kernels.indexer.op import CONFIGS\n"
         "print(json.dumps([dict(asdict(compile_indexer(c, 120)), ok=compile_indexer(c, 120).ok) for c in CONFIGS]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels import indexer
-from v4flash_kernels.reference_indexer import IndexerCase, logits_error, make_indexer_inputs, reference_for
+from v4flash_kernels.indexer import op as indexer
+from v4flash_kernels.indexer.reference import IndexerCase, logits_error, make_indexer_inputs, reference_for
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4  # max |err| / max |logit|

@@ -1,7 +1,7 @@
 """CPU tests of the grouped MXFP4 MoE kernels under TRITON_INTERPRET=1 (small shapes).
 
 Every kernel check compares against the fp64 reference written from the MXFP4 definition
-(reference_moe.py), with the output NaN-poisoned beforehand so an unwritten element cannot pass;
+(moe/reference.py), with the output NaN-poisoned beforehand so an unwritten element cannot pass;
 one case also runs the pinned upstream function (from the sglang wheel) under the interpreter.
 """
 
@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from v4flash_kernels import moe
-from v4flash_kernels.reference_moe import (
+from v4flash_kernels.moe import op as moe
+from v4flash_kernels.moe.reference import (
     MoeCase,
     dequant,
     e2m1_values,

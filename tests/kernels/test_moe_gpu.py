@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.reference_moe import MoeCase, make_inputs, ref_of, rel_err
+from v4flash_kernels.moe.reference import MoeCase, make_inputs, ref_of, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ def _check(kw, out):
 @pytest.mark.parametrize("tokens,routing,holes", [(1, "random", 0.0), (5, "random", 0.2), (64, "hot", 0.0),
                                                   (64, "dup", 0.0), (300, "random", 0.1), (1024, "hot", 0.0)])
 def test_gpu_matches_fp64_and_upstream(tokens, routing, holes):
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
     from v4flash_kernels.upstream import MOE_PATH, load_module
 
     kw = make_inputs(MoeCase(tokens=tokens, routing=routing, hole_frac=holes, **TP4), device="cuda")
@@ -43,7 +43,7 @@ def test_gpu_matches_fp64_and_upstream(tokens, routing, holes):
 
 
 def test_gpu_e8m0_byte_scales_equal_fp32_scales():
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     kw = make_inputs(MoeCase(tokens=16, **TP4), device="cuda")
     a = moe.mxfp4_moe_forward(**kw)
@@ -55,7 +55,7 @@ def test_gpu_e8m0_byte_scales_equal_fp32_scales():
 @pytest.mark.parametrize("tokens", [1, 16, 300])
 def test_gpu_cuda_graph_replay_follows_new_routing(tokens):
     """Captured once; routing contents changed in place (hot expert, -1 slots, duplicates): still exact."""
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     kw = make_inputs(MoeCase(tokens=tokens, **TP4), device="cuda")
     ids, w = kw["topk_ids"], kw["topk_weights"]

@@ -299,7 +299,7 @@ def _fake_sglang(root: Path, body: str) -> Path:
 
 
 def test_each_patch_is_reported_from_the_hooks_own_status(box):
-    """doctor runs `python -m v4flash_kernels.hook` in the workers' env: one row per patch, the switch
+    """doctor runs `python -m v4flash_kernels.hook.hook` in the workers' env: one row per patch, the switch
     taken from the plan (here sglang is importable but the hook's .pth is not installed: not applied)."""
     site = _fake_sglang(box["tmp"] / "fake-upstream", "def flash_mla_sparse_decode_triton(*a, **k):\n    pass\n")
     rc, checks = doctor(box, "--only", "stack", PYTHONPATH=str(site))

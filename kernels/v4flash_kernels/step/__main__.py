@@ -59,7 +59,7 @@ def heads_patched() -> int:
     """16 at TP4 when our sparse-decode patch slices this rank's heads (its registry entry has an
     adapter that passes the attention-TP rank); otherwise the patch also attends all 64."""
     try:
-        from v4flash_kernels.patches import SPARSE_DECODE
+        from v4flash_kernels.hook.patches import SPARSE_DECODE
     except Exception:
         return M.N_HEADS
     return M.N_HEADS // M.TP if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS

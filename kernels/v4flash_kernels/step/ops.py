@@ -117,9 +117,9 @@ def upstream_attention():
 
 # Our patches: (module, function); absent modules mean "no patch yet", not an error.
 PATCHES = {
-    "attention": ("v4flash_kernels.decode", "sparse_mla_decode"),
-    "moe": ("v4flash_kernels.moe", "mxfp4_moe_forward"),
-    "indexer": ("v4flash_kernels.indexer", "fp8_paged_mqa_logits"),
+    "attention": ("v4flash_kernels.attention.op", "sparse_mla_decode"),
+    "moe": ("v4flash_kernels.moe.op", "mxfp4_moe_forward"),
+    "indexer": ("v4flash_kernels.indexer.op", "fp8_paged_mqa_logits"),
 }
 
 
@@ -281,7 +281,7 @@ def build_bf16_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 
 def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
-    from v4flash_kernels.reference import Case, make_inputs
+    from v4flash_kernels.attention.reference import Case, make_inputs
 
     kind, rows, heads = str(p["kind"]), int(p["rows"]), M.N_HEADS  # q always holds all 64 heads at TP4
     if kind == "window":
@@ -302,7 +302,7 @@ def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     tokens (all of them when fewer); c128 = all (t+1)//128 compressed tokens, length clamped to 1
     like `c128_topk_lengths_clamp1` (an index of -1 marks the empty slot).
     """
-    from v4flash_kernels.reference import HEAD_DIM, CacheSpec, make_cache
+    from v4flash_kernels.attention.reference import HEAD_DIM, CacheSpec, make_cache
 
     kind, T, heads = str(p["kind"]), int(p["rows"]), M.N_HEADS
     g = torch.Generator().manual_seed(seed)
@@ -359,7 +359,7 @@ def _rows_of(kw: dict, rows: torch.Tensor, heads: int) -> dict:
 
 
 def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    from v4flash_kernels.reference import sparse_mla_decode_ref
+    from v4flash_kernels.attention.reference import sparse_mla_decode_ref
 
     p = op.p
     prefill = bool(p["prefill"])
@@ -381,7 +381,7 @@ def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             raise Unavailable(why)
         src = f"{why}, all {heads} heads"
         if heads < M.N_HEADS:  # the registry's TP adapter: rank 0 of 4 computes heads 0..15
-            from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+            from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
             fn = make_tp_aware(fn, read=lambda: AttnTp(0, M.N_HEADS // heads))
             src = f"{why} via tp_heads adapter: {heads} of {M.N_HEADS} heads (rank 0 of {M.N_HEADS // heads})"

@@ -79,7 +79,7 @@ def _hook_note(st: object) -> str:
 
 
 def _status_json(text: str) -> dict | None:
-    """The JSON object `python -m v4flash_kernels.hook` prints (pretty-printed, possibly after log lines)."""
+    """The JSON object `python -m v4flash_kernels.hook.hook` prints (pretty-printed, possibly after log lines)."""
     start = text.find("{")
     if start < 0:
         return None
@@ -98,11 +98,11 @@ def check_patches(inp: DoctorInput) -> list[Check]:
     rows = [f"patch-{n}" for n in names]
     python = e.python or sys.executable
     # The workers' interpreter and environment, as the plan starts them: the hook reports every patch.
-    r = p.run([python, "-m", "v4flash_kernels.hook"], 300.0, dict(e.worker_env))
+    r = p.run([python, "-m", "v4flash_kernels.hook.hook"], 300.0, dict(e.worker_env))
     st = _status_json(r.out)
     if st is None or not isinstance(st.get("patches"), dict):
         last = r.text.splitlines()[-1] if r.text else f"exit {r.rc}"
-        return [error(rows[0], f"`{python} -m v4flash_kernels.hook` gave no status: {last}",
+        return [error(rows[0], f"`{python} -m v4flash_kernels.hook.hook` gave no status: {last}",
                       "install the v4flash-pd wheel into the workers' interpreter (it ships v4flash_kernels and "
                       "the .pth hook); run that command by hand to see the traceback")] + \
             [skip(x, "no hook status") for x in rows[1:]]

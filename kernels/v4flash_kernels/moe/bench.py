@@ -1,6 +1,6 @@
 """Benchmark of the grouped MXFP4 MoE: check against fp64, then time ours and upstream side by side.
 
-    python -m v4flash_kernels.bench_moe [--json out.json] [--md out.md] [--tp 4,1] [--decode 1,2,...]
+    python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--tp 4,1] [--decode 1,2,...]
                                         [--prefill 256,...] [--quick] [--no-upstream]
 
 Per shape (DeepSeek-V4-Flash routed experts per GPU: E=256, topk=6, hidden 4096, intermediate
@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Dict, List, Optional
 
-from v4flash_kernels.bench import variant_summary
+from v4flash_kernels.attention.bench import variant_summary
 from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
@@ -48,7 +48,7 @@ class Shape:
 
 
 def _moe_case(shape: Shape, scale_u8: bool = False):
-    from v4flash_kernels.reference_moe import MoeCase
+    from v4flash_kernels.moe.reference import MoeCase
 
     return MoeCase(tokens=shape.tokens, experts=256, topk=6, hidden=4096, inter=TP[shape.tp],
                    routing=shape.routing, hole_frac=shape.hole_frac, scale_u8=scale_u8,
@@ -59,7 +59,7 @@ def build(shape: Shape, copies: int, seed: int) -> List[dict]:
     """`copies` call argument sets with distinct weights and routing, on the GPU."""
     import torch
 
-    from v4flash_kernels.reference_moe import make_routing
+    from v4flash_kernels.moe.reference import make_routing
 
     case = _moe_case(shape)
     g = torch.Generator().manual_seed(seed)
@@ -84,7 +84,7 @@ def build(shape: Shape, copies: int, seed: int) -> List[dict]:
 
 def bind_plan(plan) -> Callable:
     """`fn(out=None, **upstream_kwargs)` running ours with an explicit plan."""
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     def call(out=None, **kw):
         return moe.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
@@ -96,7 +96,7 @@ def bind_plan(plan) -> Callable:
 def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
     import torch
 
-    from v4flash_kernels.reference_moe import rel_err
+    from v4flash_kernels.moe.reference import rel_err
 
     extra = {}
     if poison:
@@ -186,7 +186,7 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
               breakdown: bool = False) -> dict:
     import torch
 
-    from v4flash_kernels.reference_moe import flops, floor_bytes, ref_of, subset_tokens, touched_experts
+    from v4flash_kernels.moe.reference import flops, floor_bytes, ref_of, subset_tokens, touched_experts
 
     kws = kws_f32 = build(shape, copies, seed)
     kw = kws[0]
@@ -246,7 +246,7 @@ def e8m0_scales(kw: dict) -> dict:
 
 def default_variants(shape: Shape) -> Dict[str, Callable]:
     """Ours as the planner runs it, plus the same plan on e8m0 byte scales (25 % fewer bytes)."""
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     plan = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
     return {"ours": bind_plan(plan), f"{E8M0} ours": bind_plan(plan)}
@@ -277,7 +277,7 @@ SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 64, 4, 3),
 
 def sweep_variants(shape: Shape) -> Dict[str, Callable]:
     """Ours (the planner's plan) plus every candidate plan for this size."""
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     base = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
     out = {"ours": bind_plan(base)}
@@ -377,14 +377,14 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
             if key not in seen:
                 seen.add(key)
                 jobs.append((sh, quick, name))
-    from v4flash_kernels import bench_moe as importable  # picklable by name when run with -m
+    from v4flash_kernels.moe import bench as importable  # picklable by name when run with -m
 
     with mp.get_context("spawn").Pool(max(1, min(procs, len(jobs)))) as pool:
         pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench_moe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.moe.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--tp", default="4,1")
     ap.add_argument("--decode", default="1,2,4,8,16,32,64")
     ap.add_argument("--prefill", default="256,1024,4096,8192")
@@ -404,7 +404,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench_moe needs a CUDA GPU", file=sys.stderr)
         return 2
-    from v4flash_kernels import moe
+    from v4flash_kernels.moe import op as moe
 
     if args.quick:
         shapes = [Shape(4, int(m)) for m in args.quick_sizes.split(",") if m]

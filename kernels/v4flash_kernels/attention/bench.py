@@ -1,6 +1,6 @@
 """Benchmark: check every variant against the fp64 reference, then time it under CUDA-graph replay.
 
-    python -m v4flash_kernels.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
+    python -m v4flash_kernels.attention.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
                                     [--modes tp4,full64,h16] [--rank 1] [--sweep] [--no-upstream]
 
 Per shape (DeepSeek-V4-Flash decode: SWA-only, c4 = 128 SWA + 512 c4, c128 at 128K / 256K) it
@@ -84,7 +84,7 @@ def poison_other_heads(q, keep: slice) -> None:
 
 
 def floor_bytes(kw: dict, tokens: int) -> int:
-    from v4flash_kernels.reference import TOKEN_BYTES
+    from v4flash_kernels.attention.reference import TOKEN_BYTES
 
     B, _, H, D = kw["q"].shape
     idx = sum(kw[k].numel() * 4 for k in ("indices", "extra_indices") if kw.get(k) is not None)
@@ -99,7 +99,7 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: Op
     """
     import torch
 
-    from v4flash_kernels.reference import rel_err
+    from v4flash_kernels.attention.reference import rel_err
 
     extra = {}
     B, _, H, D = kw["q"].shape
@@ -158,7 +158,7 @@ def cache_widths(kw: dict) -> tuple:
 
 def bind_plan(plan, heads: Optional[tuple] = None) -> Callable:
     """`fn(out=None, lse=None, **inputs)` that runs the decode with this explicit plan (for A/B runs)."""
-    from v4flash_kernels import decode
+    from v4flash_kernels.attention import op as decode
 
     def call(out=None, lse=None, **kwargs):
         return decode.run(
@@ -172,8 +172,8 @@ def bind_plan(plan, heads: Optional[tuple] = None) -> Callable:
 
 def production_call(shape: Shape) -> Callable:
     """What SGLang runs with the patch: the TP-aware adapter around the public entry (fake rank in tp4)."""
-    from v4flash_kernels import decode
-    from v4flash_kernels.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.attention import op as decode
+    from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
     tp = AttnTp(shape.rank, TP4) if shape.mode == "tp4" else AttnTp(0, 1)
     fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: tp)
@@ -187,7 +187,7 @@ def production_call(shape: Shape) -> Callable:
 
 
 def plan_for(shape: Shape, kw: dict, smem_per_sm: Optional[int] = None):
-    from v4flash_kernels import decode
+    from v4flash_kernels.attention import op as decode
 
     w_a, w_b = cache_widths(kw)
     sms, smem = decode._device_info(kw["q"].device)
@@ -196,7 +196,7 @@ def plan_for(shape: Shape, kw: dict, smem_per_sm: Optional[int] = None):
 
 
 def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
-    from v4flash_kernels import decode
+    from v4flash_kernels.attention import op as decode
 
     B = shape.batch
     H = shape.head_slice.stop - shape.head_slice.start
@@ -249,7 +249,7 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
     """Check then time every variant of one shape (upstream only if given)."""
     import torch
 
-    from v4flash_kernels.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
+    from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
 
     case = Case(batch=shape.batch, heads=shape.heads, hole_frac=0.01, **KINDS[shape.kind])
     kw = make_inputs(case, device="cuda", seed=seed)
@@ -355,7 +355,7 @@ def step_time_us(rows: List[dict], variant: str = "ours") -> Optional[float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.attention.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--modes", default="tp4,full64,h16", help=f"any of {','.join(MODES)}")

@@ -44,10 +44,10 @@ SPARSE_DECODE = PatchSpec(
     switch_env="V4FLASH_SPARSE_DECODE",
     target_module="sglang.srt.layers.attention.flash_mla_sm120_triton",
     target_attr="flash_mla_sparse_decode_triton",
-    ours_module="v4flash_kernels.decode",
+    ours_module="v4flash_kernels.attention.op",
     ours_attr="sparse_mla_decode",
     # At attention-TP > 1 only this rank's heads of the 64-head q are real: compute just those.
-    adapter="v4flash_kernels.tp_heads:make_tp_aware",
+    adapter="v4flash_kernels.hook.tp_heads:make_tp_aware",
 )
 
 MOE = PatchSpec(
@@ -56,7 +56,7 @@ MOE = PatchSpec(
     switch_env="V4FLASH_MOE",
     target_module="sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton",
     target_attr="mxfp4_moe_forward_triton",
-    ours_module="v4flash_kernels.moe",
+    ours_module="v4flash_kernels.moe.op",
     ours_attr="mxfp4_moe_forward",
 )
 
@@ -66,7 +66,7 @@ INDEXER = PatchSpec(
     switch_env="V4FLASH_INDEXER",
     target_module="sglang.srt.layers.attention.dsv4.indexer",
     target_attr="fp8_paged_mqa_logits_torch_sm120",
-    ours_module="v4flash_kernels.indexer",
+    ours_module="v4flash_kernels.indexer.op",
     ours_attr="fp8_paged_mqa_logits",
 )
 

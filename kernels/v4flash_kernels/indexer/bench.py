@@ -1,6 +1,6 @@
 """Benchmark of the indexer logits: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.bench_indexer [--json out.json] [--md out.md] [--batches 1,4,16,64]
+    python -m v4flash_kernels.indexer.bench [--json out.json] [--md out.md] [--batches 1,4,16,64]
         [--contexts 128K,1M] [--actual 4K,64K,128K,full] [--sweep] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash decode calls of one c4 layer: a configured context C tokens gives a
@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
-from v4flash_kernels.bench import time_graph
+from v4flash_kernels.attention.bench import time_graph
 from v4flash_kernels.provenance import measured_commit
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
@@ -80,7 +80,7 @@ def bytes_moved(shape: Shape, heads: int = 64) -> int:
 
 
 def check(out, ref, other=None) -> dict:
-    from v4flash_kernels.reference_indexer import logits_error
+    from v4flash_kernels.indexer.reference import logits_error
 
     e = logits_error(out, ref)
     res = dict(rel_err=e["rel_err"], inf_ok=e["inf_ok"], nan=e["nan"])
@@ -96,8 +96,8 @@ def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cud
     """One shape: ours with `config` (default: the shipped one), w/o tail, upstream; `sweep`: SWEEP only."""
     import torch
 
-    from v4flash_kernels import indexer
-    from v4flash_kernels.reference_indexer import IndexerCase, make_indexer_inputs, reference_for
+    from v4flash_kernels.indexer import op as indexer
+    from v4flash_kernels.indexer.reference import IndexerCase, make_indexer_inputs, reference_for
 
     cfg_main = config or indexer.DEFAULT
     case = IndexerCase(batch=shape.batch, width=shape.width, lengths=[shape.c4_len])
@@ -217,7 +217,7 @@ def format_markdown(rows: List[dict]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.bench_indexer", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.indexer.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--contexts", default="128K,1M")
     ap.add_argument("--actual", default="4K,64K,128K,full")
@@ -239,7 +239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from v4flash_kernels.upstream import load_indexer
 
         upstream = load_indexer()
-    from v4flash_kernels import indexer
+    from v4flash_kernels.indexer import op as indexer
 
     shapes = shapes_for([int(b) for b in args.batches.split(",")], args.contexts.split(","), args.actual.split(","))
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)

@@ -3,7 +3,7 @@
 The .pth runs in *every* Python process of the environment (pip, the router, each SGLang TP rank),
 so this module imports nothing but `sys` and only puts a meta-path finder in front of the import
 system. The finder reacts to the few module names in TARGET_MODULES; everything that costs anything (`inspect`,
-`logging`, `importlib.metadata`, torch, our kernel) lives in `v4flash_kernels.hook` and is loaded
+`logging`, `importlib.metadata`, torch, our kernel) lives in `v4flash_kernels.hook.hook` and is loaded
 only when SGLang imports that module.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-# The sglang 0.5.13.post1 modules whose functions `v4flash_kernels.patches.PATCHES` replace; a
+# The sglang 0.5.13.post1 modules whose functions `v4flash_kernels.hook.patches.PATCHES` replace; a
 # literal here (this module imports nothing), checked against the registry by the hook tests.
 TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
 TARGET_MODULES = frozenset({
@@ -33,7 +33,7 @@ class SglangKernelFinder:
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 - finder protocol
         if fullname not in TARGET_MODULES:
             return None
-        from v4flash_kernels import hook
+        from v4flash_kernels.hook import hook
 
         return hook.find_spec_after(self, fullname, path, target)
 
@@ -51,7 +51,7 @@ def install() -> None:
     if not installed():
         sys.meta_path.insert(0, SglangKernelFinder())
     if any(m in sys.modules for m in TARGET_MODULES):
-        from v4flash_kernels import hook
+        from v4flash_kernels.hook import hook
 
         hook.apply()
 

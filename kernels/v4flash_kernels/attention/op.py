@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4flash_kernels import _triton_sparse as _k
+from v4flash_kernels.attention import kernel as _k
 
 LOG2E = 1.4426950408889634
 

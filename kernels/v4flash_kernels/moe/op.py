@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4flash_kernels import _triton_moe as _k
+from v4flash_kernels.moe import kernel as _k
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def _prefill_cp_enabled() -> bool:
 def make_tp_aware(ours: Callable[..., Any], read: Callable[[], Optional[AttnTp]] = read_attn_tp) -> Callable[..., Any]:
     """A drop-in with upstream's exact signature that passes this rank's `heads` to `ours`.
 
-    `ours` must accept `head_range=(start, stop)` as a keyword (v4flash_kernels.decode.sparse_mla_decode).
+    `ours` must accept `head_range=(start, stop)` as a keyword (v4flash_kernels.attention.op.sparse_mla_decode).
     `read` is how the rank is found (tests pass a fake); it is retried until it gives an answer,
     then never again in this process.
     """

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from v4flash_kernels import __version__ as OURS_VERSION
-from v4flash_kernels import hook_boot
-from v4flash_kernels.hook_boot import installed as _finder_installed
-from v4flash_kernels.patches import PATCHES, SPARSE_DECODE, PatchSpec, by_name
+from v4flash_kernels.hook import hook_boot
+from v4flash_kernels.hook.hook_boot import installed as _finder_installed
+from v4flash_kernels.hook.patches import PATCHES, SPARSE_DECODE, PatchSpec, by_name
 
 PINNED_SGLANG = "0.5.13.post1"
 ENV_STATUS_DIR = "V4FLASH_PATCH_STATUS_DIR"
@@ -40,7 +40,7 @@ ENV_SWITCH = SPARSE_DECODE.switch_env
 _ON = {"", "1", "on", "true", "yes"}
 _OFF = {"0", "off", "false", "no"}
 
-log = logging.getLogger("v4flash_kernels.hook")
+log = logging.getLogger("v4flash_kernels.hook.hook")
 
 
 def upstream_keep_attr(spec: PatchSpec) -> str:
@@ -423,11 +423,11 @@ __all__ = [
 
 
 def _main() -> None:
-    """`python -m v4flash_kernels.hook`: import SGLang's modules here and print every patch's status.
+    """`python -m v4flash_kernels.hook.hook`: import SGLang's modules here and print every patch's status.
 
     Exit 0 when every patch whose switch is on is active, 1 otherwise.
     """
-    from v4flash_kernels import hook as this  # the imported module, not this __main__ copy
+    from v4flash_kernels.hook import hook as this  # the imported module, not this __main__ copy
 
     st = this.status(probe=True)
     print(json.dumps(st, indent=2, sort_keys=True))

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 import triton
 
-from v4flash_kernels import _triton_indexer as _k
+from v4flash_kernels.indexer import kernel as _k
 
 PAGE = int(_k.PAGE)
 HEAD_DIM = int(_k.HEAD_DIM)

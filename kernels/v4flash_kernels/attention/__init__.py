@@ -1,0 +1,1 @@
+"""Sparse-MLA decode attention (sm_120 drop-in): Triton kernels, host-side op, fp64 reference, bench."""

@@ -1,0 +1,1 @@
+"""Routed MXFP4 experts (sm_120 drop-in): Triton kernels, host-side op, fp64 reference, bench."""
