@@ -60,7 +60,7 @@ CASES = {
     # -1 slots, clamp active (small limit), scaling on, fp32 scales, M=5 (no block multiple).
     "holes_clamp_scale": MoeCase(tokens=5, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5),
     # top-1 routing, no clamp, no scaling, e8m0 byte scales, M=7.
-    "top1_u8_plain": MoeCase(tokens=7, topk=1, scale_u8=True),
+    "top1_e8m0_plain": MoeCase(tokens=7, topk=1, scale_e8m0=True),
     # clamp_limit 0 means "no clamp" (upstream's rule: only a positive limit clamps).
     "clamp_zero_is_off": MoeCase(tokens=3, topk=2, clamp_limit=0.0, routed_scaling_factor=1.0),
     # Every token on expert 0 (19 rows: two 16-row blocks) plus 5 other experts each.
@@ -105,18 +105,82 @@ def test_clamp_and_scaling_are_applied():
     assert rel_err(with_both, without.double()) > 0.05
 
 
+def _upstream():
+    """The pinned upstream module (cached by load_module) with one autotune config: the
+    interpreter has no benchmarker to choose between several."""
+    from v4flash_kernels.upstream import MOE_PATH, load_module
+
+    up = load_module(MOE_PATH)
+    kernel = up._mxfp4_slot_gemv_kernel
+    kernel.configs = kernel.configs[1:2] if len(kernel.configs) > 1 else kernel.configs
+    return up
+
+
 def test_matches_upstream_under_interpreter():
     """Ours vs the pinned upstream function executed under the interpreter, and both vs fp64.
 
     The interpreter truncates fp32 -> bf16 (no round-to-nearest); upstream rounds four times
     through bf16 buffers, so its own error is ~1 %: ours must be within 3 % of it and 1 % of fp64.
     """
-    from v4flash_kernels.upstream import MOE_PATH, load_module
-
-    up = load_module(MOE_PATH)
-    # One autotune config: the interpreter has no benchmarker to choose between several.
-    up._mxfp4_slot_gemv_kernel.configs = up._mxfp4_slot_gemv_kernel.configs[1:2]
+    up = _upstream()
     kw = make_inputs(MoeCase(tokens=3, hole_frac=0.25, clamp_limit=0.4, routed_scaling_factor=2.5))
+    ours = moe.mxfp4_moe_forward(**kw)
+    theirs = up.mxfp4_moe_forward_triton(**kw)
+    ref = _assert_matches(kw, ours)
+    assert rel_err(theirs, ref) <= 3e-2
+    assert rel_err(ours, theirs.double()) <= 3e-2
+
+
+def _any_fp32_scales(kw: dict, gen: torch.Generator) -> dict:
+    """The call with fp32 scales that are not powers of two (random mantissas, a few negative and
+    zero): upstream multiplies them in; reading only their exponent was 60-80 % off."""
+    out = dict(kw)
+    for n in ("w13_scale", "w2_scale"):
+        s = kw[n].float() * (1 + torch.rand(kw[n].shape, generator=gen))
+        flip = torch.rand(s.shape, generator=gen)
+        s = torch.where(flip < 0.05, -s, s)
+        out[n] = torch.where(flip > 0.98, torch.zeros_like(s), s)
+    return out
+
+
+@pytest.mark.parametrize("plan", [None, SORTED], ids=["planner", "sorted"])
+def test_fp32_scales_that_are_not_powers_of_two_are_exact(plan):
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = _any_fp32_scales(make_inputs(MoeCase(tokens=5, hole_frac=0.2, clamp_limit=7.0, routed_scaling_factor=1.5)), g)
+    assert ((kw["w13_scale"].view(torch.int32) & 0x7FFFFF) != 0).any()
+    _assert_matches(kw, _call(kw, plan))
+
+
+def test_e8m0_bytes_outside_the_fast_range_are_exact():
+    """e8m0 scales far from MXFP4's usual 2^-9..2^-5: 2^-127 (byte 0), below 2^-62 and above 2^64
+    (the exponent-only decode's limits), as float8_e8m0fnu. Upstream converts them with .to(fp32)."""
+    from v4flash_kernels.moe import kernel as k
+
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = make_inputs(MoeCase(tokens=4, topk=3, scale_e8m0=True, routed_scaling_factor=0.5))
+    s13 = torch.randint(110, 135, kw["w13_scale"].shape, generator=g, dtype=torch.uint8)
+    s13[:, ::5, 0] = 0  # 2^-127
+    s13[:, 1::5, 1] = k.FAST_MIN_BYTE - 20
+    s2 = torch.randint(k.FAST_MAX_BYTE + 1, k.FAST_MAX_BYTE + 10, kw["w2_scale"].shape, generator=g, dtype=torch.uint8)
+    kw = dict(kw, w13_scale=s13.view(torch.float8_e8m0fnu), w2_scale=s2.view(torch.float8_e8m0fnu))
+    out = _call(kw, INLINE)
+    assert torch.isfinite(out.float()).all()
+    _assert_matches(kw, out)
+
+
+def test_integer_scale_dtypes_are_taken_by_value_as_upstream_does():
+    """uint8 scales mean their integer values to upstream (`.to(torch.float32)`), not e8m0 bytes."""
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = make_inputs(MoeCase(tokens=3, topk=2, routed_scaling_factor=1e-4))
+    kw = dict(kw, w13_scale=torch.randint(1, 4, kw["w13_scale"].shape, generator=g, dtype=torch.uint8),
+              w2_scale=torch.randint(1, 4, kw["w2_scale"].shape, generator=g, dtype=torch.uint8))
+    _assert_matches(kw, _call(kw, SORTED))
+
+
+def test_matches_upstream_on_fp32_scales_that_are_not_powers_of_two():
+    up = _upstream()
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = _any_fp32_scales(make_inputs(MoeCase(tokens=2, clamp_limit=7.0, routed_scaling_factor=1.5)), g)
     ours = moe.mxfp4_moe_forward(**kw)
     theirs = up.mxfp4_moe_forward_triton(**kw)
     ref = _assert_matches(kw, ours)
@@ -138,11 +202,12 @@ def test_reference_dequant_follows_the_definition():
     vals = e2m1_values()
     assert vals.tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
     packed = torch.full((1, 16), 0x2F, dtype=torch.uint8)
-    scale = torch.tensor([[130]], dtype=torch.uint8)  # 2^3
-    w = dequant(packed, scale)
+    scale = torch.tensor([[130]], dtype=torch.uint8)
+    w = dequant(packed, scale.view(torch.float8_e8m0fnu))  # 2^3
     assert w.shape == (1, 32)
     assert w[0, 0].item() == -48.0 and w[0, 1].item() == 8.0
     assert torch.equal(dequant(packed, scale.view(torch.float8_e8m0fnu).to(torch.float32)), w)
+    assert dequant(packed, scale).abs().max().item() == 6 * 130  # a uint8 scale is a value, as upstream
 
 
 @pytest.mark.parametrize("trial", range(3))

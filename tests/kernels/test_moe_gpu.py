@@ -10,7 +10,7 @@ from v4flash_kernels.moe.reference import MoeCase, make_inputs, ref_of, rel_err
 
 pytestmark = pytest.mark.gpu
 
-TP4 = dict(experts=256, topk=6, hidden=4096, inter=512, clamp_limit=10.0, routed_scaling_factor=1.5)
+TP4 = {"experts": 256, "topk": 6, "hidden": 4096, "inter": 512, "clamp_limit": 10.0, "routed_scaling_factor": 1.5}
 
 
 def _subset(M: int, n: int = 48):
@@ -47,8 +47,10 @@ def test_gpu_e8m0_byte_scales_equal_fp32_scales():
 
     kw = make_inputs(MoeCase(tokens=16, **TP4), device="cuda")
     a = moe.mxfp4_moe_forward(**kw)
-    b = moe.mxfp4_moe_forward(**dict(kw, w13_scale=(kw["w13_scale"].view(torch.int32) >> 23).to(torch.uint8),
-                                     w2_scale=(kw["w2_scale"].view(torch.int32) >> 23).to(torch.uint8)))
+    def e8m0(s):
+        return (s.view(torch.int32) >> 23).to(torch.uint8).view(torch.float8_e8m0fnu)
+
+    b = moe.mxfp4_moe_forward(**dict(kw, w13_scale=e8m0(kw["w13_scale"]), w2_scale=e8m0(kw["w2_scale"])))
     assert torch.equal(a, b)
 
 

@@ -24,7 +24,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 from v4flash_kernels.attention.bench import variant_summary
 from v4flash_kernels.provenance import measured_commit
@@ -47,11 +47,11 @@ class Shape:
     hole_frac: float = 0.0
 
 
-def _moe_case(shape: Shape, scale_u8: bool = False):
+def _moe_case(shape: Shape):
     from v4flash_kernels.moe.reference import MoeCase
 
     return MoeCase(tokens=shape.tokens, experts=256, topk=6, hidden=4096, inter=TP[shape.tp],
-                   routing=shape.routing, hole_frac=shape.hole_frac, scale_u8=scale_u8,
+                   routing=shape.routing, hole_frac=shape.hole_frac,
                    clamp_limit=10.0, routed_scaling_factor=1.5)
 
 
@@ -72,13 +72,13 @@ def build(shape: Shape, copies: int, seed: int) -> List[dict]:
         s2 = torch.randint(118, 123, (256, 4096, case.inter // 32), dtype=torch.uint8, device="cuda", generator=gd)
         ids, w = make_routing(case, g, "cuda")
         x = torch.randn((case.tokens, 4096), generator=g).to(torch.bfloat16).cuda()
-        out.append(dict(
-            hidden_states=x, w13_packed=w13.view(torch.int8), w2_packed=w2.view(torch.int8),
-            w13_scale=s13.view(torch.float8_e8m0fnu).to(torch.float32),
-            w2_scale=s2.view(torch.float8_e8m0fnu).to(torch.float32),
-            topk_ids=ids, topk_weights=w, hidden_size=4096, intermediate_size=case.inter,
-            routed_scaling_factor=case.routed_scaling_factor, clamp_limit=case.clamp_limit,
-        ))
+        out.append({
+            "hidden_states": x, "w13_packed": w13.view(torch.int8), "w2_packed": w2.view(torch.int8),
+            "w13_scale": s13.view(torch.float8_e8m0fnu).to(torch.float32),
+            "w2_scale": s2.view(torch.float8_e8m0fnu).to(torch.float32),
+            "topk_ids": ids, "topk_weights": w, "hidden_size": 4096, "intermediate_size": case.inter,
+            "routed_scaling_factor": case.routed_scaling_factor, "clamp_limit": case.clamp_limit,
+        })
     return out
 
 
@@ -106,7 +106,7 @@ def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
     nan = bool(torch.isnan(out).any())
     o = out if tokens is None else out[tokens]
     err = rel_err(o, ref)
-    return dict(ok=(not nan) and err <= REL_TOL, rel_err=err, nan=nan)
+    return {"ok": (not nan) and err <= REL_TOL, "rel_err": err, "nan": nan}
 
 
 def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
@@ -186,7 +186,7 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
               breakdown: bool = False) -> dict:
     import torch
 
-    from v4flash_kernels.moe.reference import flops, floor_bytes, ref_of, subset_tokens, touched_experts
+    from v4flash_kernels.moe.reference import floor_bytes, flops, ref_of, subset_tokens, touched_experts
 
     kws = kws_f32 = build(shape, copies, seed)
     kw = kws[0]
@@ -210,8 +210,8 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
         else:
             kw, kws = kws_f32[0], kws_f32
         if name == "upstream" and fl > UPSTREAM_SKIP_FLOPS:
-            row["variants"][name] = dict(ok=True, rel_err=float("nan"), nan=False, us=float("nan"),
-                                         note="skipped: > 2 s per call")
+            row["variants"][name] = {"ok": True, "rel_err": float("nan"), "nan": False, "us": float("nan"),
+                                         "note": "skipped: > 2 s per call"}
             continue
         try:
             chk = check(fn, kw, ref, tokens, poison=name != "upstream")
@@ -222,7 +222,7 @@ def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int
         except Exception as exc:  # a swept config that does not launch must not end the run
             if name == "ours":
                 raise
-            chk, us, note = dict(ok=False, rel_err=float("nan"), nan=False), float("nan"), f"error: {exc}"[:300]
+            chk, us, note = {"ok": False, "rel_err": float("nan"), "nan": False}, float("nan"), f"error: {exc}"[:300]
         row["variants"][name] = dict(chk, us=us, note=note)
         if breakdown and name != "upstream" and row["variants"][name]["ok"]:
             row["variants"][name]["breakdown_us"] = kernel_breakdown(fn, kws)
@@ -239,7 +239,7 @@ def e8m0_scales(kw: dict) -> dict:
     import torch
 
     def u8(s):
-        return ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+        return ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8).view(torch.float8_e8m0fnu)
 
     return dict(kw, w13_scale=u8(kw["w13_scale"]), w2_scale=u8(kw["w2_scale"]))
 
@@ -259,10 +259,10 @@ def default_variants(shape: Shape) -> Dict[str, Callable]:
 # one GEMM at a time around the planner's choice.
 # Decode: whole plans, (inline?, gemm1, gemm2) with configs (block_m, block_n, block_k, warps,
 # stages, mode, split_k).
-_G1 = dict(A=(16, 16, 256, 4, 3, 0, 1), B=(16, 16, 256, 4, 3, 0, 2), C=(16, 16, 256, 4, 3, 0, 4),
-           D=(16, 32, 256, 4, 3, 0, 4), E=(16, 16, 256, 2, 3, 0, 4), F=(1, 32, 256, 4, 1, 3, 4),
-           G=(16, 16, 128, 4, 4, 0, 8), H=(16, 16, 512, 4, 3, 0, 1))
-_G2 = dict(a=(16, 32, 128, 4, 3, 0), b=(16, 16, 128, 4, 3, 0), c=(16, 32, 128, 2, 3, 0), d=(16, 64, 128, 4, 3, 0))
+_G1 = {"A": (16, 16, 256, 4, 3, 0, 1), "B": (16, 16, 256, 4, 3, 0, 2), "C": (16, 16, 256, 4, 3, 0, 4),
+           "D": (16, 32, 256, 4, 3, 0, 4), "E": (16, 16, 256, 2, 3, 0, 4), "F": (1, 32, 256, 4, 1, 3, 4),
+           "G": (16, 16, 128, 4, 4, 0, 8), "H": (16, 16, 512, 4, 3, 0, 1)}
+_G2 = {"a": (16, 32, 128, 4, 3, 0), "b": (16, 16, 128, 4, 3, 0), "c": (16, 32, 128, 2, 3, 0), "d": (16, 64, 128, 4, 3, 0)}
 DECODE_PLANS = tuple((True, _G1[g], _G2["a"]) for g in "ABCDEFGH") + tuple(
     (True, _G1["A"], _G2[x]) for x in "bcd") + tuple((False, _G1[g], _G2["a"]) for g in "ABCD") + tuple(
     (False, _G1["A"], _G2[x]) for x in "bc") + (
@@ -383,7 +383,7 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
         pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.moe.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--tp", default="4,1")
     ap.add_argument("--decode", default="1,2,4,8,16,32,64")
@@ -430,7 +430,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows.append(r)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
+                json.dump({"meta": {"partial": True, "seed": seed}, "rows": rows}, f, indent=1)
         up = r["variants"].get("upstream", {}).get("us", float("nan"))
         print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: ours {r['variants']['ours']['us']:.1f} us"
               f" err {r['variants']['ours']['rel_err']:.2e} upstream {up:.1f} us", flush=True)
@@ -440,15 +440,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"    {v['us']:9.1f} us  err {v['rel_err']:.1e} {'ok' if v['ok'] else 'FAIL'}  {name}  [{parts}]",
                       flush=True)
     props = torch.cuda.get_device_properties(0)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
-                sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                commit=measured_commit(), argv=sys.argv[1:], seed=seed,
-                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+                "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+                "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
+                "upstream_origin": getattr(upstream, "__v4flash_origin__", None)}
     print(json.dumps(meta))
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")
