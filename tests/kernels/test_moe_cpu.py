@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from v4flash_kernels.moe import kernel, op_v2, repack
 from v4flash_kernels.moe import op as moe
 from v4flash_kernels.moe.reference import (
     MoeCase,
@@ -266,3 +267,142 @@ def test_rejects_bad_shapes():
     kw = make_inputs(MoeCase(tokens=2))
     with pytest.raises(ValueError, match="weight shapes"):
         moe.mxfp4_moe_forward(**dict(kw, intermediate_size=32))
+
+
+# ---------------------------------------------------------------- v2: repacked experts (moe.repack, moe.op_v2)
+
+V2_T8 = op_v2.MmaConfig(8, 32, 64, 2, 1)
+V2_T16 = op_v2.MmaConfig(16, 32, 64, 2, 1)
+V2_PLANS = {
+    "inline_t8": op_v2.PlanV2(True, V2_T8, V2_T8),
+    "sorted_t8": op_v2.PlanV2(False, V2_T8, V2_T8),
+    "sorted_t16_g2_t8": op_v2.PlanV2(False, V2_T16, V2_T8),
+    "inline_splitk4": op_v2.PlanV2(True, op_v2.MmaConfig(8, 32, 32, 2, 1, split_k=4), V2_T8),
+    "sorted_splitk2": op_v2.PlanV2(False, op_v2.MmaConfig(8, 32, 64, 2, 1, split_k=2), V2_T16),
+}
+V2_CASES = {
+    "holes_clamp_scale": MoeCase(tokens=5, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5),
+    # expert 0 on every one of 19 tokens: 3 chunks / blocks of 8 rows (and 2 of 16)
+    "hot_expert": MoeCase(tokens=19, topk=3, routing="hot", clamp_limit=0.4),
+    "dup_experts_top1": MoeCase(tokens=6, topk=1, routing="dup", routed_scaling_factor=0.7),
+}
+
+
+def _repacked(kw: dict) -> repack.RepackedExperts:
+    return repack.repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"])
+
+
+def _call_v2(kw: dict, plan=None) -> torch.Tensor:
+    out = torch.full_like(kw["hidden_states"], float("nan"))
+    o = op_v2.run_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+                           kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    return o
+
+
+def _v2_combinations():
+    """Every (case, plan) pair the planner could produce: split-K with inline grouping only for
+    tokens <= block_t (run_repacked refuses the rest, tested below)."""
+    for name, case in sorted(V2_CASES.items()):
+        for plan_name, plan in sorted(V2_PLANS.items()):
+            if not (plan.inline and plan.gemm1.split_k > 1 and case.tokens > plan.gemm1.block_t):
+                yield name, plan_name
+
+
+@pytest.mark.parametrize("name,plan", list(_v2_combinations()))
+def test_v2_matches_fp64_reference(name, plan):
+    kw = make_inputs(V2_CASES[name])
+    _assert_matches(kw, _call_v2(kw, V2_PLANS[plan]))
+
+
+def test_v2_split_k_inline_at_one_token():
+    kw = make_inputs(MoeCase(tokens=1, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5))
+    _assert_matches(kw, _call_v2(kw, V2_PLANS["inline_splitk4"]))
+
+
+def test_v2_e8m0_input_scales_and_planner_default():
+    kw = make_inputs(MoeCase(tokens=2, hole_frac=0.2, scale_e8m0=True, clamp_limit=0.4, routed_scaling_factor=1.5))
+    _assert_matches(kw, _call_v2(kw))  # the planner's own plan (inline, split-K GEMM1)
+
+
+def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
+    """Past V2_MAX_ROWS_PER_EXPERT the planner hands back v1's plan; v1 then reads the checked
+    uint8 scales with the exponent-only decode."""
+    assert isinstance(op_v2.make_plan(4096, 6, 256, 4096, 512), moe.Plan)
+    kw = make_inputs(MoeCase(tokens=7, topk=4, hole_frac=0.1, clamp_limit=0.4, routed_scaling_factor=2.0))
+    _assert_matches(kw, _call_v2(kw, SORTED))
+    _assert_matches(kw, _call_v2(kw, INLINE))
+
+
+def test_v2_split_k_leaves_counters_zero_and_repeats_exactly():
+    """The last split to arrive reduces and zeroes its counter: a second call (as a graph replay
+    would) sees clean counters and gives the same bits."""
+    from v4flash_kernels.attention.op import arrival_counters
+
+    kw = make_inputs(MoeCase(tokens=1, clamp_limit=0.4, routed_scaling_factor=1.5))
+    plan = V2_PLANS["inline_splitk4"]
+    a = _call_v2(kw, plan)
+    assert int(arrival_counters(a.device, 1).abs().sum()) == 0
+    b = _call_v2(kw, plan)
+    assert torch.equal(a, b)
+    _assert_matches(kw, a)
+
+
+def test_v2_refuses_split_k_inline_with_more_tokens_than_a_chunk():
+    kw = make_inputs(MoeCase(tokens=9, topk=2))
+    with pytest.raises(ValueError, match="split-K"):
+        _call_v2(kw, V2_PLANS["inline_splitk4"])
+
+
+def test_v2_plan_depends_on_shapes_only():
+    p1 = op_v2.make_plan(1, 6, 256, 4096, 512)
+    assert p1 == op_v2.make_plan(1, 6, 256, 4096, 512) and p1.inline and p1.gemm1.split_k > 1
+    assert p1.gemm1.block_t >= 1  # M=1 fits one chunk: split-K is allowed
+    p2 = op_v2.make_plan(2, 6, 256, 4096, 512)
+    assert p2.inline and p2.gemm1.split_k == 1
+    p16 = op_v2.make_plan(16, 6, 256, 4096, 512)
+    assert not p16.inline and p16.gemm1.block_t == 8
+    p256 = op_v2.make_plan(256, 6, 256, 4096, 512)
+    assert isinstance(p256, op_v2.PlanV2) and p256.gemm1.block_t == 16
+    assert isinstance(op_v2.make_plan(1024, 6, 256, 4096, 512), moe.Plan)
+    for cfg, _, _ in op_v2.launchable():
+        assert cfg.block_n % 16 == 0 and cfg.block_k % 32 == 0 and cfg.block_t in (8, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e8m0fnu])
+def test_repack_accepts_powers_of_two_in_range(dtype):
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    b = torch.randint(kernel.FAST_MIN_BYTE, kernel.FAST_MAX_BYTE + 1, (3, 64, 4), generator=g, dtype=torch.uint8)
+    s = b.view(torch.float8_e8m0fnu)
+    s = s if dtype == torch.float8_e8m0fnu else s.to(torch.float32)
+    assert repack.check_scales(s) is None
+    assert torch.equal(repack.e8m0_bytes(s), b)
+
+
+@pytest.mark.parametrize("bad,why", [
+    (lambda s: s * 1.5, "not exact powers of two"),
+    (lambda s: -s, "not exact powers of two"),
+    (lambda s: s * 0, "not exact powers of two"),
+    (lambda s: s * 2.0**-80, "not exact powers of two"),
+    (lambda s: s * 2.0**80, "not exact powers of two"),
+])
+def test_repack_names_the_scales_it_refuses(bad, why):
+    kw = make_inputs(MoeCase(tokens=1))
+    s2 = kw["w2_scale"].clone()
+    s2[3, 17, 1] = bad(s2[3, 17, 1])
+    with pytest.raises(repack.ScaleError, match=why) as err:
+        repack.repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], s2)
+    msg = str(err.value)
+    assert msg.startswith("w2_scale: 1 of ") and "[3, 17, 1]=" in msg
+
+
+def test_repack_refuses_integer_scales_and_bad_shapes():
+    kw = make_inputs(MoeCase(tokens=1))
+    u8 = kw["w13_scale"].to(torch.uint8)
+    with pytest.raises(repack.ScaleError, match="dtype torch.uint8"):
+        repack.repack_experts(kw["w13_packed"], kw["w2_packed"], u8, kw["w2_scale"])
+    ex = _repacked(kw)
+    with pytest.raises(ValueError, match="RepackedExperts.s2"):
+        repack.RepackedExperts(ex.w13, ex.w2, ex.s13, ex.s13)
+    assert ex.w13.data_ptr() == kw["w13_packed"].data_ptr()  # weights are viewed, not copied
+    assert (ex.experts, ex.hidden, ex.inter) == (8, 128, 64)

@@ -189,11 +189,13 @@ def run(
     clamp_limit: float | None = None,
     plan: Plan | None = None,
     out: torch.Tensor | None = None,
+    fast_scales: bool = False,
 ) -> torch.Tensor:
     """The MoE forward with an optional explicit plan (the benchmark sweeps plans through this).
 
     `out` ([M, hidden], input dtype) may be given so tests can poison it and prove every element
-    is written.
+    is written. `fast_scales`: both scale tensors are uint8 e8m0 bytes that `repack.check_scales`
+    accepted (a `repack.RepackedExperts`), read with the exponent-only decode.
     """
     M, K = hidden_states.shape
     E = w13_packed.shape[0]
@@ -219,8 +221,13 @@ def run(
     ids = ids.contiguous()
     tw = topk_weights.reshape(-1).contiguous()
     w13, w2 = _weight_view(w13_packed), _weight_view(w2_packed)
-    s13, m13 = _scale_view(w13_scale)
-    s2, m2 = _scale_view(w2_scale)
+    if fast_scales:
+        if w13_scale.dtype != torch.uint8 or w2_scale.dtype != torch.uint8:
+            raise ValueError("fast_scales needs the checked uint8 e8m0 bytes of a RepackedExperts")
+        (s13, m13), (s2, m2) = (w13_scale, _k.SCALE_FAST), (w2_scale, _k.SCALE_FAST)
+    else:
+        s13, m13 = _scale_view(w13_scale)
+        s2, m2 = _scale_view(w2_scale)
     clamp = float(clamp_limit) if clamp_limit is not None and clamp_limit > 0 else None
     scaling = float(routed_scaling_factor) if routed_scaling_factor is not None else 1.0
 
