@@ -347,3 +347,84 @@ def test_moe_reference_matches_a_hand_dequant(monkeypatch):
     packed = torch.full((1, 16), 0x2F, dtype=torch.uint8).view(torch.int8)
     deq = ops.mxfp4_dequant(packed, torch.full((1, 1), 0.5))
     assert deq.shape == (1, 32) and deq[0, 0].item() == -3.0 and deq[0, 1].item() == 0.5
+
+
+# ---------------------------------------------------------------- mHC (step 1)
+
+
+def test_mhc_ops_counts_bytes_and_fallback():
+    ops = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
+    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
+    post = _by_name(ops, "mHC post (TileLang mhc_post)")
+    assert pre.count == post.count == 86  # a pre and a post around attention and around the MoE of 43 layers
+    # residual 4 x 4096 bf16 per row + the 24 x 16384 fp32 hc_fn + y out + post/comb mixes (4 + 16 fp32)
+    assert pre.bytes == 16 * 4 * 4096 * 2 + 24 * 16384 * 4 + 16 * 4096 * 2 + 16 * 20 * 4
+    assert pre.flops == 2 * 16 * 24 * 16384
+    assert post.bytes == 16 * 4096 * 2 + 2 * 16 * 4 * 4096 * 2 + 16 * 20 * 4
+    assert pre.patch == "mhc_pre" and post.patch == "mhc_post"
+    assert pre.fallback[0] == pytest.approx(28.3) and pre.fallback[1].startswith("estimate")
+    assert M.interp(((1, 2.0), (3, 4.0)), 2) == 3.0 and M.interp(((1, 2.0), (3, 4.0)), 5) == 6.0
+    assert M.interp(M.MHC_FALLBACK_POST_US, 64) == pytest.approx(2.6)
+
+
+def test_untimed_op_falls_back_to_its_labelled_estimate():
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    meas = {}
+    for op in ops:
+        for impl in runner.impls_for(op):
+            if op.group == "mhc":
+                err = "TileLang mHC unavailable here: ImportError" if impl == "upstream" else "no patch yet"
+                meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, float("nan"), 0, 0, True,
+                                                          float("nan"), "", err, err)
+            else:
+                meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, 1.0, 1, 1, True, 0.0, "", impl)
+    us, src = runner.path_times(ops, meas)
+    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
+    assert us[(pre.key, "upstream")] == pytest.approx(17.9) and us[(pre.key, "patched")] == pytest.approx(17.9)
+    assert src[(pre.key, "upstream")].startswith("estimate") and "TileLang mHC unavailable" in src[(pre.key, "upstream")]
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    comp = M.compose(spec, "upstream", ops, us, src, gpu)
+    est = [ln for ln in comp.lines if ln.estimated]
+    assert {ln.group for ln in est} == {"mhc"}
+    assert comp.timed_ms == pytest.approx(sum(ln.ms_step for ln in comp.lines if ln.group != "mhc"))
+    assert comp.estimate_ms > sum(ln.ms_step for ln in est) > 0  # never a silent zero, never counted as timed
+    text = R.composition_table(comp, M.compose(spec, "patched", ops, us, src, gpu), gpu, md=True)
+    assert "mHC pre (compiled torch + TileLang Sinkhorn) (estimate)" in text
+
+
+def test_mhc_references_from_the_definition(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn((2, 4, 4096), generator=g).to(torch.bfloat16)
+    fn, scale, base = ops.mhc_params(g)
+    y, post, comb = ops.mhc_pre_ref(x, fn, scale, base)
+    assert y.shape == (2, 4096) and post.shape == (2, 4) and comb.shape == (2, 4, 4)
+    # Sinkhorn ends on a column normalisation: columns sum to ~1, rows close to 1, all positive
+    assert torch.allclose(comb.sum(1), torch.ones(2, 4, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(comb.sum(2), torch.ones(2, 4, dtype=torch.float64), atol=1e-3) and bool((comb > 0).all())
+    assert bool(((post > 0) & (post < 2)).all())
+    # pre weights are sigmoid + eps: y is a positive combination of the 4 copies
+    xf = x.double().reshape(2, -1)
+    mix = (xf @ fn.double().t()) * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)
+    pre = torch.sigmoid(mix[:, :4] * scale[0].double() + base[:4].double()) + 1e-6
+    assert torch.allclose(y, (pre[:, :, None] * x.double()).sum(1))
+    out = ops.mhc_post_ref(y.float().to(torch.bfloat16), x, post, comb)
+    j = 2
+    want = post[:, j, None] * y.to(torch.bfloat16).double() + sum(comb[:, k, j, None] * x[:, k].double() for k in range(4))
+    assert torch.allclose(out[:, j], want)
+
+
+def test_mhc_without_tilelang_is_unavailable_not_failed(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    _wheel_or_skip()
+    monkeypatch.setitem(ops._loaded, "mhc", ops.Unavailable("TileLang mHC unavailable here: test"))
+    op = M.mhc_ops(1)[0]
+    m = runner.measure_one(op, "upstream", 1 << 20, 3)
+    assert m.ok and m.us != m.us and "TileLang mHC unavailable" in m.error
+    m = runner.measure_one(op, "ours", 1 << 20, 3)
+    assert m.ok and m.error.startswith("no patch yet")

@@ -115,18 +115,42 @@ def upstream_attention():
     return _up.load_upstream()
 
 
-# Our patches: (module, function); absent modules mean "no patch yet", not an error.
-PATCHES = {
-    "attention": ("v4flash_kernels.attention.op", "sparse_mla_decode"),
-    "moe": ("v4flash_kernels.moe.op", "mxfp4_moe_forward"),
-    "indexer": ("v4flash_kernels.indexer.op", "fp8_paged_mqa_logits"),
+@dataclass(frozen=True)
+class Hook:
+    """One op's two implementations: what upstream runs on sm_120 (for the report) and where ours
+    lives, `(module, attribute)`, called with upstream's exact signature (a drop-in), or None."""
+
+    upstream: str
+    ours: Tuple[str, str] | None
+
+
+# The one table the lead edits when a patch lands: an absent module (or None) is "no patch yet".
+HOOKS: Dict[str, Hook] = {
+    "attention": Hook("flash_mla_sm120_triton.flash_mla_sparse_decode_triton",
+                      ("v4flash_kernels.attention.op", "sparse_mla_decode")),
+    "moe": Hook("mxfp4_moe_sm120_triton.mxfp4_moe_forward_triton", ("v4flash_kernels.moe.op", "mxfp4_moe_forward")),
+    "indexer": Hook("dsv4/indexer.py::fp8_paged_mqa_logits_torch_sm120",
+                    ("v4flash_kernels.indexer.op", "fp8_paged_mqa_logits")),
+    # DeepseekV4DecoderLayer.hc_pre(self, x, hc_fn, hc_scale, hc_base, norm=None) -> (y, post, comb, fused)
+    "mhc_pre": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_pre", ("v4flash_kernels.mhc.op", "hc_pre")),
+    # DeepseekV4DecoderLayer.hc_post(self, x, residual, post, comb) -> new residual
+    "mhc_post": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_post", ("v4flash_kernels.mhc.op", "hc_post")),
 }
+# Kept for callers that patch one entry: kind -> (module, attribute).
+PATCHES = {k: h.ours for k, h in HOOKS.items() if h.ours is not None}
 
 
 def patch_function(kind: str) -> Tuple[Callable | None, str]:
     """(our function or None, why): None with "no patch yet" when its module does not exist."""
-    mod_name, attr = PATCHES[kind]
-    if importlib.util.find_spec(mod_name) is None:
+    entry = PATCHES.get(kind)
+    if entry is None:
+        return None, "no patch yet"
+    mod_name, attr = entry
+    try:
+        found = importlib.util.find_spec(mod_name) is not None
+    except ModuleNotFoundError:  # the parent package is missing too
+        found = False
+    if not found:
         return None, "no patch yet"
     try:
         mod = importlib.import_module(mod_name)
@@ -611,11 +635,131 @@ def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     return Prepared(run, r, check, src)
 
 
+
+# ---------------------------------------------------------------- mHC (hyper-connections)
+
+
+def upstream_mhc():
+    """The pinned `DeepseekV4DecoderLayer.hc_pre` / `hc_post` (their TileLang kernels included) as
+    functions of a stand-in layer, compiled once at one token so that a machine without a working
+    TileLang says so once (`Unavailable`, the op falls back to its labelled estimate)."""
+    if "mhc" in _loaded:
+        got = _loaded["mhc"]
+        if isinstance(got, Unavailable):
+            raise got
+        return got
+    try:
+        mod = _up.load_dsv4_mhc_methods()
+        layer = mhc_layer()
+        x = torch.randn((1, M.HC_MULT, M.HIDDEN), device=DEVICE).to(torch.bfloat16)
+        fn, scale, base = mhc_params(torch.Generator(device=DEVICE).manual_seed(0))
+        _y, post, comb, _ = mod.hc_pre(layer, x, fn, scale, base)
+        mod.hc_post(layer, x[:, 0].contiguous(), x, post, comb)
+        _sync()
+    except Exception as exc:
+        err = Unavailable(f"TileLang mHC unavailable here: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        _loaded["mhc"] = err
+        raise err from exc
+    _loaded["mhc"] = mod
+    return mod
+
+
+def mhc_layer():
+    """The attributes `hc_pre`/`hc_post` read from the layer (DeepSeek-V4-Flash config)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(hc_mult=M.HC_MULT, hc_sinkhorn_iters=M.HC_SINKHORN_ITERS, hc_eps=M.HC_EPS,
+                           rms_norm_eps=M.RMS_EPS)
+
+
+def mhc_params(gen) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 hc_fn [24, 4*4096] scaled so the mixing logits are O(1), hc_scale [3], hc_base [24]."""
+    k = M.HC_MULT * M.HIDDEN
+    fn = torch.randn((M.HC_MIX, k), generator=gen, device=DEVICE) * k ** -0.5
+    scale = torch.rand((3,), generator=gen, device=DEVICE) * 0.5 + 0.75
+    base = torch.randn((M.HC_MIX,), generator=gen, device=DEVICE) * 0.5
+    return fn, scale, base
+
+
+def mhc_pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor):
+    """fp64 hyper-connection pre from its definition: RMS-normalised mix logits of the flattened
+    residual, pre = sigmoid + eps, post = 2 sigmoid, comb = row-softmax + eps then 20 alternating
+    column/row normalisations (each divisor + eps), y = sum_j pre_j x_j."""
+    n, hc, _ = x.shape
+    xf = x.double().reshape(n, -1)
+    rs = torch.rsqrt(xf.square().mean(-1, keepdim=True) + M.RMS_EPS)
+    mix = (xf @ fn.double().t()) * rs
+    sc, bs, eps = scale.double(), base.double(), M.HC_EPS
+    pre = torch.sigmoid(mix[:, :hc] * sc[0] + bs[:hc]) + eps
+    post = 2 * torch.sigmoid(mix[:, hc:2 * hc] * sc[1] + bs[hc:2 * hc])
+    comb = (mix[:, 2 * hc:] * sc[2] + bs[2 * hc:]).view(n, hc, hc)
+    comb = torch.softmax(comb, dim=-1) + eps
+    comb = comb / (comb.sum(1, keepdim=True) + eps)
+    for _ in range(M.HC_SINKHORN_ITERS - 1):
+        comb = comb / (comb.sum(2, keepdim=True) + eps)
+        comb = comb / (comb.sum(1, keepdim=True) + eps)
+    y = (pre.unsqueeze(-1) * x.double()).sum(1)
+    return y, post, comb
+
+
+def mhc_post_ref(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """new_residual[j] = post_j x + sum_k comb[k, j] residual[k] (fp64)."""
+    return post.double().unsqueeze(-1) * x.double().unsqueeze(1) + torch.einsum(
+        "nkj,nkh->njh", comb.double(), residual.double())
+
+
+def build_mhc(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
+    kind, rows = str(op.p["kind"]), int(op.p["rows"])
+    hook = "mhc_pre" if kind == "pre" else "mhc_post"
+    if impl == "upstream":
+        mod = upstream_mhc()
+        fn_impl = mod.hc_pre if kind == "pre" else mod.hc_post
+        src = ("upstream hc_pre: torch.compile'd norm + fp32 mix GEMV, TileLang hc_split_sinkhorn, torch combine"
+               if kind == "pre" else "upstream hc_post: TileLang mhc_post")
+    else:
+        fn_impl, why = patch_function(hook)
+        if fn_impl is None:
+            raise Unavailable(why)
+        src = why
+    layer = mhc_layer()
+    g = _gen(seed)
+    x = _randn((rows, M.HC_MULT, M.HIDDEN), g)
+    r = rotations(M.HC_MIX * M.HC_MULT * M.HIDDEN * 4, l2) if kind == "pre" else 1
+    params = [mhc_params(g) for _ in range(r)]
+    fn0, scale0, base0 = params[0]
+    _y, post_ref, comb_ref = mhc_pre_ref(x, fn0, scale0, base0)
+    post_in, comb_in = post_ref.float(), comb_ref.float()
+    sub = _randn((rows, M.HIDDEN), g)
+
+    if kind == "pre":
+        def run() -> None:
+            for fn, scale, base in params:
+                fn_impl(layer, x, fn, scale, base)
+
+        def check() -> Check:
+            y, post, comb, _ = fn_impl(layer, x, fn0, scale0, base0)
+            _sync()
+            ry, rp, rc = mhc_pre_ref(x, fn0, scale0, base0)
+            errs = (rel_err(y, ry), rel_err(post.reshape(rp.shape), rp), rel_err(comb.reshape(rc.shape), rc))
+            return check_of(max(errs), "y {:.1e}, post {:.1e}, comb {:.1e}".format(*errs))
+    else:
+        def run() -> None:
+            fn_impl(layer, sub, x, post_in, comb_in)
+
+        def check() -> Check:
+            out = fn_impl(layer, sub, x, post_in, comb_in)
+            _sync()
+            return check_of(rel_err(out, mhc_post_ref(sub, x, post_in, comb_in)))
+
+    return Prepared(run, r, check, src)
+
+
 BUILDERS = {
     "fp8_gemm": build_fp8_gemm,
     "bf16_gemm": build_bf16_gemm,
     "attention": build_attention,
     "moe": build_moe,
+    "mhc": build_mhc,
 }
 
 

@@ -72,7 +72,8 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     body = []
     for ln, p in _per_op_rows(up, pa):
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
-        body.append([ln.name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
+        name = ln.name + (" (estimate)" if ln.estimated or p.estimated else "")
+        body.append([name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
                      _sig(p.ms_step / div), _sig(p.floor_rtx_ms / div), _sig(p.floor_gpu_ms / div),
                      _sig(ratio) + "x", p.source])
     body.append(["**timed ops**" if md else "timed ops", "", "", "", _sig(up.timed_ms / div), _sig(pa.timed_ms / div),
