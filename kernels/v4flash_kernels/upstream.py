@@ -26,7 +26,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Tuple
 
 MODULE_PATH = "sglang/srt/layers/attention/flash_mla_sm120_triton.py"
 MOE_PATH = "sglang/srt/layers/moe/fused_moe_triton/mxfp4_moe_sm120_triton.py"
@@ -40,7 +40,7 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def find_wheel() -> Optional[str]:
+def find_wheel() -> str | None:
     env = os.environ.get("V4FLASH_SGLANG_WHEEL")
     if env:
         return env

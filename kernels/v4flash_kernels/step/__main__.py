@@ -19,7 +19,6 @@ import time
 from typing import List
 
 from v4flash_kernels.provenance import measured_commit
-
 from v4flash_kernels.step import model as M
 from v4flash_kernels.step import report as R
 

@@ -125,6 +125,11 @@ class Op:
     def floor_us(self, machine: Machine) -> float:
         return machine.floor_us(self.bytes, self.flops, fp8=self.group in ("fp8_gemm", "indexer"))
 
+    @property
+    def kernels(self) -> int:
+        """Kernel launches one call makes where the bench knows it (glue ops), else 1."""
+        return len(self.p.get("launches", ())) or 1
+
 
 def _params(**kw: object) -> Tuple[Tuple[str, object], ...]:
     return tuple(sorted(kw.items()))
@@ -142,7 +147,7 @@ def bf16_gemm_bytes(m: int, n: int, k: int, out_bytes: int = 2) -> int:
 
 def fp8_gemm(name: str, m: int, n: int, k: int, count: int) -> Op:
     return Op(name, "fp8_gemm", f"fp8:{m}x{n}x{k}", count, fp8_gemm_bytes(m, n, k), 2 * m * n * k,
-              _params(m=m, n=n, k=k))
+              _params(m=m, n=n, k=k), patch="fp8_gemm")
 
 
 def bf16_gemm(name: str, m: int, n: int, k: int, count: int, out_fp32: bool = False, groups: int = 1) -> Op:
@@ -267,7 +272,71 @@ def topk_op(rows: int, width: int, count: int, valid: int) -> Op:
     valid = min(valid, width)
     nbytes = rows * valid * 4 + rows * INDEX_TOPK * 4
     return Op("indexer top-512", "indexer", f"topk:{rows}x{width}:v{valid}", count, nbytes, 0,
-              _params(rows=rows, width=width, valid=valid))
+              _params(rows=rows, width=width, valid=valid), patch="topk")
+
+
+# ---------------------------------------------------------------- glue (norms, RoPE, cache writes, compressors)
+
+
+def glue_op(name: str, kind: str, rows: int, count: int, launches: Tuple[Tuple[int, int], ...],
+            impl: str, dim: int = 0) -> Op:
+    """One glue op: `launches` kernels per call, each (bytes read, bytes written). `impl` is how the
+    bench runs it: "rmsnorm" (the wheel's Triton RMSNorm), "torch_add" (eager add, as upstream), or
+    "proxy" (one copy kernel per launch moving the same bytes, for a JIT kernel the bench cannot build)."""
+    nbytes = sum(i + o for i, o in launches)
+    key = f"glue:{kind}:{rows}:" + ",".join(f"{i}/{o}" for i, o in launches)
+    return Op(name, "glue", key, count, nbytes, 0, _params(kind=kind, rows=rows, launches=launches, impl=impl,
+                                                          dim=dim))
+
+
+def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) -> List[Op]:
+    """The small kernels of a step besides the GEMMs, attention, indexer, MoE and mHC, as the sm_120
+    path of models/deepseek_v4.py + dsv4/compressor.py runs them (`rows` tokens, all layers).
+
+    RMSNorm is sgl_kernel's AOT `rmsnorm` (timed as the wheel's own one-program-per-row Triton
+    RMSNorm); the JIT kernels of jit_kernel/dsv4 (norm+RoPE, cache stores, compressors, the indexer
+    q quant, the shared-expert activation, the routing top-k) need SGLang's CUDA JIT and are timed as
+    one bytes-equivalent copy kernel per launch. A compressor call is three JIT launches (compress
+    into the state ring, norm + RoPE of the compressed token, store into the paged cache); at decode
+    every row updates the state, in prefill only every ratio-th token is compressed.
+    """
+    n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
+    h = N_HEADS // tp
+    rope = 64
+
+    def compressor(d: int, ratio: int, store_bytes: int) -> Tuple[Tuple[int, int], ...]:
+        width = 2 * (2 if ratio == 4 else 1) * d * 4  # fp32 kv + score of the wkv_gate output
+        done = math.ceil(rows / ratio) if prefill else rows
+        first = (rows * width, done * d * 4 if prefill else rows * width)
+        return (first, (done * d * 4, done * d * 4), (done * d * 4, done * store_bytes))
+
+    shared_i = SHARED_INTER // tp
+    return [
+        glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", rows, 2 * n_all + 1,
+                ((rows * HIDDEN * 2 + HIDDEN * 2, rows * HIDDEN * 2),), "rmsnorm", HIDDEN),
+        glue_op("RMSNorm q_norm 1024", "rms1024", rows, n_all, ((rows * Q_LORA * 2 + Q_LORA * 2, rows * Q_LORA * 2),),
+                "rmsnorm", Q_LORA),
+        glue_op("q norm + RoPE (JIT)", f"qrope{h}", rows, n_all, ((rows * h * HEAD_DIM * 2, rows * h * HEAD_DIM * 2),),
+                "proxy"),
+        glue_op("kv norm + RoPE + fp8 SWA cache write (JIT)", "kvstore", rows, n_all,
+                ((rows * HEAD_DIM * 2, rows * KV_TOKEN_BYTES),), "proxy"),
+        glue_op("inverse RoPE on o (JIT)", f"orope{h}", rows, n_all, ((rows * h * rope * 2, rows * h * rope * 2),),
+                "proxy"),
+        glue_op("compressor c4: compress + norm/RoPE + store (3 JIT)", "comp4", rows, n_c4,
+                compressor(HEAD_DIM, 4, KV_TOKEN_BYTES), "proxy"),
+        glue_op("compressor c128: compress + norm/RoPE + store (3 JIT)", "comp128", rows, n_c128,
+                compressor(HEAD_DIM, 128, KV_TOKEN_BYTES), "proxy"),
+        glue_op("indexer compressor + index-key store (3 JIT)", "compidx", rows, n_c4,
+                compressor(INDEX_DIM, 4, INDEX_TOKEN_BYTES), "proxy"),
+        glue_op("indexer q RoPE + Hadamard + fp8 quant (JIT)", "idxq", rows, n_c4,
+                ((rows * INDEX_HEADS * (INDEX_DIM * 2 + 4), rows * INDEX_HEADS * (INDEX_DIM + 4)),), "proxy"),
+        glue_op("MoE routing top-6 (JIT)", "route", rows, n_all,
+                ((rows * N_EXPERTS * 2, rows * TOPK_EXPERTS * 8),), "proxy"),
+        glue_op("shared-expert SiLU-mul clamp (JIT)", f"silu{tp}", rows, n_all,
+                ((rows * 2 * shared_i * 2, rows * shared_i * 2),), "proxy"),
+        glue_op("shared + routed add (torch)", "add", rows, n_all,
+                ((2 * rows * HIDDEN * 2, rows * HIDDEN * 2),), "torch_add", HIDDEN),
+    ]
 
 
 # ---------------------------------------------------------------- one step
@@ -346,6 +415,7 @@ def decode_ops(spec: StepSpec) -> List[Op]:
     ops.append(moe_op(B, counts["all"]))
     ops.extend(linear_ops(B, counts))
     ops.extend(mhc_ops(B))
+    ops.extend(glue_ops(B, counts, prefill=False))
     ops.append(lm_head_op(B))
     return ops
 
@@ -379,6 +449,7 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
     ops.append(moe_op(T, counts["all"]))
     ops.extend(linear_ops(T, counts))
     ops.extend(mhc_ops(T))
+    ops.extend(glue_ops(T, counts, prefill=True))
     ops.append(lm_head_op(1))
     return ops
 
@@ -425,35 +496,17 @@ class Estimate:
 ALLREDUCE_PER_STEP = 2 * N_LAYERS + 1
 ALLREDUCE_LAT_US = 30.0  # decode-step-sm120.md: 25-40 µs each at B=1
 ALLREDUCE_BUS_BW = 20e9  # assumed NCCL ring bus bandwidth over PCIe Gen5 between 4 GPUs (not measured)
-# mHC pre/post + untimed glue (norms, RoPE, cache writes, compressor JIT kernels) per layer:
-# decode-step-sm120.md's step budget has 3.6 ms per step at B=1 and 5.6 ms at B=16.
-MHC_US_B1 = 3600.0 / N_LAYERS
-MHC_US_PER_EXTRA_TOKEN = (5600.0 - 3600.0) / N_LAYERS / 15
-# Prefill: mHC streams the 4-way hyper-connection residual; ~600 KB per token per layer (two pre:
-# bf16 read + fp32 copy + mixed write, two post: read x + residual, write residual).
-MHC_PREFILL_BYTES_PER_TOKEN = 600e3
-
-
 def estimates(phase: str, rows: int) -> List[Estimate]:
-    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops).
+    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops): the all-reduce.
 
     All-reduce of `rows` x 4096 bf16 at TP4: 30 µs latency (decode-step-sm120.md, 25-40 µs at
-    B=1) + 2(n-1)/n x bytes over an assumed 20 GB/s bus bandwidth. mHC + glue: decode, the line
-    through that document's 3.6 ms (B=1) and 5.6 ms (B=16) per step; prefill, 600 KB per token
-    per layer at the RTX PRO 6000's bandwidth on top of the B=1 latency.
+    B=1) + 2(n-1)/n x bytes over an assumed 20 GB/s bus bandwidth.
     """
     msg = rows * HIDDEN * 2
     ar = ALLREDUCE_LAT_US + 2 * (TP - 1) / TP * msg / ALLREDUCE_BUS_BW * 1e6
-    if phase == "prefill":
-        mhc = MHC_US_B1 + rows * MHC_PREFILL_BYTES_PER_TOKEN / BW_RTX6000 * 1e6
-        mhc_src = "estimate: B=1 latency from decode-step-sm120.md + 600 KB/token/layer at 1.792 TB/s"
-    else:
-        mhc = MHC_US_B1 + MHC_US_PER_EXTRA_TOKEN * (rows - 1)
-        mhc_src = "estimate: decode-step-sm120.md step budget (3.6 ms B=1, 5.6 ms B=16), linear in B"
     return [
         Estimate("NCCL all-reduce over PCIe (TP4)", ALLREDUCE_PER_STEP, ar,
                  "estimate: 30 us latency (decode-step-sm120.md) + bytes at an assumed 20 GB/s bus bandwidth"),
-        Estimate("norms/RoPE/cache-write/compressor glue (budget still incl. mHC)", N_LAYERS, mhc, mhc_src),
     ]
 
 

@@ -18,6 +18,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from v4flash_kernels import upstream as _up
 from v4flash_kernels.step import model as M
@@ -135,6 +137,12 @@ HOOKS: Dict[str, Hook] = {
     "mhc_pre": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_pre", ("v4flash_kernels.mhc.op", "hc_pre")),
     # DeepseekV4DecoderLayer.hc_post(self, x, residual, post, comb) -> new residual
     "mhc_post": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_post", ("v4flash_kernels.mhc.op", "hc_post")),
+    # w8a8_block_fp8_matmul_triton(A, B, As, Bs, block_size, output_dtype) after the activation group-quant
+    "fp8_gemm": Hook("quantization/fp8_kernel.py::w8a8_block_fp8_matmul_triton (default config)",
+                     ("v4flash_kernels.fp8_gemm.op", "w8a8_block_fp8_matmul")),
+    # topk_transform_512(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+    "topk": Hook("jit_kernel/dsv4/topk.py::topk_transform_512 (JIT; timed as a torch.topk proxy)",
+                 ("v4flash_kernels.topk.op", "topk_transform_512")),
 }
 # Kept for callers that patch one entry: kind -> (module, attribute).
 PATCHES = {k: h.ours for k, h in HOOKS.items() if h.ours is not None}
@@ -218,7 +226,7 @@ def act_quant_ref(x: torch.Tensor, group: int = 128) -> torch.Tensor:
     return (q.double() * s.double()).view(m, k)
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool = False):
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool = False, matmul=None):
     """sglang's `triton_w8a8_block_fp8_linear` on sm_120: group-quantize x, then the Triton matmul.
 
     The activation quant runs upstream's Triton `_per_token_group_quant_8bit` (the CUDA build uses
@@ -230,7 +238,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool
     xs = torch.empty((m, k // 128), dtype=torch.float32, device=x.device)
     mod._per_token_group_quant_8bit[(m * (k // 128),)](
         x, xq, xs, 128, 128, 1e-10, -448.0, 448.0, BLOCK=128, num_warps=1, num_stages=1)
-    out = mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
+    mm = matmul if matmul is not None else mod.w8a8_block_fp8_matmul_triton
+    out = mm(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
     return (out, xq, xs) if with_act else out
 
 
@@ -241,23 +250,28 @@ def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     r = rotations(n * k, l2)
     ws = [fp8_weight(n, k, g) for _ in range(r)]
     x = _randn((m, k), g)
+    mm, src = None, "upstream Triton _w8a8_block_fp8_matmul, default config"
+    if impl != "upstream":
+        mm, src = patch_function("fp8_gemm")
+        if mm is None:
+            raise Unavailable(src)
 
     def run() -> None:
         for w, s in ws:
-            fp8_linear(x, w, s)
+            fp8_linear(x, w, s, matmul=mm)
 
     def check() -> Check:
         """Both halves of the linear: the activation quant vs its definition, the GEMM vs fp64 on the
         same quantized operands."""
         w, s = ws[0]
-        out, xq, xs = fp8_linear(x, w, s, with_act=True)
+        out, xq, xs = fp8_linear(x, w, s, with_act=True, matmul=mm)
         xd = (xq.double().view(m, k // 128, 128) * xs.double().unsqueeze(-1)).view(m, k)
         wd = w.double() * s.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
         e_quant = rel_err(xd, act_quant_ref(x))
         e_mm = rel_err(out, xd @ wd.t())
         return check_of(max(e_quant, e_mm), f"act quant {e_quant:.1e}, gemm {e_mm:.1e}")
 
-    return Prepared(run, r, check, "upstream Triton _w8a8_block_fp8_matmul, default config (no patch)")
+    return Prepared(run, r, check, src)
 
 
 # ---------------------------------------------------------------- bf16 GEMMs (torch / cuBLAS)
@@ -521,10 +535,11 @@ def build_indexer(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 
 def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    """torch.topk over each row's valid prefix: a stand-in for the JIT radix `topk_transform_512`
-    (topk_v1.cuh: one CTA per row over its first seq_len scores, plus the page translation), which
-    needs sglang's JIT toolchain. The rows here share one length (decode) or the chunk's longest
-    (prefill, an upper bound)."""
+    """Upstream: torch.topk over each row's valid prefix, a stand-in for the JIT radix
+    `topk_transform_512` (topk_v1.cuh: one CTA per row over its first seq_len scores, plus the page
+    translation), which needs SGLang's CUDA JIT. Ours: the drop-in, called as the indexer calls the
+    JIT kernel (scores, c4 seq lens, page table, out page indices, page size 64, out raw indices).
+    The rows share one length (decode) or the chunk's longest (prefill, an upper bound)."""
     p = op.p
     rows, width, valid = int(p["rows"]), int(p["width"]), int(p["valid"])
     g = _gen(seed)
@@ -532,20 +547,49 @@ def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     logits[:, valid:] = float("-inf")
     head = logits[:, :valid]
     k = min(M.INDEX_TOPK, valid)
+    if impl == "upstream":
+        def call():
+            return torch.topk(head, k, dim=1, largest=True, sorted=False)
 
-    def call():
-        return torch.topk(head, k, dim=1, largest=True, sorted=False)
+        def check() -> Check:
+            vals, idx = call()
+            ref = torch.sort(logits, dim=1, descending=True).values[:, :k]
+            got = torch.sort(vals, dim=1, descending=True).values
+            ok = torch.equal(torch.gather(logits, 1, idx), vals) and bool(torch.isfinite(got).all())
+            return check_of(rel_err(got, ref) if ok else float("nan"))
 
-    def check() -> Check:
-        vals, idx = call()
+        return Prepared(lambda: call(), 1, check, "proxy: torch.topk over the valid prefix (JIT topk_transform_512 "
+                        "needs SGLang's CUDA JIT)")
+    fn, why = patch_function("topk")
+    if fn is None:
+        raise Unavailable(why)
+    pages = math.ceil(width / M.INDEX_PAGE)
+    table = torch.randperm(rows * pages, generator=g, device=DEVICE).to(torch.int32).view(rows, pages)
+    seq = torch.full((rows,), valid, dtype=torch.int32, device=DEVICE)
+    out_pages = torch.empty((rows, M.INDEX_TOPK), dtype=torch.int32, device=DEVICE)
+    out_raw = torch.empty((rows, M.INDEX_TOPK), dtype=torch.int32, device=DEVICE)
+
+    def call2() -> None:
+        fn(logits, seq, table, out_pages, M.INDEX_PAGE, out_raw)
+
+    def check2() -> Check:
+        out_pages.fill_(-7)
+        out_raw.fill_(-7)
+        call2()
+        _sync()
+        raw = out_raw[:, :k].long()
+        if bool((raw < 0).any()) or bool((raw >= valid).any()):
+            return Check(False, float("nan"), "raw index outside the row's valid prefix")
+        got = torch.sort(torch.gather(logits, 1, raw), dim=1, descending=True).values
         ref = torch.sort(logits, dim=1, descending=True).values[:, :k]
-        got = torch.sort(vals, dim=1, descending=True).values
-        ok = torch.equal(torch.gather(logits, 1, idx), vals) and bool(torch.isfinite(got).all())
-        err = rel_err(got, ref) if ok else float("nan")
-        return check_of(err)
+        want_pages = torch.gather(table.long(), 1, raw // M.INDEX_PAGE) * M.INDEX_PAGE + raw % M.INDEX_PAGE
+        if not torch.equal(out_pages[:, :k].long(), want_pages):
+            return Check(False, float("nan"), "page translation differs")
+        if k < M.INDEX_TOPK and not bool((out_pages[:, k:] == -1).all()):
+            return Check(False, float("nan"), "slots past the row's length are not -1")
+        return check_of(rel_err(got, ref))
 
-    return Prepared(lambda: call(), 1, check, "proxy: torch.topk over the valid prefix (JIT topk_transform_512 "
-                    "not buildable here)")
+    return Prepared(call2, 1, check2, why)
 
 
 # ---------------------------------------------------------------- routed MoE (MXFP4)
@@ -754,12 +798,89 @@ def build_mhc(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     return Prepared(run, r, check, src)
 
 
+# ---------------------------------------------------------------- glue (norms, RoPE, cache writes, compressors)
+
+
+@triton.jit
+def _copy_words(src, dst, n_in, n_out, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src + offs, mask=offs < n_in, other=0)
+    tl.store(dst + offs, v, mask=offs < n_out)
+
+
+def upstream_rmsnorm():
+    """deepseek_v4.py's Triton `rms_normalize_triton` (in place, one program per row)."""
+    if "rms" not in _loaded:
+        _loaded["rms"] = _up.load_defs(_up.DSV4_MODEL_PATH, ["_rms_normalize_kernel", "rms_normalize_triton"],
+                                       prelude="import torch\nimport triton\nimport triton.language as tl\n")
+    return _loaded["rms"]
+
+
+def build_glue(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
+    """RMSNorm: the wheel's Triton RMSNorm (one program per row; sgl_kernel's AOT `rmsnorm`, which the
+    sm_120 path calls, is not on the bench machine), checked against fp64. Add: torch eager, as
+    upstream. Proxy: one copy kernel per JIT launch moving the same bytes, checked to copy exactly."""
+    p = op.p
+    rows, dim, how = int(p["rows"]), int(p["dim"]), str(p["impl"])
+    g = _gen(seed)
+    if how == "rmsnorm":
+        mod = upstream_rmsnorm()
+        x = _randn((rows, dim), g)
+        work = x.clone()
+        w = torch.ones((dim,), dtype=torch.bfloat16, device=DEVICE)  # ones: repeated in-place replays stay put
+
+        def run() -> None:
+            mod.rms_normalize_triton(work, M.RMS_EPS, w)
+
+        def check() -> Check:
+            y = mod.rms_normalize_triton(x.clone(), M.RMS_EPS, w)
+            xd = x.double()
+            ref = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + M.RMS_EPS)
+            return check_of(rel_err(y, ref))
+
+        return Prepared(run, 1, check, "proxy: deepseek_v4.py's Triton rms_normalize_triton for sgl_kernel.rmsnorm "
+                        "(AOT CUDA, not on this machine)")
+    if how == "torch_add":
+        a, b = _randn((rows, dim), g), _randn((rows, dim), g)
+
+        def run() -> None:
+            torch.add(a, b)
+
+        def check() -> Check:
+            return check_of(rel_err(torch.add(a, b), a.double() + b.double()))
+
+        return Prepared(run, 1, check, "torch add (eager), as deepseek_v2's MoE adds the shared expert")
+    bufs = []
+    for n_in, n_out in p["launches"]:  # type: ignore[union-attr]
+        wi, wo = max(1, math.ceil(n_in / 4)), max(1, math.ceil(n_out / 4))
+        src = torch.randint(-(2 ** 31), 2 ** 31 - 1, (wi,), generator=g, device=DEVICE, dtype=torch.int32)
+        bufs.append((src, torch.empty((wo,), dtype=torch.int32, device=DEVICE), wi, wo))
+    block = 1024
+
+    def run() -> None:
+        for src, dst, wi, wo in bufs:
+            _copy_words[(triton.cdiv(max(wi, wo), block),)](src, dst, wi, wo, BLOCK=block)
+
+    def check() -> Check:
+        run()
+        _sync()
+        for src, dst, wi, wo in bufs:
+            n = min(wi, wo)
+            if not torch.equal(src[:n], dst[:n]) or (wo > wi and bool((dst[wi:] != 0).any())):
+                return Check(False, float("nan"), "proxy copy kernel wrote wrong words")
+        return Check(True, 0.0, f"{len(bufs)} launch(es)")
+
+    return Prepared(run, 1, check, f"proxy: {len(bufs)} copy kernel(s) moving the same bytes (the JIT kernels of "
+                    "jit_kernel/dsv4 need SGLang's CUDA JIT)")
+
+
 BUILDERS = {
     "fp8_gemm": build_fp8_gemm,
     "bf16_gemm": build_bf16_gemm,
     "attention": build_attention,
     "moe": build_moe,
     "mhc": build_mhc,
+    "glue": build_glue,
 }
 
 
