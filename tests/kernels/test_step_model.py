@@ -465,3 +465,33 @@ def test_glue_builders_check_on_cpu(monkeypatch):
         chk = prep.check()
         assert chk.ok, (op.key, chk)
         assert ("proxy" in prep.source) == (op.p["impl"] != "torch_add")
+
+
+# ---------------------------------------------------------------- RTX PRO 6000 range (step 3)
+
+
+def test_rtx_range_per_op_and_step():
+    h200 = M.machine_for("NVIDIA H200", 4.2e12)
+    ratio = 4.2e12 / 1.792e12
+    gemv = M.fp8_gemm("x", 1, 8192, 1024, 1)  # bytes-bound on both
+    floor = gemv.floor_us(M.RTX6000)
+    assert M.rtx_range_us(gemv, 1.0, h200) == pytest.approx((floor, max(floor, ratio)))
+    assert M.rtx_range_us(gemv, 20.0, h200) == pytest.approx((20.0, 20.0 * ratio))
+    big = M.fp8_gemm("x", 8192, 8192, 1024, 1)  # FLOPs-bound on the RTX card: scaled by the fp8 rate ratio
+    lo, hi = M.rtx_range_us(big, 1000.0, h200)
+    assert lo == pytest.approx(max(1000.0, big.floor_us(M.RTX6000)))
+    assert hi == pytest.approx(max(lo, 1000.0 * 1979e12 / 1007.6e12))
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    us, src = _fake_times(spec)
+    comp = M.compose(spec, "patched", ops, us, src, h200)
+    lo, hi = comp.rtx_range_ms
+    est = sum(e.count * e.us_per_call for e in comp.estimates) / 1e3
+    assert lo == pytest.approx(sum(ln.rtx_lo_ms for ln in comp.lines) + est)
+    assert comp.total_ms <= lo <= hi
+    assert hi - est == pytest.approx(sum(max(max(1.0, o.floor_us(M.RTX6000)), 1.0 * ratio) * o.count
+                                         for o in M.ops_for_path(ops, "patched")) / 1e3)
+    t_lo, t_hi = comp.rtx_tok_s_range()
+    assert t_lo == pytest.approx(1 / (hi / 1e3)) and t_hi == pytest.approx(1 / (lo / 1e3))
+    md = R.summary_table([(M.compose(spec, "upstream", ops, us, src, h200), comp)], md=True)
+    assert "RTX 6000" in md and f"{lo:.1f} - {hi:.1f}" in md

@@ -527,6 +527,8 @@ class OpLine:
     flops_call: int
     source: str  # "upstream", "ours: <module>", "no patch yet", ...
     estimated: bool = False  # µs from the op's labelled fallback estimate, not timed here
+    rtx_lo_ms: float = float("nan")  # the RTX PRO 6000 range of this op per step (see `rtx_range_us`)
+    rtx_hi_ms: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -558,9 +560,37 @@ class Composition:
     def floor_gpu_ms(self) -> float:
         return sum(ln.floor_gpu_ms for ln in self.lines if not ln.estimated)
 
+    @property
+    def rtx_range_ms(self) -> Tuple[float, float]:
+        """(low, high) ms of this step on one RTX PRO 6000: every line's range + the estimates."""
+        est = sum(e.count * e.us_per_call for e in self.estimates) / 1e3
+        return (sum(ln.rtx_lo_ms for ln in self.lines) + est, sum(ln.rtx_hi_ms for ln in self.lines) + est)
+
+    def rtx_tok_s_range(self) -> Tuple[float, float]:
+        """(low, high) tok/s on one RTX PRO 6000 (low from the slow end of the step range)."""
+        lo, hi = self.rtx_range_ms
+        return self.tokens_per_step / (hi / 1e3), self.tokens_per_step / (lo / 1e3)
+
     def tok_s(self, include_estimates: bool = True) -> float:
         ms = self.total_ms if include_estimates else self.timed_ms
         return self.tokens_per_step / (ms / 1e3) if ms > 0 else float("nan")
+
+
+def rtx_range_us(op: Op, us: float, gpu: Machine, rtx: Machine = RTX6000) -> Tuple[float, float]:
+    """What one call may cost on an RTX PRO 6000, from its time on the GPU that ran it.
+
+    Low end: the measured time, but never under the op's bytes/FLOPs floor on the RTX card (a
+    launch-bound op keeps its time). High end: the measured time scaled by the bandwidth ratio when
+    the op is bytes-bound on the RTX card, by the tensor-rate ratio when it is FLOPs-bound (the whole
+    measured time slows as the bounding resource does; a launch-bound op lands nearer the low end).
+    """
+    lo = max(us, op.floor_us(rtx))
+    fp8 = op.group in ("fp8_gemm", "indexer")
+    rate_gpu = gpu.fp8_flops if fp8 else gpu.bf16_flops
+    rate_rtx = rtx.fp8_flops if fp8 else rtx.bf16_flops
+    flops_bound = bool(op.flops) and rate_rtx == rate_rtx and op.flops / rate_rtx > op.bytes / rtx.bw
+    ratio = rate_gpu / rate_rtx if flops_bound and rate_gpu == rate_gpu else gpu.bw / rtx.bw
+    return lo, max(lo, us * ratio)
 
 
 def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str, str], float],
@@ -574,9 +604,12 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
     for op in ops_for_path(ops, path):
         t = us[(op.key, path)]
         src = sources.get((op.key, path), path)
+        est = src.startswith("estimate")
+        lo, hi = (t, t) if est else rtx_range_us(op, t, gpu)
         lines.append(OpLine(op.name, op.group, op.key, op.count, t, t * op.count / 1e3,
                             op.floor_us(RTX6000) * op.count / 1e3, op.floor_us(gpu) * op.count / 1e3,
-                            op.bytes, op.flops, src, estimated=src.startswith("estimate")))
+                            op.bytes, op.flops, src, estimated=est, rtx_lo_ms=lo * op.count / 1e3,
+                            rtx_hi_ms=hi * op.count / 1e3))
     rows = spec.batch
     tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens
     return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows)), tokens)

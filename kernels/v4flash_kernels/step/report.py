@@ -68,42 +68,56 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     unit = "s" if s.phase == "prefill" else "ms"
     div = 1e3 if s.phase == "prefill" else 1.0
     head = ["op", "calls", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
-            f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor", "patched source"]
+            f"patched RTX 6000 {unit}", f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor",
+            "patched source"]
     body = []
     for ln, p in _per_op_rows(up, pa):
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
         name = ln.name + (" (estimate)" if ln.estimated or p.estimated else "")
         body.append([name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
-                     _sig(p.ms_step / div), _sig(p.floor_rtx_ms / div), _sig(p.floor_gpu_ms / div),
-                     _sig(ratio) + "x", p.source])
+                     _sig(p.ms_step / div), _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
+                     _sig(p.floor_gpu_ms / div), _sig(ratio) + "x", p.source])
+    t_lo = sum(ln.rtx_lo_ms for ln in pa.lines if not ln.estimated)
+    t_hi = sum(ln.rtx_hi_ms for ln in pa.lines if not ln.estimated)
     body.append(["**timed ops**" if md else "timed ops", "", "", "", _sig(up.timed_ms / div), _sig(pa.timed_ms / div),
-                 _sig(pa.floor_rtx_ms / div), _sig(pa.floor_gpu_ms / div),
+                 _range(t_lo / div, t_hi / div), _sig(pa.floor_rtx_ms / div), _sig(pa.floor_gpu_ms / div),
                  _sig(pa.timed_ms / pa.floor_gpu_ms) + "x", ""])
     for e in up.estimates:
         v = e.count * e.us_per_call / 1e3 / div
         body.append([f"{e.name} (estimate)", str(e.count), _sig(e.us_per_call), _sig(e.us_per_call), _sig(v),
-                     _sig(v), "", "", "", e.source])
+                     _sig(v), _sig(v), "", "", "", e.source])
     tot = "**total**" if md else "total"
-    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), "", "", "", ""])
+    lo, hi = pa.rtx_range_ms
+    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), _range(lo / div, hi / div),
+                 "", "", "", ""])
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
-                     "", "", "", ""])
+                     f"{_f(lo / 1e3, 3)} - {_f(hi / 1e3, 3)}", "", "", "", ""])
     else:
+        t_lo, t_hi = pa.rtx_tok_s_range()
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
-                     "", "", "", ""])
+                     f"{_f(t_lo, 0)} - {_f(t_hi, 0)}", "", "", "", ""])
     return _table(head, body, md)
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"{_sig(lo)} - {_sig(hi)}"
 
 
 def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
     head = ["step", "upstream ms", "patched ms", "speed-up", "upstream tok/s", "patched tok/s",
-            "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
+            "patched on RTX 6000: ms / tok/s (range)", "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
     body = []
     for up, pa in pairs:
         s = up.spec
-        tps_u = up.tok_s() if s.phase == "decode" else float("nan")
-        tps_p = pa.tok_s() if s.phase == "decode" else float("nan")
+        dec = s.phase != "prefill"
+        tps_u = up.tok_s() if dec else float("nan")
+        tps_p = pa.tok_s() if dec else float("nan")
+        lo, hi = pa.rtx_range_ms
+        t_lo, t_hi = pa.rtx_tok_s_range()
+        rtx = f"{_f(lo, 1)} - {_f(hi, 1)}" + (f" / {_f(t_lo, 0)} - {_f(t_hi, 0)}" if dec else "")
         body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
-                     _f(tps_u, 1), _f(tps_p, 1),
+                     _f(tps_u, 1), _f(tps_p, 1), rtx,
                      f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
     return _table(head, body, md)
 
