@@ -126,8 +126,21 @@ def test_only_the_all_reduce_is_estimated():
     est = M.estimates("decode", 1)
     assert [e.name for e in est] == ["NCCL all-reduce over PCIe (TP4)"]
     ar = est[0]
-    assert ar.count == 87 and ar.us_per_call == pytest.approx(30.0 + 1.5 * 8192 / 20e9 * 1e6)
+    assert ar.count == 87 and ar.us_per_call == pytest.approx(13.9)  # 8 KB over NCCL at TP4
     assert all(e.source.startswith("estimate") for e in est)
+
+
+def test_allreduce_estimates_tp2_custom_tp4_nccl():
+    assert M.allreduce_us(8192, 4) == (13.9, "NCCL")
+    assert M.allreduce_us(8192, 2)[0] == 6.4 and "custom" in M.allreduce_us(8192, 2)[1]
+    assert M.allreduce_us(24576, 4)[0] == pytest.approx((14.7 + 15.6) / 2)  # interpolated between 16 and 32 KB
+    # past 64 KB: + 2(n-1)/n x the extra bytes at the assumed bus bandwidth
+    msg = 64 * 4096 * 2
+    assert M.allreduce_us(msg, 4)[0] == pytest.approx(71.2 + 1.5 * (msg - 65536) / 20e9 * 1e6)
+    assert M.allreduce_us(msg, 2)[0] == pytest.approx(11.8 + 1.0 * (msg - 65536) / 25e9 * 1e6)
+    # SGLang's custom all-reduce stops at 8 MiB: a prefill chunk's all-reduce at TP2 goes through NCCL
+    assert M.allreduce_us(8192 * 4096 * 2, 2)[1] == "NCCL"
+    assert M.estimates("decode", 1, 2)[0].name == "SGLang custom all-reduce over PCIe (TP2)"
 
 
 def _fake_times(spec, ours_for=()):
@@ -495,3 +508,57 @@ def test_rtx_range_per_op_and_step():
     assert t_lo == pytest.approx(1 / (hi / 1e3)) and t_hi == pytest.approx(1 / (lo / 1e3))
     md = R.summary_table([(M.compose(spec, "upstream", ops, us, src, h200), comp)], md=True)
     assert "RTX 6000" in md and f"{lo:.1f} - {hi:.1f}" in md
+
+
+# ---------------------------------------------------------------- TP2 vs TP4 (step 4)
+
+
+def test_tp2_shapes_bytes_and_floors():
+    s4 = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=16)
+    s2 = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=32, tp=2)
+    o4, o2 = M.decode_ops(s4), M.decode_ops(s2)
+    assert s2.label == "decode TP2 B=16 C=128K L=8K" and s4.label == "decode B=16 C=128K L=8K"
+    assert _by_name(o2, "wq_b (FP8)").p == {"m": 16, "n": 32 * 512, "k": 1024}
+    assert _by_name(o2, "wo_b (FP8)").p["k"] == 4096 and _by_name(o2, "wo_a einsum (bf16)").p["groups"] == 4
+    assert _by_name(o2, "lm_head (bf16, vocab/TP)").p["n"] == 129280 // 2
+    # replicated projections keep their shape; the routed experts hold twice the bytes per GPU
+    assert _by_name(o2, "wqkv_a (FP8)").key == _by_name(o4, "wqkv_a (FP8)").key
+    assert M.moe_expert_bytes(2) == 2 * M.moe_expert_bytes(4)
+    moe2 = _by_name(o2, "routed MoE (MXFP4)")
+    assert moe2.key == "moe:16:tp2" and moe2.p["tp"] == 2 and _by_name(o4, "routed MoE (MXFP4)").key == "moe:16"
+    att2 = _by_name(o2, "sparse-MLA attention (c4)", "patched")
+    assert att2.p["heads"] == 32 and att2.bytes > _by_name(o4, "sparse-MLA attention (c4)", "patched").bytes
+    # upstream attends all 64 heads at any TP: its attention shapes are shared between the layouts
+    assert (_by_name(o2, "sparse-MLA attention (c4)", "upstream").key
+            == _by_name(o4, "sparse-MLA attention (c4)", "upstream").key)
+    fl = {tp: sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, "patched"))
+          for tp, ops in ((4, o4), (2, o2))}
+    assert 1.5 < fl[2] / fl[4] < 2.0  # the weight bytes per GPU almost double
+    gl2 = {o.p["kind"] for o in o2 if o.group == "glue"}
+    assert {"qrope32", "orope32", "silu2"} <= gl2
+
+
+def test_tp_option_and_table(capsys):
+    from v4flash_kernels.step.__main__ import specs_from
+
+    class A:
+        batches, contexts, actual_context, prefill, tp = "1,16", "128K,1M", "8K", "1K", "4,2"
+
+    specs = specs_from(A)
+    assert [s.tp for s in specs].count(2) == 2  # TP2 decode at the first context only
+    assert all(s.configured_ctx == 128 * K and s.phase == "decode" for s in specs if s.tp == 2)
+    A.tp = "3"
+    assert main(["--tp", "3", "--dry-run"]) == 2 and "fix:" in capsys.readouterr().err
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    pairs = []
+    for tp in (4, 2):
+        spec = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=64 // tp, tp=tp)
+        ops = M.step_ops(spec)
+        us, src = _fake_times(spec)
+        pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
+    text = R.tp_table(pairs, md=True)
+    row = [r for r in text.splitlines() if r.startswith("| 16 |")][0].split("|")
+    p4, p2 = pairs[0][1], pairs[1][1]
+    assert float(row[4]) == pytest.approx(round(16 / (p4.total_ms / 1e3) / 4, 1), abs=0.06)
+    assert float(row[6]) == pytest.approx(round(16 / (p2.total_ms / 1e3) / 2, 1), abs=0.06)
+    assert R.tp_table(pairs[:1], md=True) == ""

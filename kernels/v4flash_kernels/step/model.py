@@ -175,12 +175,18 @@ def moe_expert_bytes(tp: int = TP) -> int:
     return nib + scales
 
 
-def moe_op(m: int, count: int) -> Op:
-    inter = MOE_INTER // TP
+def moe_op(m: int, count: int, tp: int = TP) -> Op:
+    inter = MOE_INTER // tp
     experts = expected_distinct_experts(m)
-    nbytes = int(round(experts * moe_expert_bytes())) + m * HIDDEN * 2 * 2 + m * TOPK_EXPERTS * 8
+    nbytes = int(round(experts * moe_expert_bytes(tp))) + m * HIDDEN * 2 * 2 + m * TOPK_EXPERTS * 8
     flops = 2 * m * TOPK_EXPERTS * (2 * inter * HIDDEN + HIDDEN * inter)
-    return Op("routed MoE (MXFP4)", "moe", f"moe:{m}", count, nbytes, flops, _params(m=m), patch="moe")
+    return Op("routed MoE (MXFP4)", "moe", f"moe:{m}" + _tp_tag(tp), count, nbytes, flops, _params(m=m, tp=tp),
+              patch="moe")
+
+
+def _tp_tag(tp: int) -> str:
+    """Key suffix of TP-dependent shapes (none at the default TP4, so older runs' keys still match)."""
+    return "" if tp == TP else f":tp{tp}"
 
 
 HC_MULT = 4  # hyper-connection copies of the residual
@@ -352,12 +358,14 @@ class StepSpec:
     actual_ctx: int  # decode: tokens already in each request; prefill: = batch
     heads_upstream: int = N_HEADS  # upstream attends all 64 heads (q padded, deepseek_v4.py l.909-914)
     heads_patched: int = N_HEADS
+    tp: int = TP  # attention-TP = MoE-TP of the worker this GPU belongs to
 
     @property
     def label(self) -> str:
+        tp = "" if self.tp == TP else f" TP{self.tp}"
         if self.phase == "prefill":
-            return f"prefill T={self.batch}"
-        return f"decode B={self.batch} C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+            return f"prefill{tp} T={self.batch}"
+        return f"decode{tp} B={self.batch} C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
 
 
 def fmt_ctx(n: int) -> str:
@@ -368,35 +376,36 @@ def fmt_ctx(n: int) -> str:
     return str(n)
 
 
-def linear_ops(m: int, counts: Mapping[str, int]) -> List[Op]:
-    """The GEMMs of one step at M = m rows (all layers), lm_head excluded."""
+def linear_ops(m: int, counts: Mapping[str, int], tp: int = TP) -> List[Op]:
+    """The GEMMs of one step at M = m rows (all layers), lm_head excluded; column/row-parallel ones
+    split over `tp` GPUs (the compressors, the indexer's projections and wqkv_a are replicated)."""
     n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
-    local_heads = N_HEADS // TP
-    local_groups = O_GROUPS // TP
+    local_heads = N_HEADS // tp
+    local_groups = O_GROUPS // tp
     return [
         fp8_gemm("wqkv_a (FP8)", m, Q_LORA + HEAD_DIM, HIDDEN, n_all),
         fp8_gemm("wq_b (FP8)", m, local_heads * HEAD_DIM, Q_LORA, n_all),
         bf16_gemm("wo_a einsum (bf16)", m, O_LORA, N_HEADS * HEAD_DIM // O_GROUPS, n_all, groups=local_groups),
-        fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // TP, n_all),
+        fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // tp, n_all),
         fp8_gemm("indexer wq_b (FP8)", m, INDEX_HEADS * INDEX_DIM, Q_LORA, n_c4),
         bf16_gemm("indexer weights_proj (bf16)", m, INDEX_HEADS, HIDDEN, n_c4),
         bf16_gemm("compressor c4 wkv_gate (bf16->fp32)", m, 2 * 2 * HEAD_DIM, HIDDEN, n_c4, out_fp32=True),
         bf16_gemm("compressor c128 wkv_gate (bf16->fp32)", m, 2 * HEAD_DIM, HIDDEN, n_c128, out_fp32=True),
         bf16_gemm("indexer compressor wkv_gate (bf16->fp32)", m, 2 * 2 * INDEX_DIM, HIDDEN, n_c4, out_fp32=True),
         bf16_gemm("router gate (bf16)", m, N_EXPERTS, HIDDEN, n_all),
-        fp8_gemm("shared expert gate_up (FP8)", m, 2 * SHARED_INTER // TP, HIDDEN, n_all),
-        fp8_gemm("shared expert down (FP8)", m, HIDDEN, SHARED_INTER // TP, n_all),
+        fp8_gemm("shared expert gate_up (FP8)", m, 2 * SHARED_INTER // tp, HIDDEN, n_all),
+        fp8_gemm("shared expert down (FP8)", m, HIDDEN, SHARED_INTER // tp, n_all),
     ]
 
 
-def lm_head_op(m: int) -> Op:
-    return bf16_gemm("lm_head (bf16, vocab/TP)", m, VOCAB // TP, HIDDEN, 1)
+def lm_head_op(m: int, tp: int = TP) -> Op:
+    return bf16_gemm("lm_head (bf16, vocab/TP)", m, VOCAB // tp, HIDDEN, 1)
 
 
 def decode_ops(spec: StepSpec) -> List[Op]:
-    """Every timed op of one decode step of one TP4 GPU, B = spec.batch requests."""
+    """Every timed op of one decode step of one GPU of a TP group, B = spec.batch requests."""
     counts = layer_counts()
-    B, C, L = spec.batch, spec.configured_ctx, spec.actual_ctx
+    B, C, L, tp = spec.batch, spec.configured_ctx, spec.actual_ctx, spec.tp
     ops: List[Op] = []
     for kind in ("window", "c4", "c128"):
         tok = attention_tokens(kind, L)
@@ -406,17 +415,17 @@ def decode_ops(spec: StepSpec) -> List[Op]:
             key = f"attn:{kind}:B{B}:H{heads}:w{width_extra}:v{valid_extra}"
             params = _params(kind=kind, rows=B, heads=heads, width_extra=width_extra, valid_extra=valid_extra,
                              prefill=False)
-            op = attention_op(kind, B, N_HEADS // TP, B * tok, counts[kind], key, params)
+            op = attention_op(kind, B, N_HEADS // tp, B * tok, counts[kind], key, params)
             ops.append(_variant(op, variant))
     c4_conf = C // 4
     ops.append(indexer_op(B, c4_conf, L / 4, counts["c4"], f"idx:B{B}:C{C}:L{L}",
                           _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False)))
     ops.append(topk_op(B, c4_conf, counts["c4"], L // 4))
-    ops.append(moe_op(B, counts["all"]))
-    ops.extend(linear_ops(B, counts))
+    ops.append(moe_op(B, counts["all"], tp))
+    ops.extend(linear_ops(B, counts, tp))
     ops.extend(mhc_ops(B))
-    ops.extend(glue_ops(B, counts, prefill=False))
-    ops.append(lm_head_op(B))
+    ops.extend(glue_ops(B, counts, prefill=False, tp=tp))
+    ops.append(lm_head_op(B, tp))
     return ops
 
 
@@ -429,7 +438,7 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
     extend mode cover the request's own pages, so the indexer scans T/4 positions per row.
     """
     counts = layer_counts()
-    T = spec.batch
+    T, tp = spec.batch, spec.tp
     if T > PREFILL_EXTEND_ROWS_MAX:
         raise ValueError(f"chunk of {T} tokens exceeds the sm_120 extend path ({PREFILL_EXTEND_ROWS_MAX} rows)")
     ops: List[Op] = []
@@ -439,18 +448,18 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
         for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
             key = f"attn-prefill:{kind}:T{T}:H{heads}"
             params = _params(kind=kind, rows=T, heads=heads, prefill=True)
-            ops.append(_variant(attention_op(kind, T, N_HEADS // TP, tok, counts[kind], key, params, distinct), variant))
+            ops.append(_variant(attention_op(kind, T, N_HEADS // tp, tok, counts[kind], key, params, distinct), variant))
     c4_width = math.ceil(T / RAW_PAGE) * INDEX_PAGE
     mean_c4 = sum((t + 1) // 4 for t in range(T)) / T
     ops.append(indexer_op(T, c4_width, mean_c4, counts["c4"], f"idx-prefill:T{T}",
                           _params(rows=T, configured_ctx=math.ceil(T / RAW_PAGE) * RAW_PAGE, actual_ctx=T,
                                   prefill=True), distinct_keys=T // 4))
     ops.append(topk_op(T, c4_width, counts["c4"], T // 4))
-    ops.append(moe_op(T, counts["all"]))
-    ops.extend(linear_ops(T, counts))
+    ops.append(moe_op(T, counts["all"], tp))
+    ops.extend(linear_ops(T, counts, tp))
     ops.extend(mhc_ops(T))
-    ops.extend(glue_ops(T, counts, prefill=True))
-    ops.append(lm_head_op(1))
+    ops.extend(glue_ops(T, counts, prefill=True, tp=tp))
+    ops.append(lm_head_op(1, tp))
     return ops
 
 
@@ -491,22 +500,45 @@ class Estimate:
     source: str
 
 
-# NCCL all-reduce at TP4 over PCIe: the custom all-reduce is off for > 2 PCIe GPUs
-# (custom_all_reduce_utils.py ~465-471). 2 per layer + 1 (vocab-parallel logits).
+# 2 all-reduces per layer (after attention's wo_b and after the MoE) + 1 for the vocab-parallel logits.
 ALLREDUCE_PER_STEP = 2 * N_LAYERS + 1
-ALLREDUCE_LAT_US = 30.0  # decode-step-sm120.md: 25-40 µs each at B=1
-ALLREDUCE_BUS_BW = 20e9  # assumed NCCL ring bus bandwidth over PCIe Gen5 between 4 GPUs (not measured)
-def estimates(phase: str, rows: int) -> List[Estimate]:
-    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops): the all-reduce.
+# Public measurements on 4x RTX PRO 6000 over PCIe (local-inference-lab/rtx6kpro,
+# optimization/pcie-oneshot-allreduce.md): µs per all-reduce at 8 / 16 / 32 / 64 KB, NCCL and a one-shot
+# all-reduce over CUDA IPC (what SGLang's custom all-reduce does for 2 GPUs). Past 64 KB the bytes are
+# added at an assumed bus bandwidth (not measured: NCCL ring 20 GB/s, P2P reads 25 GB/s).
+AR_NCCL_PCIE_US = ((8192, 13.9), (16384, 14.7), (32768, 15.6), (65536, 71.2))
+AR_ONESHOT_PCIE_US = ((8192, 6.4), (16384, 7.7), (32768, 9.2), (65536, 11.8))
+AR_NCCL_BUS_BW = 20e9
+AR_P2P_BW = 25e9
+# SGLang uses its custom all-reduce only for 2 PCIe GPUs (or full NVLink) and messages <= 8 MiB
+# (distributed/device_communicators/custom_all_reduce.py `should_custom_ar`, `_MAX_CAR_SIZE`).
+CUSTOM_AR_MAX_BYTES = 8192 * 1024
 
-    All-reduce of `rows` x 4096 bf16 at TP4: 30 µs latency (decode-step-sm120.md, 25-40 µs at
-    B=1) + 2(n-1)/n x bytes over an assumed 20 GB/s bus bandwidth.
-    """
-    msg = rows * HIDDEN * 2
-    ar = ALLREDUCE_LAT_US + 2 * (TP - 1) / TP * msg / ALLREDUCE_BUS_BW * 1e6
+
+def allreduce_us(msg_bytes: int, tp: int) -> Tuple[float, str]:
+    """(µs, which all-reduce) of one bf16 all-reduce of `msg_bytes` over `tp` PCIe GPUs."""
+    if tp <= 1:
+        return 0.0, "none (one GPU)"
+    custom = tp == 2 and msg_bytes <= CUSTOM_AR_MAX_BYTES
+    table, bw = (AR_ONESHOT_PCIE_US, AR_P2P_BW) if custom else (AR_NCCL_PCIE_US, AR_NCCL_BUS_BW)
+    if msg_bytes <= table[0][0]:
+        us = table[0][1]
+    elif msg_bytes <= table[-1][0]:
+        us = interp(table, msg_bytes)
+    else:
+        us = table[-1][1] + 2 * (tp - 1) / tp * (msg_bytes - table[-1][0]) / bw * 1e6
+    return us, ("SGLang custom all-reduce (one-shot, CUDA IPC)" if custom else "NCCL")
+
+
+def estimates(phase: str, rows: int, tp: int = TP) -> List[Estimate]:
+    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops): the all-reduce
+    of `rows` x 4096 bf16, 87 per step, over `tp` PCIe GPUs (see `allreduce_us`)."""
+    us, kind = allreduce_us(rows * HIDDEN * 2, tp)
     return [
-        Estimate("NCCL all-reduce over PCIe (TP4)", ALLREDUCE_PER_STEP, ar,
-                 "estimate: 30 us latency (decode-step-sm120.md) + bytes at an assumed 20 GB/s bus bandwidth"),
+        Estimate(f"{'NCCL all-reduce' if kind == 'NCCL' else 'SGLang custom all-reduce'} over PCIe (TP{tp})",
+                 ALLREDUCE_PER_STEP, us,
+                 f"estimate: {kind}, 4x RTX PRO 6000 PCIe measurements (local-inference-lab/rtx6kpro) for <= 64 KB, "
+                 f"+ bytes at an assumed {(AR_P2P_BW if 'custom' in kind else AR_NCCL_BUS_BW) / 1e9:.0f} GB/s beyond"),
     ]
 
 
@@ -612,16 +644,17 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
                             rtx_hi_ms=hi * op.count / 1e3))
     rows = spec.batch
     tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens
-    return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows)), tokens)
+    return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows, spec.tp)), tokens)
 
 
-def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int) -> List[StepSpec]:
-    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched)
+def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int,
+                 tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched, tp=tp)
             for c in contexts for b in batches]
 
 
-def prefill_specs(chunks: Iterable[int], heads_patched: int) -> List[StepSpec]:
-    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched) for t in chunks]
+def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
 
 
 def unique_ops(specs: Iterable[StepSpec]) -> Dict[str, Op]:

@@ -418,7 +418,7 @@ def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         if fn is None:
             raise Unavailable(why)
         src = f"{why}, all {heads} heads"
-        if heads < M.N_HEADS:  # the registry's TP adapter: rank 0 of 4 computes heads 0..15
+        if heads < M.N_HEADS:  # the registry's TP adapter: rank 0 of TP computes heads 0..64/TP-1
             from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
             fn = make_tp_aware(fn, read=lambda: AttnTp(0, M.N_HEADS // heads))
@@ -622,10 +622,10 @@ def moe_ref(x, w13, w2, s13, s2, ids, weights, rows: List[int]) -> torch.Tensor:
     return out * ROUTED_SCALING
 
 
-def moe_weights(seed: int):
-    """All 256 experts of one layer at TP4 in the pinned load path's layout: int8 nibbles, fp32 scales."""
+def moe_weights(seed: int, tp: int = M.TP):
+    """All 256 experts of one layer at `tp` in the pinned load path's layout: int8 nibbles, fp32 scales."""
     g = _gen(seed)
-    inter = M.MOE_INTER // M.TP
+    inter = M.MOE_INTER // tp
     E, K = M.N_EXPERTS, M.HIDDEN
     w13 = torch.randint(-128, 128, (E, 2 * inter, K // 2), generator=g, device=DEVICE, dtype=torch.int8)
     w2 = torch.randint(-128, 128, (E, K, inter // 2), generator=g, device=DEVICE, dtype=torch.int8)
@@ -638,10 +638,11 @@ _moe_w: Dict[int, tuple] = {}
 
 
 def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    m = int(op.p["m"])
-    if 0 not in _moe_w:  # one expert set reused by every MoE shape (806 MB + scales, far past L2)
-        _moe_w[0] = moe_weights(seed)
-    w13, w2, s13, s2 = _moe_w[0]
+    m, tp = int(op.p["m"]), int(op.p.get("tp", M.TP))
+    if tp not in _moe_w:  # one expert set per TP reused by every MoE shape (806 MB + scales at TP4, far past L2)
+        _moe_w.clear()  # the run orders shapes by TP, so one set is resident at a time
+        _moe_w[tp] = moe_weights(seed, tp)
+    w13, w2, s13, s2 = _moe_w[tp]
     g = _gen(seed + 1)
     r = 8 if m == 1 else (2 if m <= 16 else 1)  # routing sets per replay, so B=1 does not hit L2
     x = _randn((m, M.HIDDEN), g)
@@ -661,7 +662,7 @@ def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
     def one(ids, wts):
         return fn(hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2, topk_ids=ids,
-                  topk_weights=wts, hidden_size=M.HIDDEN, intermediate_size=M.MOE_INTER // M.TP,
+                  topk_weights=wts, hidden_size=M.HIDDEN, intermediate_size=M.MOE_INTER // tp,
                   routed_scaling_factor=ROUTED_SCALING, clamp_limit=SWIGLU_LIMIT)
 
     def run() -> None:

@@ -44,7 +44,7 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
         for path in ("upstream", "patched"):
             fl = sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, path)) / 1e3
             lines.append(f"floor of the timed ops, {path} path: {fl:.2f} ms on one RTX PRO 6000")
-        for e in M.estimates(s.phase, s.batch):
+        for e in M.estimates(s.phase, s.batch, s.tp):
             lines.append(f"estimate: {e.name}: {e.count} x {e.us_per_call:.1f} us = "
                          f"{e.count * e.us_per_call / 1e3:.2f} ms ({e.source})")
     uniq = M.unique_ops(specs)
@@ -135,3 +135,24 @@ def _table(head: List[str], body: List[List[str]], md: bool) -> str:
                          for i, c in enumerate(r))
 
     return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])
+
+
+def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+    """Per-GPU decode throughput of one TP4 worker (4 GPUs) vs two TP2 workers on the same 4 GPUs, at
+    the same batch per worker and context (patched path; H200 figures, then the RTX PRO 6000 range).
+    Empty when the run holds no such pair."""
+    by = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
+          for _up, pa in pairs if pa.spec.phase == "decode"}
+    head = ["B per worker", "context", "TP4 step ms", "TP4 tok/s per GPU", "TP2 step ms", "2x TP2 tok/s per GPU",
+            "TP2 / TP4", "per stream tok/s TP4 / TP2", "RTX 6000 tok/s per GPU: TP4 | 2x TP2"]
+    body = []
+    for (tp, b, c, a), p4 in by.items():
+        p2 = by.get((2, b, c, a))
+        if tp != 4 or p2 is None:
+            continue
+        g4, g2 = p4.tok_s() / 4, p2.tok_s() / 2
+        r4, r2 = [x / 4 for x in p4.rtx_tok_s_range()], [x / 2 for x in p2.rtx_tok_s_range()]
+        body.append([str(b), f"{M.fmt_ctx(c)} L={M.fmt_ctx(a)}", _f(p4.total_ms, 1), _f(g4, 1), _f(p2.total_ms, 1),
+                     _f(g2, 1), _f(g2 / g4, 2) + "x", f"{_f(1e3 / p4.total_ms, 1)} / {_f(1e3 / p2.total_ms, 1)}",
+                     f"{_f(r4[0], 0)} - {_f(r4[1], 0)} | {_f(r2[0], 0)} - {_f(r2[1], 0)}"])
+    return _table(head, body, md) if body else ""
