@@ -542,7 +542,7 @@ def test_tp_option_and_table(capsys):
     from v4flash_kernels.step.__main__ import specs_from
 
     class A:
-        batches, contexts, actual_context, prefill, tp = "1,16", "128K,1M", "8K", "1K", "4,2"
+        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,16", "128K,1M", "8K", "1K", "4,2", "", None
 
     specs = specs_from(A)
     assert [s.tp for s in specs].count(2) == 2  # TP2 decode at the first context only
@@ -562,3 +562,103 @@ def test_tp_option_and_table(capsys):
     assert float(row[4]) == pytest.approx(round(16 / (p4.total_ms / 1e3) / 4, 1), abs=0.06)
     assert float(row[6]) == pytest.approx(round(16 / (p2.total_ms / 1e3) / 2, 1), abs=0.06)
     assert R.tp_table(pairs[:1], md=True) == ""
+
+
+# ---------------------------------------------------------------- speculative verify (step 5)
+
+
+def test_verify_composition_rows_and_drafts():
+    spec = M.StepSpec("verify", 16, 128 * K, 8 * K, heads_patched=16, k=3)
+    assert spec.rows == 64 and spec.label == "verify k=3 B=16 C=128K L=8K"
+    ops = M.step_ops(spec)
+    target = [o for o in ops if not o.name.startswith("draft: ")]
+    draft = [o for o in ops if o.name.startswith("draft: ")]
+    assert _by_name(target, "routed MoE (MXFP4)").p["m"] == 64  # B x (k+1) rows through every op
+    assert _by_name(target, "wq_b (FP8)").p["m"] == 64 and _by_name(target, "lm_head (bf16, vocab/TP)").p["m"] == 64
+    att = _by_name(target, "sparse-MLA attention (c4)", "patched")
+    assert att.p["rows"] == 16 and att.p["reps"] == 4 and att.key.startswith("attn:c4:B16x4:")
+    # the 4 rows of one request share its cache: the floor reads its 640 attended tokens once, not 4 times
+    assert att.bytes == 16 * 640 * 584 + 4 * 64 * 640 + 2 * 64 * 16 * 512 * 2
+    idx = _by_name(target, "indexer logits (c4)")
+    assert idx.p["reps"] == 4 and idx.bytes == 16 * 2048 * 132 + 64 * 64 * 132 + 64 * (128 * K // 4) * 4
+    # drafts: k forwards of one window layer + head at B rows
+    moe_d = _by_name(draft, "draft: routed MoE (MXFP4)")
+    assert moe_d.p["m"] == 16 and moe_d.count == 3 and moe_d.key == "moe:16"
+    assert _by_name(draft, "draft: sparse-MLA attention (window)", "upstream").count == 3
+    assert _by_name(draft, "draft: NextN h_proj (FP8)").p == {"m": 64, "n": 4096, "k": 4096}
+    assert _by_name(draft, "draft: mHC pre (compiled torch + TileLang Sinkhorn)").count == 3 * 2
+    assert _by_name(draft, "draft: lm_head (bf16, vocab/TP)").p["m"] == 16
+    assert _by_name(draft, "draft: RMSNorm 4096 (input / post-attn / final)").count == 3 * 4
+    assert not any("compressor" in o.name or "indexer" in o.name for o in draft)
+    # the plain decode step of the same B shares the draft's shapes (one measurement)
+    plain = {o.key for o in M.step_ops(M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=16))}
+    assert {moe_d.key, _by_name(draft, "draft: wq_b (FP8)").key} <= plain
+    est = M.estimates("verify", spec.rows, 4, spec.batch, spec.k)
+    assert [e.count for e in est] == [9, 87]
+    assert est[1].us_per_call == M.allreduce_us(64 * 4096 * 2, 4)[0]
+
+
+def test_spec_tok_s_and_table():
+    assert M.spec_tok_s(10.0, 16, 3.1, 3) == pytest.approx((310.0, 4960.0))
+    per, agg = M.spec_tok_s(10.0, 16, 2.5, 1)
+    assert per != per and agg != agg  # a k=1 cycle emits at most 2 tokens
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    pairs = []
+    for spec in (M.StepSpec("decode", 1, 128 * K, 8 * K, heads_patched=16),
+                 M.StepSpec("verify", 1, 128 * K, 8 * K, heads_patched=16, k=3)):
+        ops = M.step_ops(spec)
+        us, src = _fake_times(spec)
+        pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
+    text = R.spec_table(pairs, md=True)
+    row = [r for r in text.splitlines() if r.startswith("| 1 | 3 |")][0].split("|")
+    plain, cyc = pairs[0][1].total_ms, pairs[1][1].total_ms
+    assert float(row[4]) == pytest.approx(cyc, abs=0.006)
+    assert row[-2].strip().startswith(f"{3.1 / (cyc / 1e3):.1f} / ")
+    assert f"({3.1 / (cyc / 1e3) * plain / 1e3:.2f}x)" in row[-2]
+    assert R.spec_table(pairs[:1], md=True) == ""
+
+
+def test_verify_attention_and_indexer_inputs_share_a_request_cache(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    spec = M.StepSpec("verify", 2, 4096, 1024, heads_patched=16, k=2)
+    op = _by_name(M.decode_ops(spec), "sparse-MLA attention (c128)", "upstream")
+    kw = ops.decode_attention_inputs(op.p, 3)
+    assert kw["q"].shape[0] == 6 and kw["indices"].shape[0] == 6
+    import torch
+
+    assert torch.equal(kw["extra_indices"][0], kw["extra_indices"][2])  # rows of one request: one cache
+    idx = _by_name(M.decode_ops(spec), "indexer logits (c4)")
+    ki = ops.indexer_inputs(idx.p, 3)
+    assert ki["q_fp8"].shape[0] == 6 and torch.equal(ki["page_table"][0], ki["page_table"][1])
+    assert ki["seq_lens"].view(-1).tolist() == [256, 256, 256, 256, 256, 256]  # (1024 + j) // 4 for j < 3
+
+
+def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    import json
+
+    args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",
+            "--verify-batches", "1"]
+    from v4flash_kernels.step.__main__ import main as step_main
+
+    class A:
+        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1", "128K", "8K", "", "4,2", "1", "1"
+
+    from v4flash_kernels.step.__main__ import specs_from
+
+    specs = specs_from(A)
+    assert [s.label for s in specs] == ["decode B=1 C=128K L=8K", "verify k=1 B=1 C=128K L=8K",
+                                        "decode TP2 B=1 C=128K L=8K"]
+    meas = []
+    for key, op in M.unique_ops(specs).items():
+        for impl in runner.impls_for(op):
+            meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 5.0, 1, 3, True, 1e-3, "", impl)))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 16, "tp": "4,2",
+                                        "mtp": "1", "verify_batches": "1"}, "measurements": meas}))
+    md = tmp_path / "out.md"
+    assert step_main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run),
+                      "--md", str(md)]) == 0
+    text = md.read_text()
+    assert "## TP4 vs 2x TP2" in text and "## Speculative decoding" in text and "verify k=1 B=1" in text
+    assert step_main([*args, "--dry-run"]) == 0

@@ -23,6 +23,8 @@ from v4flash_kernels.step import model as M
 from v4flash_kernels.step import report as R
 
 DEFAULT_TP = "4,2"
+DEFAULT_MTP = "1,2,3"
+DEFAULT_VERIFY_BATCHES = "1,16,64"
 
 
 class UsageError(Exception):
@@ -82,6 +84,13 @@ def specs_from(args) -> List[M.StepSpec]:
     first, others = tps[0], list(dict.fromkeys(tps[1:]))
     h = heads_patched(first)
     specs = M.decode_specs(batches, contexts, actual, h, first) + M.prefill_specs(chunks, h, first)
+    mtp = args.mtp if args.mtp is not None else DEFAULT_MTP
+    if mtp.strip():
+        ks = parse_sizes(mtp, "mtp")
+        if any(k > 7 for k in ks):
+            raise UsageError(f"--mtp {mtp}: up to 7 draft tokens are modelled", "give e.g. --mtp 1,2,3")
+        vb = parse_sizes(args.verify_batches or DEFAULT_VERIFY_BATCHES, "verify-batches")
+        specs += M.verify_specs(vb, ks, contexts[0], actual, h, first)
     for tp in others:  # the other layouts: decode at the first context, for the per-GPU comparison
         specs += M.decode_specs(batches, contexts[:1], actual, heads_patched(tp), tp)
     return specs
@@ -97,6 +106,10 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--tp", default=None, help="attention/MoE TP of a worker: the first gets every composition, "
                     "the others decode at the first context (per-GPU TP4 vs 2x TP2 table); default 4,2 "
                     "(with --from-json: the run's)")
+    ap.add_argument("--mtp", default=None, help="draft tokens k of the verify-step compositions (MTP speculative "
+                    f"decoding), at the first context and TP; '' = none; default {DEFAULT_MTP}")
+    ap.add_argument("--verify-batches", default=None, help=f"requests per GPU of the verify compositions; default "
+                    f"{DEFAULT_VERIFY_BATCHES}")
     ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
@@ -144,7 +157,8 @@ def main(argv: List[str] | None = None) -> int:
         "graph_overhead_us": overhead, "torch": torch.__version__, "triton": triton.__version__,
         "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
         "wall_s": time.time() - t0, "heads_patched": specs[0].heads_patched if specs else None,
-        "tp": args.tp or DEFAULT_TP,
+        "tp": args.tp or DEFAULT_TP, "mtp": DEFAULT_MTP if args.mtp is None else args.mtp,
+        "verify_batches": args.verify_batches or DEFAULT_VERIFY_BATCHES,
         "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
     }
     return emit(specs, meas, gpu, meta, args)
@@ -162,6 +176,11 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
     print(json.dumps(meta))
     print()
     print(R.summary_table(pairs, md=False))
+    spec_text = R.spec_table(pairs, md=False)
+    if spec_text:
+        print("\nspeculative decoding (MTP): verify cycle = B x (k+1)-row target forward + k draft forwards "
+              "(patched path)")
+        print(spec_text)
     tp_text = R.tp_table(pairs, md=False)
     if tp_text:
         print("\nper GPU: one TP4 decode worker vs two TP2 decode workers on the same 4 GPUs (patched path)")
@@ -188,6 +207,9 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
             f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True)}\n")
             if tp_text:
                 f.write(f"\n## TP4 vs 2x TP2 (per GPU, patched path)\n\n{R.tp_table(pairs, md=True)}\n")
+            if spec_text:
+                f.write(f"\n## Speculative decoding (MTP verify cycles, patched path)\n\n"
+                        f"{R.spec_table(pairs, md=True)}\n")
             for up, pa in pairs:
                 f.write(f"\n### {up.spec.label}\n\n{R.composition_table(up, pa, gpu, md=True)}\n")
     if bad:
@@ -213,6 +235,10 @@ def from_json(path: str, args) -> int:
         return 2
     if args.tp is None:
         args.tp = meta.get("tp") or "4"  # runs before --tp existed modelled TP4 only
+    if args.mtp is None:
+        args.mtp = meta.get("mtp", "")  # runs before --mtp existed had no verify compositions
+    if args.verify_batches is None:
+        args.verify_batches = meta.get("verify_batches")
     specs = specs_from(args)
     if meta.get("heads_patched") is not None and meta["heads_patched"] == M.N_HEADS:  # a run without the adapter
         specs = [M.StepSpec(s.phase, s.batch, s.configured_ctx, s.actual_ctx, s.heads_upstream, M.N_HEADS, s.tp)

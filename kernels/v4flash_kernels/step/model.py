@@ -359,13 +359,22 @@ class StepSpec:
     heads_upstream: int = N_HEADS  # upstream attends all 64 heads (q padded, deepseek_v4.py l.909-914)
     heads_patched: int = N_HEADS
     tp: int = TP  # attention-TP = MoE-TP of the worker this GPU belongs to
+    k: int = 0  # verify: draft tokens per request (MTP steps); the target forward runs B x (k+1) rows
+
+    @property
+    def rows(self) -> int:
+        """Rows of the target forward: B (decode), B x (k+1) (verify), the chunk's tokens (prefill)."""
+        return self.batch * (self.k + 1) if self.phase == "verify" else self.batch
 
     @property
     def label(self) -> str:
         tp = "" if self.tp == TP else f" TP{self.tp}"
         if self.phase == "prefill":
             return f"prefill{tp} T={self.batch}"
-        return f"decode{tp} B={self.batch} C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+        ctx = f"C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+        if self.phase == "verify":
+            return f"verify{tp} k={self.k} B={self.batch} {ctx}"
+        return f"decode{tp} B={self.batch} {ctx}"
 
 
 def fmt_ctx(n: int) -> str:
@@ -403,30 +412,76 @@ def lm_head_op(m: int, tp: int = TP) -> Op:
 
 
 def decode_ops(spec: StepSpec) -> List[Op]:
-    """Every timed op of one decode step of one GPU of a TP group, B = spec.batch requests."""
+    """Every timed op of one decode step of one GPU of a TP group, B = spec.batch requests; for a
+    verify step, the target forward over B x (k+1) rows (`spec.rows`), the k+1 rows of one request
+    attending the same cache at consecutive lengths."""
     counts = layer_counts()
     B, C, L, tp = spec.batch, spec.configured_ctx, spec.actual_ctx, spec.tp
+    reps = spec.rows // B
+    R = spec.rows
+    tag = "" if reps == 1 else f"x{reps}"
     ops: List[Op] = []
     for kind in ("window", "c4", "c128"):
         tok = attention_tokens(kind, L)
         width_extra = {"window": 0, "c4": INDEX_TOPK, "c128": C // 128}[kind]
         valid_extra = tok - min(WINDOW, L)
         for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
-            key = f"attn:{kind}:B{B}:H{heads}:w{width_extra}:v{valid_extra}"
+            key = f"attn:{kind}:B{B}{tag}:H{heads}:w{width_extra}:v{valid_extra}"
             params = _params(kind=kind, rows=B, heads=heads, width_extra=width_extra, valid_extra=valid_extra,
-                             prefill=False)
-            op = attention_op(kind, B, N_HEADS // tp, B * tok, counts[kind], key, params)
+                             prefill=False, reps=reps)
+            # the rows of one request share its cache: the floor reads each attended token once
+            op = attention_op(kind, R, N_HEADS // tp, R * tok, counts[kind], key, params, distinct_tokens=B * tok)
             ops.append(_variant(op, variant))
     c4_conf = C // 4
-    ops.append(indexer_op(B, c4_conf, L / 4, counts["c4"], f"idx:B{B}:C{C}:L{L}",
-                          _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False)))
-    ops.append(topk_op(B, c4_conf, counts["c4"], L // 4))
-    ops.append(moe_op(B, counts["all"], tp))
-    ops.extend(linear_ops(B, counts, tp))
-    ops.extend(mhc_ops(B))
-    ops.extend(glue_ops(B, counts, prefill=False, tp=tp))
-    ops.append(lm_head_op(B, tp))
+    ops.append(indexer_op(R, c4_conf, L / 4, counts["c4"], f"idx:B{B}{tag}:C{C}:L{L}",
+                          _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False, reps=reps),
+                          distinct_keys=B * (L // 4)))
+    ops.append(topk_op(R, c4_conf, counts["c4"], L // 4))
+    ops.append(moe_op(R, counts["all"], tp))
+    ops.extend(linear_ops(R, counts, tp))
+    ops.extend(mhc_ops(R))
+    ops.extend(glue_ops(R, counts, prefill=False, tp=tp))
+    ops.append(lm_head_op(R, tp))
     return ops
+
+
+NEXTN_LAYER_COUNTS = {"window": 1, "c4": 0, "c128": 0, "all": 1}  # the MTP layer: compress ratio 0
+
+
+def draft_ops(spec: StepSpec) -> List[Op]:
+    """The k NextN draft forwards of a verify cycle, each at B rows (models/deepseek_v4_nextn.py):
+    enorm/hnorm + e_proj (B rows) and h_proj (4B rows: the 4 hyper-connection copies), one
+    window-attention decoder layer (attention, MoE, its GEMMs, 2 mHC pre/post, its glue), the head
+    norm and the lm_head. Calls per cycle = k x calls per forward; names carry "draft: ".
+
+    (SGLang's EAGLE runs one of these k forwards, the draft extend after a verify, at B x (k+1)
+    rows; at the batch sizes where speculation pays it costs about the same as B rows.)
+    """
+    B, L, tp, k = spec.batch, spec.actual_ctx, spec.tp, spec.k
+    counts = NEXTN_LAYER_COUNTS
+    tok = attention_tokens("window", L)
+    one: List[Op] = []
+    for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
+        key = f"attn:window:B{B}:H{heads}:w0:v0"
+        params = _params(kind="window", rows=B, heads=heads, width_extra=0, valid_extra=0, prefill=False, reps=1)
+        one.append(_variant(attention_op("window", B, N_HEADS // tp, B * tok, 1, key, params), variant))
+    one.append(moe_op(B, 1, tp))
+    one.extend(o for o in linear_ops(B, counts, tp) if o.count)
+    one.append(fp8_gemm("NextN e_proj (FP8)", B, HIDDEN, HIDDEN, 1))
+    one.append(fp8_gemm("NextN h_proj (FP8)", B * HC_MULT, HIDDEN, HIDDEN, 1))
+    one.extend(mhc_ops(B, n_layers=1))
+    glue = [o for o in glue_ops(B, counts, prefill=False, tp=tp) if o.count]
+    one.extend(glue)
+    one.append(glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", B * HC_MULT, 1,
+                       ((B * HC_MULT * HIDDEN * 2 + HIDDEN * 2, B * HC_MULT * HIDDEN * 2),), "rmsnorm", HIDDEN))
+    one.append(lm_head_op(B, tp))
+    out = []
+    for o in one:
+        name = "draft: " + o.name + (" (hnorm, 4B rows)" if o.key.startswith("glue:rms4096") and
+                                     o.p["rows"] != B else "")
+        calls = o.count + (1 if o.key.startswith("glue:rms4096") and o.p["rows"] == B else 0)  # + enorm
+        out.append(Op(name, o.group, o.key, calls * k, o.bytes, o.flops, o.params, o.patch, o.fallback))
+    return out
 
 
 def prefill_ops(spec: StepSpec) -> List[Op]:
@@ -480,7 +535,11 @@ def _variant(op: Op, variant: str) -> Op:
 
 
 def step_ops(spec: StepSpec) -> List[Op]:
-    return prefill_ops(spec) if spec.phase == "prefill" else decode_ops(spec)
+    if spec.phase == "prefill":
+        return prefill_ops(spec)
+    if spec.phase == "verify":
+        return decode_ops(spec) + draft_ops(spec)
+    return decode_ops(spec)
 
 
 def ops_for_path(ops: Iterable[Op], path: str) -> List[Op]:
@@ -530,11 +589,17 @@ def allreduce_us(msg_bytes: int, tp: int) -> Tuple[float, str]:
     return us, ("SGLang custom all-reduce (one-shot, CUDA IPC)" if custom else "NCCL")
 
 
-def estimates(phase: str, rows: int, tp: int = TP) -> List[Estimate]:
+def estimates(phase: str, rows: int, tp: int = TP, draft_rows: int = 0, draft_steps: int = 0) -> List[Estimate]:
     """Per-step costs this single-GPU run cannot time (shown apart from the timed ops): the all-reduce
-    of `rows` x 4096 bf16, 87 per step, over `tp` PCIe GPUs (see `allreduce_us`)."""
+    of `rows` x 4096 bf16, 87 per step, over `tp` PCIe GPUs (see `allreduce_us`); a verify cycle adds
+    3 per draft forward (its layer's 2 + the logits) at `draft_rows`."""
     us, kind = allreduce_us(rows * HIDDEN * 2, tp)
-    return [
+    extra = []
+    if draft_steps:
+        dus, _ = allreduce_us(draft_rows * HIDDEN * 2, tp)
+        extra.append(Estimate(f"draft: all-reduce over PCIe (TP{tp})", 3 * draft_steps, dus,
+                              "estimate: as the target's all-reduce, at the draft's rows"))
+    return extra + [
         Estimate(f"{'NCCL all-reduce' if kind == 'NCCL' else 'SGLang custom all-reduce'} over PCIe (TP{tp})",
                  ALLREDUCE_PER_STEP, us,
                  f"estimate: {kind}, 4x RTX PRO 6000 PCIe measurements (local-inference-lab/rtx6kpro) for <= 64 KB, "
@@ -642,9 +707,9 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
                             op.floor_us(RTX6000) * op.count / 1e3, op.floor_us(gpu) * op.count / 1e3,
                             op.bytes, op.flops, src, estimated=est, rtx_lo_ms=lo * op.count / 1e3,
                             rtx_hi_ms=hi * op.count / 1e3))
-    rows = spec.batch
-    tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens
-    return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows, spec.tp)), tokens)
+    tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens; verify: see spec_table
+    est = estimates(spec.phase, spec.rows, spec.tp, spec.batch, spec.k if spec.phase == "verify" else 0)
+    return Composition(spec, path, tuple(lines), tuple(est), tokens)
 
 
 def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int,
@@ -655,6 +720,24 @@ def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: in
 
 def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> List[StepSpec]:
     return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
+
+
+ACCEPT_LENGTHS = (1.5, 2.0, 2.5, 3.1)  # mean tokens emitted per verify (incl. the bonus token)
+
+
+def verify_specs(batches: Iterable[int], ks: Iterable[int], context: int, actual_ctx: int, heads_patched: int,
+                 tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("verify", b, context, min(actual_ctx, context), heads_patched=heads_patched, tp=tp, k=k)
+            for k in ks for b in batches]
+
+
+def spec_tok_s(cycle_ms: float, batch: int, accept: float, k: int) -> Tuple[float, float]:
+    """(per stream, aggregate) tok/s of speculative decoding: each cycle (k drafts + one verify)
+    emits `accept` tokens per request on average; NaN when `accept` exceeds the k+1 a cycle can emit."""
+    if accept > k + 1 or cycle_ms <= 0:
+        return float("nan"), float("nan")
+    per = accept / (cycle_ms / 1e3)
+    return per, per * batch
 
 
 def unique_ops(specs: Iterable[StepSpec]) -> Dict[str, Op]:

@@ -330,7 +330,32 @@ def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     else:
         case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=int(p["width_extra"]), extra_page_size=2,
                     extra_dense=True, ctx_tokens=int(p["valid_extra"]))
-    return make_inputs(case, device=DEVICE, seed=seed)
+    return expand_rows(make_inputs(case, device=DEVICE, seed=seed), int(p.get("reps", 1)), seed)
+
+
+def expand_rows(kw: dict, reps: int, seed: int) -> dict:
+    """A verify step: each request's row repeated `reps` times (its k+1 draft positions) with fresh q,
+    the same indices (one cache, read by all its rows) and consecutive lengths where the index width
+    leaves room (a row's window and compressed tokens grow by one position per draft token)."""
+    if reps == 1:
+        return kw
+    out = dict(kw)
+    g = _gen(seed + 7)
+    step = torch.arange(reps, device=DEVICE, dtype=torch.int32).repeat(kw["q"].shape[0])
+    out["q"] = _randn((kw["q"].shape[0] * reps, *kw["q"].shape[1:]), g)
+    for key in ("indices", "extra_indices"):
+        if kw.get(key) is not None:
+            out[key] = kw[key].repeat_interleave(reps, dim=0).contiguous()
+    for key, idx in (("topk_length", "indices"), ("extra_topk_length", "extra_indices")):
+        if kw.get(key) is not None:
+            base = kw[key].repeat_interleave(reps)
+            width = kw[idx].shape[-1]
+            grown = torch.minimum(base + step, torch.full_like(base, width))
+            # a grown slot must hold a real token: keep the base length where the next index is -1
+            nxt = torch.gather(out[idx].view(out[idx].shape[0], -1), 1,
+                               (grown - 1).clamp(min=0).long().view(-1, 1)).view(-1)
+            out[key] = torch.where((grown > base) & (nxt < 0), base, grown).to(torch.int32).contiguous()
+    return out
 
 
 def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
@@ -475,6 +500,13 @@ def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
     q = torch.randn((rows, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
     w = torch.randn((rows, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     # the caller passes c4 seq lens as [rows, 1] (indexer.py: `_c4sl.unsqueeze(-1)`)
+    reps = int(p.get("reps", 1))
+    if reps > 1:  # verify: a request's k+1 rows read its pages at consecutive lengths (c4 length of L+j)
+        pt = pt.repeat_interleave(reps, dim=0).contiguous()
+        j = torch.arange(reps, device=DEVICE, dtype=torch.int32).repeat(rows)
+        seq = ((actual + j) // 4).to(torch.int32).clamp(max=used * M.INDEX_PAGE)
+        q = torch.randn((rows * reps, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
+        w = torch.randn((rows * reps, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     return {"q_fp8": q, "kvcache_fp8": kv, "weight": w, "seq_lens": seq.clamp(min=1).unsqueeze(-1), "page_table": pt,
                 "deep_gemm_metadata": None, "max_seq_len": width * M.INDEX_PAGE, "clean_logits": False}
 

@@ -156,3 +156,28 @@ def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> 
                      _f(g2, 1), _f(g2 / g4, 2) + "x", f"{_f(1e3 / p4.total_ms, 1)} / {_f(1e3 / p2.total_ms, 1)}",
                      f"{_f(r4[0], 0)} - {_f(r4[1], 0)} | {_f(r2[0], 0)} - {_f(r2[1], 0)}"])
     return _table(head, body, md) if body else ""
+
+
+def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+    """Speculative decoding per (B, k): the verify cycle (target forward over B x (k+1) rows + k draft
+    forwards + their all-reduces) next to the plain step of the same B and context, and tok/s per
+    stream / aggregate for each accept length (patched path, H200; "-" where a cycle cannot emit that
+    many tokens). Empty when the run holds no verify composition."""
+    plain = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
+             for _up, pa in pairs if pa.spec.phase == "decode"}
+    head = ["B", "k", "plain step ms", "cycle ms (verify + drafts)", "cycle / plain", "plain tok/s per stream / agg."]
+    head += [f"a={a}: tok/s per stream / agg. (x plain)" for a in M.ACCEPT_LENGTHS]
+    body = []
+    for _up, pa in pairs:
+        s = pa.spec
+        if s.phase != "verify":
+            continue
+        base = plain.get((s.tp, s.batch, s.configured_ctx, s.actual_ctx))
+        p_ms = base.total_ms if base is not None else float("nan")
+        row = [str(s.batch), str(s.k), _f(p_ms, 2), _f(pa.total_ms, 2), _f(pa.total_ms / p_ms, 2) + "x",
+               f"{_f(1e3 / p_ms, 1)} / {_f(s.batch * 1e3 / p_ms, 0)}"]
+        for a in M.ACCEPT_LENGTHS:
+            per, agg = M.spec_tok_s(pa.total_ms, s.batch, a, s.k)
+            row.append("-" if per != per else f"{_f(per, 1)} / {_f(agg, 0)} ({_f(per * p_ms / 1e3, 2)}x)")
+        body.append(row)
+    return _table(head, body, md) if body else ""
