@@ -128,7 +128,8 @@ class Op:
     @property
     def kernels(self) -> int:
         """Kernel launches one call makes where the bench knows it (glue ops), else 1."""
-        return len(self.p.get("launches", ())) or 1
+        launches = self.p.get("launches", ())
+        return len(launches) if isinstance(launches, tuple) and launches else 1
 
 
 def _params(**kw: object) -> Tuple[Tuple[str, object], ...]:
@@ -708,8 +709,8 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
                             op.bytes, op.flops, src, estimated=est, rtx_lo_ms=lo * op.count / 1e3,
                             rtx_hi_ms=hi * op.count / 1e3))
     tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens; verify: see spec_table
-    est = estimates(spec.phase, spec.rows, spec.tp, spec.batch, spec.k if spec.phase == "verify" else 0)
-    return Composition(spec, path, tuple(lines), tuple(est), tokens)
+    extra = estimates(spec.phase, spec.rows, spec.tp, spec.batch, spec.k if spec.phase == "verify" else 0)
+    return Composition(spec, path, tuple(lines), tuple(extra), tokens)
 
 
 def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int,

@@ -874,17 +874,25 @@ def build_glue(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         return Prepared(run, 1, check, "proxy: deepseek_v4.py's Triton rms_normalize_triton for sgl_kernel.rmsnorm "
                         "(AOT CUDA, not on this machine)")
     if how == "torch_add":
-        a, b = _randn((rows, dim), g), _randn((rows, dim), g)
+        return _build_add(rows, dim, g)
+    return _build_proxy(op.p["launches"], g)  # type: ignore[arg-type]
 
-        def run() -> None:
-            torch.add(a, b)
 
-        def check() -> Check:
-            return check_of(rel_err(torch.add(a, b), a.double() + b.double()))
+def _build_add(rows: int, dim: int, g) -> Prepared:
+    a, b = _randn((rows, dim), g), _randn((rows, dim), g)
 
-        return Prepared(run, 1, check, "torch add (eager), as deepseek_v2's MoE adds the shared expert")
+    def run() -> None:
+        torch.add(a, b)
+
+    def check() -> Check:
+        return check_of(rel_err(torch.add(a, b), a.double() + b.double()))
+
+    return Prepared(run, 1, check, "torch add (eager), as deepseek_v2's MoE adds the shared expert")
+
+
+def _build_proxy(launches: Tuple[Tuple[int, int], ...], g) -> Prepared:
     bufs = []
-    for n_in, n_out in p["launches"]:  # type: ignore[union-attr]
+    for n_in, n_out in launches:
         wi, wo = max(1, math.ceil(n_in / 4)), max(1, math.ceil(n_out / 4))
         src = torch.randint(-(2 ** 31), 2 ** 31 - 1, (wi,), generator=g, device=DEVICE, dtype=torch.int32)
         bufs.append((src, torch.empty((wo,), dtype=torch.int32, device=DEVICE), wi, wo))

@@ -93,6 +93,12 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
                      f"{_f(lo / 1e3, 3)} - {_f(hi / 1e3, 3)}", "", "", "", ""])
+    elif s.phase == "verify":
+        a = M.ACCEPT_LENGTHS[-1]
+        cells = [_f(M.spec_tok_s(c.total_ms, s.batch, a, s.k)[1], 1) for c in (up, pa)]
+        rng = [M.spec_tok_s(x, s.batch, a, s.k)[1] for x in (hi, lo)]
+        body.append([f"tok/s (aggregate) at accept length {a}", "", "", "", cells[0], cells[1],
+                     f"{_f(rng[0], 0)} - {_f(rng[1], 0)}", "", "", "", ""])
     else:
         t_lo, t_hi = pa.rtx_tok_s_range()
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
@@ -110,7 +116,7 @@ def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool
     body = []
     for up, pa in pairs:
         s = up.spec
-        dec = s.phase != "prefill"
+        dec = s.phase == "decode"  # a verify cycle's tok/s depends on the accept length: see spec_table
         tps_u = up.tok_s() if dec else float("nan")
         tps_p = pa.tok_s() if dec else float("nan")
         lo, hi = pa.rtx_range_ms
