@@ -406,3 +406,26 @@ def test_repack_refuses_integer_scales_and_bad_shapes():
         repack.RepackedExperts(ex.w13, ex.w2, ex.s13, ex.s13)
     assert ex.w13.data_ptr() == kw["w13_packed"].data_ptr()  # weights are viewed, not copied
     assert (ex.experts, ex.hidden, ex.inter) == (8, 128, 64)
+
+
+def test_bench_sweep_candidates_and_tables():
+    """The GPU bench's pure parts: every swept plan is one the kernels accept, the planner's own plan
+    comes first, and both tables format a row (synthetic numbers, no GPU)."""
+    from v4flash_kernels.moe import bench
+
+    for m in (1, 2, 16, 64, 256, 1024, 4096):
+        plans = bench.v2_candidates(bench.Shape(4, m))
+        first = next(iter(plans.values()))
+        assert first == op_v2.make_plan(m, 6, 256, 4096, 512)
+        for p in plans.values():
+            if isinstance(p, op_v2.PlanV2):
+                for cfg in (p.gemm1, p.gemm2):
+                    assert cfg.block_n % 16 == 0
+                    assert cfg.block_n >= 16 * cfg.num_warps and 4096 % cfg.block_k == 0
+                assert p.gemm2.split_k == 1
+                assert not (p.inline and p.gemm1.split_k > 1 and m > p.gemm1.block_t)
+    v = {"ok": True, "rel_err": 3e-3, "nan": False, "us": 10.0, "note": "graph"}
+    row = {"tp": 4, "tokens": 1, "routing": "random", "hole_frac": 0.0, "experts_touched": 6.0, "bytes": 2e7,
+           "floor_h200_us": 4.6, "floor_rtx6000_us": 11.0, "plan_v2": "v2-inline/...",
+           "variants": {"v1": dict(v, us=40.0), "v2": v, "upstream": dict(v, us=250.0)}}
+    assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])
