@@ -18,6 +18,10 @@ class PatchSpec:
     `adapter` ("module:function") is called once as `adapter(ours)` when the patch is applied and
     returns the function actually installed, for patches that need per-process facts the upstream
     call does not pass (e.g. the attention-TP rank); it must keep upstream's signature.
+
+    `selfcheck` names the module whose `cases(target)` check ours against its fp64 reference and
+    upstream on a GPU before workers start (`python -m v4flash_kernels.selfcheck`); None = the
+    patch has no self-check yet, and the launcher says so instead of vouching for it.
     """
 
     name: str  # short key: status records, launcher config keys
@@ -28,6 +32,7 @@ class PatchSpec:
     ours_module: str
     ours_attr: str
     adapter: Optional[str] = None
+    selfcheck: Optional[str] = None
 
     @property
     def ours_function(self) -> str:
@@ -48,6 +53,7 @@ SPARSE_DECODE = PatchSpec(
     ours_attr="sparse_mla_decode",
     # At attention-TP > 1 only this rank's heads of the 64-head q are real: compute just those.
     adapter="v4flash_kernels.hook.tp_heads:make_tp_aware",
+    selfcheck="v4flash_kernels.attention.selfcheck",
 )
 
 MOE = PatchSpec(
@@ -58,6 +64,7 @@ MOE = PatchSpec(
     target_attr="mxfp4_moe_forward_triton",
     ours_module="v4flash_kernels.moe.op",
     ours_attr="mxfp4_moe_forward",
+    selfcheck="v4flash_kernels.moe.selfcheck",
 )
 
 INDEXER = PatchSpec(
@@ -68,6 +75,7 @@ INDEXER = PatchSpec(
     target_attr="fp8_paged_mqa_logits_torch_sm120",
     ours_module="v4flash_kernels.indexer.op",
     ours_attr="fp8_paged_mqa_logits",
+    selfcheck="v4flash_kernels.indexer.selfcheck",
 )
 
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER)
