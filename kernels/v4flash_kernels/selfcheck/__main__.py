@@ -55,6 +55,7 @@ def parse(argv: List[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tp-rank", default="0")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--seed", default="0")
+    ap.add_argument("--gpu", default=None, help="the physical GPU index this process checks (a label for the record)")
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream's functions")
     return ap.parse_args(argv)
 
@@ -82,14 +83,15 @@ def options(args: argparse.Namespace):
         modules = registry_modules(names)
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), "name patches from the registry (v4flash_kernels/hook/patches.py)") from None
+    gpu = _ints(args.gpu, "gpu", 0) if args.gpu is not None else []
     try:
-        injected = inject.from_env()
+        injected = inject.from_env(gpu=gpu[0] if gpu else None)
     except ValueError as exc:
         raise UsageError(str(exc), f"unset {inject.ENV} (it is a test seam)") from None
     target = Target(device=args.device, batches=batches, prefill_rows=prefill[0], context=context[0],
                     tp_size=tp_size[0], tp_rank=tp_rank[0], small_only=args.device == "cpu", seed=seed[0])
     return Options(target=target, patches=tuple(modules), modules=modules, json_path=args.json,
-                   inject=injected, upstream=not args.no_upstream)
+                   inject=injected, upstream=not args.no_upstream, gpu=gpu[0] if gpu else None)
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -1,14 +1,16 @@
 """Deliberately broken kernels, to prove the self-check catches each failure class (tests only).
 
-`V4FLASH_SELFCHECK_INJECT=PATCH:KIND[,PATCH:KIND...]` makes the runner call a broken version of
-that patch's function instead of ours. The failures are real where a real one can be provoked
-portably: `wrong` scales ours' result by 1.5 (a miscompile that computes the wrong numbers),
-`compile` launches a kernel whose body fails Triton's compile-time assertion, `launch` (on a
-GPU) stores through an address no allocation owns, which is a sticky CUDA error that loses the
-process's context. `resource` raises Triton's own OutOfResources as a kernel needing more shared
-memory than the GPU has would (a kernel that really exceeds it portably on every GPU does not
-exist); `hang` never returns and `crash` aborts the process, for the launcher's watchdog. On the
-CPU interpreter `launch` raises the error text a GPU gives, since a wild store would crash numpy.
+`V4FLASH_SELFCHECK_INJECT=PATCH:KIND[@GPU][,...]` makes the runner call a broken version of that
+patch's function instead of ours (on every GPU, or only on the GPU of that physical index); the
+launcher's rehearsal stand-in reads the same variable and reports the same failure without a GPU.
+The failures are real where a real one can be provoked portably: `wrong` scales ours' result by
+1.5 (a miscompile that computes the wrong numbers), `compile` launches a kernel whose body fails
+Triton's compile-time assertion, `launch` (on a GPU) stores through an address no allocation
+owns, a sticky CUDA error that loses the process's context. `resource` raises Triton's own
+OutOfResources as a kernel needing more shared memory than the GPU has would (no kernel exceeds
+it portably on every GPU); `hang` never returns and `crash` aborts the process, for the
+launcher's watchdog. On the CPU interpreter `launch` raises the error text a GPU gives, since a
+wild store would crash numpy.
 """
 
 from __future__ import annotations
@@ -21,22 +23,26 @@ ENV = "V4FLASH_SELFCHECK_INJECT"
 KINDS = ("wrong", "compile", "resource", "launch", "hang", "crash")
 
 
-def parse(text: str) -> Dict[str, str]:
-    """'moe:wrong,indexer:compile' -> {'moe': 'wrong', 'indexer': 'compile'}; ValueError names the bad item."""
+def parse(text: str, gpu: int | None = None) -> Dict[str, str]:
+    """'moe:wrong,indexer:compile@5' -> {'moe': 'wrong', 'indexer': 'compile'} on GPU 5 (without the
+    indexer item elsewhere); ValueError names the bad item. Stdlib only (the stand-in imports it)."""
     out: Dict[str, str] = {}
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
-        patch, sep, kind = item.partition(":")
-        if not sep or not patch.strip() or kind.strip() not in KINDS:
-            raise ValueError(f"{ENV} item {item!r} is not PATCH:KIND with KIND one of {', '.join(KINDS)}")
-        out[patch.strip()] = kind.strip()
+        head, at, where = item.partition("@")
+        patch, sep, kind = head.partition(":")
+        patch, kind, where = patch.strip(), kind.strip(), where.strip()
+        if not sep or not patch or kind not in KINDS or (at and not where.isdigit()):
+            raise ValueError(f"{ENV} item {item!r} is not PATCH:KIND[@GPU] with KIND one of {', '.join(KINDS)}")
+        if not at or gpu is None or int(where) == gpu:
+            out[patch] = kind
     return out
 
 
-def from_env(env: Mapping[str, str] | None = None) -> Dict[str, str]:
-    return parse((os.environ if env is None else env).get(ENV, ""))
+def from_env(env: Mapping[str, str] | None = None, gpu: int | None = None) -> Dict[str, str]:
+    return parse((os.environ if env is None else env).get(ENV, ""), gpu)
 
 
 def wrap(kind: str, ours: Callable[[Any], Any], device: str) -> Callable[[Any], Any]:

@@ -3,16 +3,19 @@
 One JSON object per process, rewritten atomically after every case, so a process that hangs or
 dies still leaves what it finished and what it was running (`running`):
 
-    {"schema": "v4flash.selfcheck.gpu/1", "device": {...}, "target": {...}, "started": t, "seconds": s,
-     "running": {"patch": "moe", "case": "M=32", "since": t} | null,
-     "done": bool, "context_lost": bool, "interpreter": bool,
-     "patches": {"moe": {"status": "pass" | "fail" | "unchecked", "class": str | null,
-                         "error": str | null, "seconds": s, "upstream": str,
+    {"schema": "v4flash.selfcheck.gpu/1", "gpu": physical index | null, "device": {...}, "target": {...},
+     "started": t, "seconds": s, "running": {"patch": "moe", "case": "M=32", "since": t} | null,
+     "done": bool, "context_lost": bool, "interpreter": bool, "standin": bool,
+     "patches": {"moe": {"status": "pass" | "fail" | "unchecked" | "running", "phase": "ours" | "upstream",
+                         "class": str | null, "error": str | null, "seconds": s, "upstream": str,
                          "cases": [{"name", "size", "status": "pass" | "fail" | "skip", "class", "error",
                                     "seconds", "metrics", "graph", "upstream"}]}}}
 
-A patch `fail`s when any case fails; `unchecked` means its registry entry names no self-check.
-Stdlib only: the launcher's stand-in writes the same format.
+A patch `fail`s when any case fails; `unchecked` means its registry entry names no self-check;
+`running` is a patch the process was still checking (if it died then, `phase` says whether ours'
+verdict was already complete: "upstream" = only upstream's comparisons were left).
+`standin` marks the launcher's rehearsal stand-in (no GPU, nothing ran), which writes the same
+format; `interpreter` a CPU run under Triton's interpreter. Stdlib only.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import time
 from typing import Any, Dict
 
 SCHEMA = "v4flash.selfcheck.gpu/1"
-PASS, FAIL, SKIP, UNCHECKED = "pass", "fail", "skip", "unchecked"
+PASS, FAIL, SKIP, UNCHECKED, RUNNING = "pass", "fail", "skip", "unchecked", "running"
 
 
 def new(device: Dict[str, Any], target: Dict[str, Any], interpreter: bool) -> Dict[str, Any]:
-    return {"schema": SCHEMA, "device": device, "target": target, "interpreter": interpreter,
+    return {"schema": SCHEMA, "gpu": None, "device": device, "target": target, "interpreter": interpreter,
+            "standin": False,
             "started": time.time(), "seconds": 0.0, "running": None, "done": False, "context_lost": False,
             "patches": {}}
 

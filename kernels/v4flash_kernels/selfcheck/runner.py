@@ -37,6 +37,7 @@ class Options:
     inject: Mapping[str, str] = field(default_factory=dict)
     upstream: bool = True
     log: Log = _stderr
+    gpu: int | None = None  # physical index (the launcher's label; this process sees one device)
 
 
 def registry_modules(patches: Tuple[str, ...] | None = None) -> Dict[str, str | None]:
@@ -51,6 +52,7 @@ def run(opts: Options) -> Dict[str, Any]:
     """Check every patch of `opts`; returns the record (also written to `opts.json_path` as it grows)."""
     t = opts.target
     rec = record.new(device_info(t), asdict(t), interpreter=not t.is_cuda)
+    rec["gpu"] = opts.gpu
     record.write(opts.json_path, rec)
     for name in opts.patches:
         if rec["context_lost"]:
@@ -63,8 +65,8 @@ def run(opts: Options) -> Dict[str, Any]:
 
 
 def run_patch(name: str, module: str | None, opts: Options, rec: Dict[str, Any]) -> Dict[str, Any]:
-    entry: Dict[str, Any] = {"status": record.FAIL, "class": None, "error": None, "seconds": 0.0,
-                             "module": module, "injected": opts.inject.get(name), "cases": []}
+    entry: Dict[str, Any] = {"status": record.RUNNING, "phase": "ours", "class": None, "error": None,
+                             "seconds": 0.0, "module": module, "injected": opts.inject.get(name), "cases": []}
     rec["patches"][name] = entry
     t0 = time.monotonic()
     try:
@@ -75,11 +77,13 @@ def run_patch(name: str, module: str | None, opts: Options, rec: Dict[str, Any])
         try:
             cases = importlib.import_module(module).cases(opts.target)
         except Exception as exc:
-            entry.update(**{"class": errors.classify(exc), "error": f"building its cases: {errors.describe(exc)}"})
+            entry.update(status=record.FAIL, error=f"building its cases: {errors.describe(exc)}",
+                         **{"class": errors.classify(exc)})
             rec["context_lost"] = _context_lost(opts.target)
             return entry
         if not cases:
-            entry.update(**{"class": errors.HARNESS_ERROR, "error": f"{module}.cases() gave no case for this target"})
+            entry.update(status=record.FAIL, error=f"{module}.cases() gave no case for this target",
+                         **{"class": errors.HARNESS_ERROR})
             return entry
         ours_kind = opts.inject.get(name)
         checked: List[Tuple[Case, Dict[str, Any], int, Any]] = []
@@ -98,6 +102,7 @@ def run_patch(name: str, module: str | None, opts: Options, rec: Dict[str, Any])
                 break
             checked.append((case, crec, seed, ref if case.upstream is not None else None))
         if opts.upstream and not rec["context_lost"]:
+            entry["phase"] = "upstream"  # ours' verdict is complete from here on
             entry["upstream"] = _upstream_pass(name, checked, opts, rec)
         bad = record.first_failure(entry["cases"])
         entry["status"] = record.patch_verdict(entry["cases"])
@@ -212,7 +217,8 @@ def _upstream_pass(name: str, checked: list, opts: Options, rec: Dict[str, Any])
             rec["context_lost"] = True
             return f"upstream broke the CUDA context at {case.name}: " + crec["upstream"]["error"]
     if not ran:
-        return "not run (no case affordable for upstream)"
+        why = next((c.upstream_skip for c, *_ in checked if c.upstream_skip), "no case has it")
+        return f"upstream not run: {why}"
     if bad:
         return f"upstream fails {len(bad)} of {ran} case(s) on this device: {bad[0]}"
     return f"upstream agrees with the reference on {ran} case(s)"
