@@ -28,7 +28,7 @@ class UsageError(Exception):
         self.fix = fix
 
 
-def _ints(text: str, what: str, minimum: int) -> List[int]:
+def _ints(text: str, what: str, minimum: int, example: str = "1,32") -> List[int]:
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -37,9 +37,9 @@ def _ints(text: str, what: str, minimum: int) -> List[int]:
         try:
             v = int(part)
         except ValueError:
-            raise UsageError(f"--{what} {text!r}: {part!r} is not an integer", f"give e.g. --{what} 1,32") from None
+            raise UsageError(f"--{what} {text!r}: {part!r} is not an integer", f"give e.g. --{what} {example}") from None
         if v < minimum:
-            raise UsageError(f"--{what} {text!r}: {v} is below {minimum}", f"give e.g. --{what} 1,32")
+            raise UsageError(f"--{what} {text!r}: {v} is below {minimum}", f"give e.g. --{what} {example}")
         out.append(v)
     return out
 
@@ -69,10 +69,10 @@ def options(args: argparse.Namespace):
     batches = tuple(_ints(args.batches, "batches", 1))
     if not batches:
         raise UsageError("--batches is empty", "give at least one batch size, e.g. --batches 1")
-    prefill = _ints(args.prefill_rows, "prefill-rows", 0)
-    context = _ints(args.context, "context", 256)
-    tp_size, tp_rank, seed = (_ints(args.tp_size, "tp-size", 1), _ints(args.tp_rank, "tp-rank", 0),
-                              _ints(args.seed, "seed", 0))
+    prefill = _ints(args.prefill_rows, "prefill-rows", 0, "8192")
+    context = _ints(args.context, "context", 256, "131072")
+    tp_size, tp_rank, seed = (_ints(args.tp_size, "tp-size", 1, "4"), _ints(args.tp_rank, "tp-rank", 0, "1"),
+                              _ints(args.seed, "seed", 0, "0"))
     if len(prefill) != 1 or len(context) != 1 or len(tp_size) != 1 or len(tp_rank) != 1 or len(seed) != 1:
         raise UsageError("--prefill-rows, --context, --tp-size, --tp-rank and --seed take one integer each",
                          "e.g. --context 131072 --tp-size 4 --tp-rank 1")
@@ -83,7 +83,7 @@ def options(args: argparse.Namespace):
         modules = registry_modules(names)
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), "name patches from the registry (v4flash_kernels/hook/patches.py)") from None
-    gpu = _ints(args.gpu, "gpu", 0) if args.gpu is not None else []
+    gpu = _ints(args.gpu, "gpu", 0, "4") if args.gpu is not None else []
     try:
         injected = inject.from_env(gpu=gpu[0] if gpu else None)
     except ValueError as exc:
@@ -111,7 +111,7 @@ def main(argv: List[str] | None = None) -> int:
         fix_index()
         # masked-off lanes of the poisoned heads overflow in numpy; the kernels never use them
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-    elif args.device == "cuda":
+    if args.device == "cuda":
         try:
             import torch
 
