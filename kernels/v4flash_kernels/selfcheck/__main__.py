@@ -130,7 +130,11 @@ def main(argv: List[str] | None = None) -> int:
     print(json.dumps({n: {k: p[k] for k in ("status", "class", "error", "seconds")}
                       for n, p in rec["patches"].items()}, indent=1))
     if rec["context_lost"]:
-        return EXIT_CONTEXT_LOST
+        # Leave without torch's exit-time cleanup: with a poisoned context it can abort the process,
+        # and the launcher must see "context lost" (start a fresh process), not a crash.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_CONTEXT_LOST)
     return EXIT_FAILED if any(p["status"] == record.FAIL for p in rec["patches"].values()) else EXIT_OK
 
 

@@ -163,10 +163,14 @@ def _settle(p: _Proc, rec: dict[str, Any] | None, rc: int | None, timeout_why: s
     g = p.gpu
     entries = rec.get("patches") if isinstance(rec, dict) else None
     entries = entries if isinstance(entries, dict) else {}
+    before = len(g.patches)
     for name in p.job.patches:
         done = entries.get(name)
         if isinstance(done, dict) and done.get("status") in FINAL:
             g.patches[name] = done
+    progress = len(g.patches) > before
+    if not timeout_why and isinstance(rec, dict) and rec.get("context_lost"):
+        rc = EXIT_CONTEXT_LOST  # whatever the exit looked like, its record says why it stopped
     if timeout_why:
         cls, why = "timeout", timeout_why
     elif rc == EXIT_CONTEXT_LOST:
@@ -184,7 +188,11 @@ def _settle(p: _Proc, rec: dict[str, Any] | None, rc: int | None, timeout_why: s
         tail = _tail(g.log)
         cls, why = "crash", f"the check process {how} while running {_running_name(rec)}" + (f": {tail}" if tail else "")
     open_names = [n for n in p.job.patches if n not in g.patches and isinstance(entries.get(n), dict)]
-    if not open_names:  # it stopped before (or between) patches: another process would stop the same way
+    if not open_names:
+        if progress:  # it stopped between patches: a fresh process checks the rest
+            g.notes.append(f"{why}; a fresh process checks the rest")
+            return
+        # it stopped before deciding anything: another process would stop the same way
         open_names = [n for n in p.job.patches if n not in g.patches]
     for name in open_names:
         found = entries.get(name)
