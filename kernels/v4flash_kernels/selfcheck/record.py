@@ -3,7 +3,7 @@
 One JSON object per process, rewritten atomically after every case, so a process that hangs or
 dies still leaves what it finished and what it was running (`running`):
 
-    {"schema": "v4flash.selfcheck.gpu/1", "gpu": physical index | null, "device": {...}, "target": {...},
+    {"schema": "v4flash.selfcheck.gpu/1", "gpu": physical index | null, "pid": N, "device": {...}, "target": {...},
      "started": t, "seconds": s, "running": {"patch": "moe", "case": "M=32", "since": t} | null,
      "done": bool, "context_lost": bool, "interpreter": bool, "standin": bool,
      "patches": {"moe": {"status": "pass" | "fail" | "unchecked" | "running", "phase": "ours" | "upstream",
@@ -30,8 +30,8 @@ PASS, FAIL, SKIP, UNCHECKED, RUNNING = "pass", "fail", "skip", "unchecked", "run
 
 
 def new(device: Dict[str, Any], target: Dict[str, Any], interpreter: bool) -> Dict[str, Any]:
-    return {"schema": SCHEMA, "gpu": None, "device": device, "target": target, "interpreter": interpreter,
-            "standin": False,
+    return {"schema": SCHEMA, "gpu": None, "pid": os.getpid(), "device": device, "target": target,
+            "interpreter": interpreter, "standin": False,
             "started": time.time(), "seconds": 0.0, "running": None, "done": False, "context_lost": False,
             "patches": {}}
 
