@@ -6,8 +6,12 @@ import tarfile
 from pathlib import Path
 
 
+def target(directory: Path) -> Path:
+    return directory.with_name(directory.name + ".tar.gz")
+
+
 def pack(directory: Path) -> Path:
-    out = directory.with_name(directory.name + ".tar.gz")
+    out = target(directory)
     tmp = out.with_name("." + out.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(directory, arcname=directory.name)

@@ -95,13 +95,15 @@ def make_report(r: Any, spec: ReportSpec, echo: Callable[[str], None], env: Mapp
                 rep["failures"].append(f"end to end [{v.name}]: {res.get('error')}")
 
     secrets = scrub.secrets(plan.router_auth, [kv for p in plan.processes for kv in p.env], env)
+    if spec.tar:
+        rep["tarball"] = str(archive.target(out))
     _write(out, rep)
     rep["scrubbed"] = scrub.scrub_tree(out, secrets)
     if rep["scrubbed"]:
         _write(out, rep)
         scrub.scrub_tree(out, secrets)
     if spec.tar:
-        rep["tarball"] = str(archive.pack(out))
+        archive.pack(out)
     return rep
 
 
