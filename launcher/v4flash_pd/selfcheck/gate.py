@@ -73,6 +73,25 @@ def reuse(run_path: Path, plan: Plan, env: Mapping[str, str]) -> dict[str, Any] 
     return summary
 
 
+def refuse_if_in_use(run: Any) -> None:
+    """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
+    `up` checks first and its detached self takes the lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(run.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return  # `up` reports an unusable run dir itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        run.lock()  # raises the run dir's own "in use by another `v4flash-pd up`" error
+        return
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
 def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
     """`up`'s step between preflight and the first worker: returns the Resolved to start (a new one
     when a patch had to be switched off); raises RuntimeFailure under --strict-selfcheck."""
@@ -84,6 +103,7 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
         return r
     if not names or not plan.workers():
         return r
+    refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
     summary = reuse(run.path, plan, os.environ)
     if summary is not None:
