@@ -123,7 +123,8 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
               "switched OFF for this run: SGLang's own function is used for it")
     for line in result.warnings(summary, action):
         echo(line)
-    os.environ[DONE_ENV] = str(run.path / result.FILE)  # for the launcher `up --detach` starts next
+    if params.get("detach"):
+        os.environ[DONE_ENV] = str(run.path / result.FILE)  # for the launcher `up --detach` starts next
     if bad and strict:
         first = summary["patches"][bad[0]]
         run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check failed: {', '.join(bad)}")
