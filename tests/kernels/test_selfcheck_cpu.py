@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4flash_kernels.hook.patches import PATCHES
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_kernels.selfcheck import errors, inject, record
 from v4flash_kernels.selfcheck.case import SMALL, Case, Comparison, Target, check_rows
 from v4flash_kernels.selfcheck.runner import Options, registry_modules, run
@@ -44,14 +44,14 @@ def _opts(patches, modules=None, tmp: Path | None = None, **kw) -> Options:
 # ------------------------------------------------------------------ the real patches
 
 
-def test_every_patch_names_an_importable_selfcheck():
-    for spec in PATCHES:
-        assert spec.selfcheck, f"{spec.name} has no self-check module in the registry"
-        mod = __import__(spec.selfcheck, fromlist=["cases"])
+def test_every_switch_names_an_importable_selfcheck():
+    for sw in SWITCHES:
+        assert sw.selfcheck, f"{sw.name} has no self-check module in the registry"
+        mod = __import__(sw.selfcheck, fromlist=["cases"])
         assert callable(mod.cases)
 
 
-@pytest.mark.parametrize("patch", [p.name for p in PATCHES])
+@pytest.mark.parametrize("patch", [s.name for s in SWITCHES])
 def test_real_patch_passes_under_the_interpreter(patch, tmp_path):
     rec = run(_opts([patch], tmp=tmp_path))
     entry = rec["patches"][patch]
@@ -295,7 +295,7 @@ def test_cli_pass_and_injected_failure(tmp_path):
 
 
 @pytest.mark.parametrize("args, env, words", [
-    (["--patches", "nope"], None, "unknown kernel patch"),
+    (["--patches", "nope"], None, "unknown kernel switch"),
     (["--batches", "0"], None, "below 1"),
     (["--batches", "x"], None, "not an integer"),
     (["--tp-size", "4", "--tp-rank", "4"], None, "not below --tp-size"),

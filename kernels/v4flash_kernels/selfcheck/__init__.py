@@ -6,8 +6,9 @@ a kernel right on one GPU can be wrong, or not launch, on another. So before a w
 weights, each GPU of the plan runs each switched-on patch here (one process per GPU) against its
 fp64 reference and against upstream's function, and the launcher switches off whatever fails.
 
-The protocol an op implements (one `selfcheck.py` in its folder, named by its registry entry's
-`selfcheck` field in `hook/patches.py`): `cases(target: Target) -> list[Case]` (see `case.py`).
+The protocol an op implements (one `selfcheck.py` in its folder, named by its switch's `selfcheck`
+field in `hook/patches.py`): `cases(target: Target) -> list[Case]` (see `case.py`). A switch is the
+unit checked and turned off, since that is what the launcher can turn off.
 The runner (`runner.py`) runs them, turns every failure into one of a few classes (`errors.py`)
 and writes the per-GPU JSON record (`record.py`). Importing this package is cheap (no torch).
 """

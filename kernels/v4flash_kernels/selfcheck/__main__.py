@@ -47,7 +47,8 @@ def _ints(text: str, what: str, minimum: int, example: str = "1,32") -> List[int
 def parse(argv: List[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.selfcheck", description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None, help="write the per-GPU record here (rewritten as each case finishes)")
-    ap.add_argument("--patches", default=None, help="comma-separated patch names (default: every patch in the registry)")
+    ap.add_argument("--patches", default=None,
+                    help="comma-separated kernel switches (default: every switch in the registry)")
     ap.add_argument("--batches", default="1", help="decode batch sizes at production shapes (B=1, largest captured)")
     ap.add_argument("--prefill-rows", default="0", help="rows of one prefill chunk on this GPU's worker (0 = none)")
     ap.add_argument("--context", default="131072", help="--context-length of the workers (page-table widths)")
@@ -82,7 +83,7 @@ def options(args: argparse.Namespace):
     try:
         modules = registry_modules(names)
     except KeyError as exc:
-        raise UsageError(str(exc.args[0]), "name patches from the registry (v4flash_kernels/hook/patches.py)") from None
+        raise UsageError(str(exc.args[0]), "name switches from the registry (v4flash_kernels/hook/patches.py)") from None
     gpu = _ints(args.gpu, "gpu", 0, "4") if args.gpu is not None else []
     try:
         injected = inject.from_env(gpu=gpu[0] if gpu else None)

@@ -79,7 +79,8 @@ class SelfCheckModule(Protocol):
 
 
 def registry_function(patch: str) -> Callable[..., Any]:
-    """Ours as the registry names it (before any adapter): the self-check tests what the hook installs."""
+    """Ours as the registry's patch entry names it (before any adapter): the self-check tests what the
+    hook installs."""
     from v4flash_kernels.hook.patches import by_name
 
     spec = by_name(patch)

@@ -32,7 +32,7 @@ def _stderr(msg: str) -> None:
 class Options:
     target: Target
     patches: Tuple[str, ...]
-    modules: Mapping[str, str | None]  # patch -> its selfcheck module (None: the registry names none)
+    modules: Mapping[str, str | None]  # switch -> its selfcheck module (None: the registry names none)
     json_path: str | None = None
     inject: Mapping[str, str] = field(default_factory=dict)
     upstream: bool = True
@@ -40,12 +40,15 @@ class Options:
     gpu: int | None = None  # physical index (the launcher's label; this process sees one device)
 
 
-def registry_modules(patches: Tuple[str, ...] | None = None) -> Dict[str, str | None]:
-    """patch name -> selfcheck module, from `hook.patches` (KeyError names an unknown patch)."""
-    from v4flash_kernels.hook.patches import PATCHES, by_name
+def registry_modules(switches: Tuple[str, ...] | None = None) -> Dict[str, str | None]:
+    """switch name -> its selfcheck module, from `hook.patches.SWITCHES` (KeyError names an unknown one).
 
-    names = patches if patches is not None else tuple(p.name for p in PATCHES)
-    return {n: by_name(n).selfcheck for n in names}
+    The launcher turns kernels on and off by switch (`--moe off`), so a switch is what is checked
+    (its module covers every patch the switch controls)."""
+    from v4flash_kernels.hook.patches import SWITCHES, switch_by_name
+
+    names = switches if switches is not None else tuple(s.name for s in SWITCHES)
+    return {n: switch_by_name(n).selfcheck for n in names}
 
 
 def run(opts: Options) -> Dict[str, Any]:
