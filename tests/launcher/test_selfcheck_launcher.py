@@ -215,6 +215,18 @@ def test_selfcheck_bad_input(cli, args, words):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("var, value, words", [
+    ("V4FLASH_SELFCHECK_DEVICE", "tpu", "is not cuda or cpu"),
+    ("V4FLASH_SELFCHECK_INJECT", "moe:melt", "PATCH:KIND"),
+    ("V4FLASH_SELFCHECK_CASE_TIMEOUT", "soon", "not a positive number"),
+    ("V4FLASH_SELFCHECK_CASE_TIMEOUT", "-1", "not a positive number"),
+])
+def test_a_malformed_seam_is_refused_before_anything_runs(cli, tmp_path, var, value, words):
+    res = cli("selfcheck", "--rehearse", "--out", str(tmp_path / "sc"), extra_env={var: value})
+    assert res.returncode == 2 and words in res.stderr and "fix: " in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "sc" / "selfcheck").exists()
+
+
 def test_selfcheck_refuses_a_box_without_the_plans_gpus(cli, tmp_path):
     e = fakebox.box_env(tmp_path, fakebox.BOX_4GPU_1NODE)
     res = cli("selfcheck", "--out", str(tmp_path / "sc"), env=e)

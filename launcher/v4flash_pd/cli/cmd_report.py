@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -71,6 +72,10 @@ def command(params: dict[str, Any]) -> None:
     if params["n_requests"] is not None and params["n_requests"] < 1:
         raise UserError(f"--requests must be >= 1, got {params['n_requests']}", "e.g. --requests 64")
     extra = step_args(params["step_args"])
+    if "selfcheck" not in skip:
+        from v4flash_pd.selfcheck.gate import check_seams
+
+        check_seams(os.environ)
     r = resolve(params, "up")  # what `up` would start, refused for what `up` refuses (busy ports, no model, GPUs)
     from v4flash_pd.report import variants
 

@@ -61,12 +61,20 @@ class _Proc:
 
 
 def case_timeout(env: Mapping[str, str]) -> float:
+    """Seconds one case may run without progress; UserError for a value that is not a positive number."""
+    from v4flash_pd.errors import UserError
+
     raw = env.get(CASE_TIMEOUT_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_CASE_TIMEOUT
-    except ValueError:
+    if not raw:
         return DEFAULT_CASE_TIMEOUT
-    return value if value > 0 else DEFAULT_CASE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise UserError(f"{CASE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
+                        f"unset it (default {DEFAULT_CASE_TIMEOUT:.0f}) or give e.g. {CASE_TIMEOUT_ENV}=600")
+    return value
 
 
 def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, str], echo: Echo,

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from v4flash_pd.errors import RuntimeFailure
+from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.plan import Plan
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.driver import run_jobs
+from v4flash_pd.selfcheck.driver import case_timeout, run_jobs
 from v4flash_pd.selfcheck.jobs import jobs_for
 
 Echo = Callable[[str], None]
@@ -43,7 +43,7 @@ def run_check(plan: Plan, out_dir: Path, echo: Echo, env: Mapping[str, str] | No
     process per GPU; writes `out_dir/selfcheck.json` (and per-GPU logs under `out_dir/selfcheck/`)."""
     launcher_env = dict(os.environ if env is None else env)
     names = patches_on(plan) if patches is None else patches
-    device = launcher_env.get(DEVICE_ENV, "").strip().lower() or "cuda"
+    device = check_seams(launcher_env)
     standin = plan.rehearse and device != "cpu"
     jobs = jobs_for(plan, names, launcher_env, standin=standin, device=device)
     how = ("rehearsal: stand-in" if standin else "Triton interpreter, small shapes" if device == "cpu"
@@ -55,6 +55,22 @@ def run_check(plan: Plan, out_dir: Path, echo: Echo, env: Mapping[str, str] | No
     summary["device"] = device
     result.write(out_dir, summary)
     return summary
+
+
+def check_seams(env: Mapping[str, str]) -> str:
+    """The device to check on; a malformed test seam is refused before any process starts."""
+    from v4flash_kernels.selfcheck import inject
+
+    device = env.get(DEVICE_ENV, "").strip().lower() or "cuda"
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"{DEVICE_ENV}={env.get(DEVICE_ENV)!r} is not cuda or cpu",
+                        f"unset it (the GPUs), or {DEVICE_ENV}=cpu for the interpreter (tests)")
+    try:
+        inject.parse(env.get(inject.ENV, ""))
+    except ValueError as exc:
+        raise UserError(str(exc), f"unset {inject.ENV} (a test seam)") from None
+    case_timeout(env)
+    return device
 
 
 def reuse(run_path: Path, plan: Plan, env: Mapping[str, str]) -> dict[str, Any] | None:
@@ -103,6 +119,7 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
         return r
     if not names or not plan.workers():
         return r
+    check_seams(os.environ)
     refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
     summary = reuse(run.path, plan, os.environ)
