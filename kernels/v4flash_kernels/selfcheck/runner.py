@@ -95,12 +95,13 @@ def run_patch(name: str, module: str | None, opts: Options, rec: Dict[str, Any])
             seed = opts.target.seed + 1000 * i
             ours = inject.wrap(ours_kind, case.ours, opts.target.device) if ours_kind else case.ours
             crec, ref = check_ours(case, ours, seed, opts.target)
+            lost = crec.pop("context_lost")
             entry["cases"].append(crec)
             opts.log(f"{name} {case.name}: {crec['status']}"
                      + (f" ({crec['class']}: {crec['error']})" if crec["status"] == record.FAIL else "")
                      + f" [{crec['seconds']:.1f}s]")
             record.write(opts.json_path, rec)
-            if crec.pop("context_lost"):
+            if lost:
                 rec["context_lost"] = True
                 break
             checked.append((case, crec, seed, ref if case.upstream is not None else None))
@@ -212,11 +213,12 @@ def _upstream_pass(name: str, checked: list, opts: Options, rec: Dict[str, Any])
             continue
         _running(rec, opts, name, f"{case.name} (upstream)")
         crec["upstream"] = check_upstream(case, seed, ref, opts.target)
+        lost = crec["upstream"].pop("context_lost", False)
         record.write(opts.json_path, rec)
         ran += 1
         if crec["upstream"]["status"] == record.FAIL:
             bad.append(f"{case.name}: {crec['upstream']['error']}")
-        if crec["upstream"].pop("context_lost", False):
+        if lost:
             rec["context_lost"] = True
             return f"upstream broke the CUDA context at {case.name}: " + crec["upstream"]["error"]
     if not ran:
