@@ -26,7 +26,7 @@ from v4flash_pd.selfcheck import result
 from v4flash_pd.selfcheck.driver import run_jobs
 from v4flash_pd.selfcheck.jobs import Job
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 PATCHES = ("sparse_decode", "moe", "indexer")
 RESULTS: dict = {}
