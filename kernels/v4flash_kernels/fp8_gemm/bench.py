@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from v4flash_kernels import upstream as _up
 from v4flash_kernels.provenance import measured_commit
@@ -134,11 +134,11 @@ def check_one(out, x, w, ws, who: str = "ours") -> dict:
 
     ref, mag = linear_ref(x, w, ws)
     ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(who, ATOL_MAG["ours"]))
-    return dict(ok=bool(ex <= 1.0), excess=ex, rel_err=rel_err(out, ref))
+    return {"ok": bool(ex <= 1.0), "excess": ex, "rel_err": rel_err(out, ref)}
 
 
-def run_shape(shape: Shape, m: int, up: Optional[ModuleType], seed: int, l2: int, bw_h200: float,
-              configs: Optional[Tuple] = None) -> dict:
+def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, bw_h200: float,
+              configs: Tuple | None = None) -> dict:
     """Ours (and upstream) at one (shape, M); with `configs`, ours under each of them instead."""
     import torch
 
@@ -153,9 +153,11 @@ def run_shape(shape: Shape, m: int, up: Optional[ModuleType], seed: int, l2: int
     x = make_activation(m, k, g, device="cuda")
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
     p = op.plan(m, n, k, op.num_sms(x.device))
-    row = dict(shape=shape.name, n=n, k=k, m=m, calls_per_step=shape.calls, bytes=nbytes, flops=2 * m * n * k,
-               rotations=r, floor_h200_us=nbytes / bw_h200 * 1e6, floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6,
-               plan=p.name, variants={})
+    variants: Dict[str, dict] = {}
+    floor_h200 = nbytes / bw_h200 * 1e6
+    row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
+           "flops": 2 * m * n * k, "rotations": r, "floor_h200_us": floor_h200,
+           "floor_rtx6000_us": nbytes / BW_RTX6000 * 1e6, "plan": p.name, "variants": variants}
 
     def timed(fn: Callable, ok: bool) -> float:
         if not ok:
@@ -172,7 +174,7 @@ def run_shape(shape: Shape, m: int, up: Optional[ModuleType], seed: int, l2: int
         except Exception as exc:  # a sweep config that does not compile here: reported, not fatal
             if not configs:
                 raise
-            row["variants"][name] = dict(ok=False, us=float("nan"), error=f"{type(exc).__name__}: {exc}")
+            variants[name] = {"ok": False, "us": float("nan"), "error": f"{type(exc).__name__}: {exc}"}
             return
         res = check_one(out, x, *ws[0], who=name)
         if other is not None:
@@ -180,8 +182,8 @@ def run_shape(shape: Shape, m: int, up: Optional[ModuleType], seed: int, l2: int
         res["us"] = timed(fn, res["ok"])
         res["gbps"] = nbytes / res["us"] / 1e3
         res["tflops"] = 2 * m * n * k / res["us"] / 1e6
-        res["pct_h200_floor"] = 100 * row["floor_h200_us"] / res["us"]
-        row["variants"][name] = res
+        res["pct_h200_floor"] = 100 * floor_h200 / res["us"]
+        variants[name] = res
 
     if configs:
         for cfg in configs:
@@ -275,7 +277,7 @@ def _copy_bandwidth() -> Tuple[float, str]:
         return BW_H200_FALLBACK, f"constant {BW_H200_FALLBACK:.2e} ({type(exc).__name__}: {exc})"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.fp8_gemm.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--m", default=",".join(str(m) for m in M_LIST))
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES if s.name != "indexer_wq_b"))
@@ -301,10 +303,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     bw, bw_src = _copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, commit=measured_commit(), argv=sys.argv[1:],
-                seed=seed, bw_h200=bw, bw_source=bw_src, bw_rtx6000=BW_RTX6000, sweep=args.sweep,
-                upstream_origin=getattr(up, "__v4flash_origin__", None))
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "bw_h200": bw, "bw_source": bw_src,
+            "bw_rtx6000": BW_RTX6000, "sweep": args.sweep, "upstream_origin": getattr(up, "__v4flash_origin__", None)}
     rows: List[dict] = []
     failed: List[dict] = []
     t0 = time.time()
@@ -312,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def dump(partial: bool) -> None:
         if args.json:  # rewritten after every point so a run cut short still leaves its rows
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(meta, partial=partial), rows=rows, failed=failed), f, indent=1)
+                json.dump({"meta": dict(meta, partial=partial), "rows": rows, "failed": failed}, f, indent=1)
 
     for i, sh in enumerate(shapes):
         for j, m in enumerate(ms):
@@ -322,7 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 import traceback
 
                 traceback.print_exc()
-                failed.append(dict(shape=sh.name, m=m, error=f"{type(exc).__name__}: {exc}"))
+                failed.append({"shape": sh.name, "m": m, "error": f"{type(exc).__name__}: {exc}"})
                 torch.cuda.empty_cache()
                 continue
             rows.append(r)

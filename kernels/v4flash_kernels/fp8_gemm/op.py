@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -141,7 +141,7 @@ def split_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     return cdiv(groups, cdiv(groups, want))
 
 
-def plan(m: int, n: int, k: int, num_sms: int, config: Optional[GemmConfig] = None) -> Plan:
+def plan(m: int, n: int, k: int, num_sms: int, config: GemmConfig | None = None) -> Plan:
     """The launch for an [m, k] x [n, k]^T call on a GPU with `num_sms` SMs (pure function of shapes)."""
     cfg = config or config_for(m)
     return Plan(cfg, split_for(cfg, m, n, k, num_sms))
@@ -193,8 +193,8 @@ def quantize_activation(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
-def launch(a: torch.Tensor, a_scale: Optional[torch.Tensor], weight: torch.Tensor, weight_scale: torch.Tensor,
-           out: torch.Tensor, p: Plan, a_scale_strides: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+def launch(a: torch.Tensor, a_scale: torch.Tensor | None, weight: torch.Tensor, weight_scale: torch.Tensor,
+           out: torch.Tensor, p: Plan, a_scale_strides: Tuple[int, int] | None = None) -> torch.Tensor:
     """`out[M, N] = GEMM(a, weight)`; `a_scale` None: `a` is unquantized and quantized in the kernel.
 
     `a` is [M, K] with K contiguous, `out` [M, N] with N contiguous; `a_scale_strides` overrides the
@@ -241,7 +241,7 @@ def launch(a: torch.Tensor, a_scale: Optional[torch.Tensor], weight: torch.Tenso
 
 
 def linear_2d(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
-              config: Optional[GemmConfig] = None, split: Optional[int] = None) -> torch.Tensor:
+              config: GemmConfig | None = None, split: int | None = None) -> torch.Tensor:
     """The linear's core on a supported call (see `unsupported_linear`): `[M, N]` in x's dtype.
 
     `config` / `split` override the planner (tests and the benchmark's sweep)."""
@@ -267,7 +267,7 @@ def _is_block(block_size: Any) -> bool:
         return False
 
 
-def _weight_issue(weight: torch.Tensor, weight_scale: torch.Tensor) -> Optional[str]:
+def _weight_issue(weight: torch.Tensor, weight_scale: torch.Tensor) -> str | None:
     if weight.dtype != FP8 or weight.dim() != 2 or not weight.is_contiguous():
         return f"weight {weight.dtype} {tuple(weight.shape)} (contiguous 2-d e4m3fn handled)"
     n, k = weight.shape
@@ -281,7 +281,7 @@ def _weight_issue(weight: torch.Tensor, weight_scale: torch.Tensor) -> Optional[
 
 
 def unsupported_linear(input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int],
-                       weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor]) -> Optional[str]:
+                       weight_scale: torch.Tensor, input_scale: torch.Tensor | None) -> str | None:
     """None when `w8a8_block_fp8_linear` computes this call itself, else why upstream's function does."""
     if input_scale is not None:
         return "pre-quantized input (input_scale)"
@@ -299,7 +299,7 @@ def unsupported_linear(input: torch.Tensor, weight: torch.Tensor, block_size: Se
 
 
 def unsupported_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: torch.Tensor,
-                       block_size: Sequence[int], output_dtype: torch.dtype) -> Optional[str]:
+                       block_size: Sequence[int], output_dtype: torch.dtype) -> str | None:
     """None when `w8a8_block_fp8_matmul` computes this call itself, else why upstream's function does."""
     if not _is_block(block_size):
         return f"block_size {block_size!r}"
@@ -344,8 +344,8 @@ def w8a8_block_fp8_linear(
     weight: torch.Tensor,
     block_size: List[int],
     weight_scale: torch.Tensor,
-    input_scale: Optional[torch.Tensor] = None,
-    bias: Optional[torch.Tensor] = None,
+    input_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-FP8 linear `input @ dequant(weight)^T (+ bias)`; same contract as sglang 0.5.13.post1
     `fp8_utils.triton_w8a8_block_fp8_linear` (output in the input's dtype and leading shape)."""

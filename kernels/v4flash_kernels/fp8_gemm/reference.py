@@ -14,7 +14,7 @@ SGLang runs on CUDA): `amax = max(1e-10, max |x|)`, stored scale `amax * fp32(1/
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -53,7 +53,7 @@ def matmul_ref(a: torch.Tensor, w: torch.Tensor, a_s: torch.Tensor, ws: torch.Te
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
-               bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               bias: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The linear on its quantized activation, fp64 (+ bias); and the rounding bound as in `matmul_ref`."""
     q, s = quantize_activation_ref(x)
     out, mag = matmul_ref(q, w, s, ws)
