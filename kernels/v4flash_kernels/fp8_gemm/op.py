@@ -67,7 +67,8 @@ class GemmConfig:
     @property
     def name(self) -> str:
         tags = ("_swap" if self.swap else "") + ("_fq" if self.fuse_quant else "") + (
-            f"_sk{self.max_split}c{self.ctas_per_sm}" if self.max_split > 1 else "")
+            f"_sk{self.max_split}c{self.ctas_per_sm}" if self.max_split > 1 else "") + (
+            f"_g{self.group_m}" if self.group_m != 8 else "")
         return f"m{self.block_m}_n{self.block_n}_w{self.num_warps}_s{self.num_stages}{tags}"
 
 
@@ -90,9 +91,10 @@ class Plan:
 DECODE = GemmConfig(16, 128, 4, 2, swap=True, fuse_quant=True, max_split=64)
 SMALL = GemmConfig(32, 64, 4, 2, fuse_quant=True, max_split=64)  # 17..32 rows
 MEDIUM = GemmConfig(64, 64, 4, 2, fuse_quant=True, max_split=64)  # 33..64 rows
-# 65 rows and up: upstream's default tile (64x128x128, 4 warps, 3 stages; 72 KB on sm_120) after a
-# separate quant; split only while the tiles alone leave SMs idle (M <= ~256).
-LARGE = GemmConfig(64, 128, 4, 3, max_split=8)
+# 65 rows and up: upstream's default config (64x128x128 tiles, 4 warps, 3 stages, tile groups of 32
+# rows) after a separate quant, so prefill is never slower than upstream's GEMM; split only while
+# the tiles alone leave SMs idle (M <= ~256).
+LARGE = GemmConfig(64, 128, 4, 3, max_split=8, group_m=32)
 CONFIGS: Tuple[GemmConfig, ...] = (DECODE, SMALL, MEDIUM, LARGE)
 BUCKETS: Tuple[Tuple[int, GemmConfig], ...] = ((16, DECODE), (32, SMALL), (64, MEDIUM))
 
@@ -108,6 +110,7 @@ SWEEP: Tuple[GemmConfig, ...] = (
     GemmConfig(64, 128, 4, 2, fuse_quant=True, max_split=64),
     GemmConfig(64, 64, 4, 2, max_split=64),
     LARGE,
+    GemmConfig(64, 128, 4, 3, max_split=8),
     GemmConfig(128, 128, 8, 2, max_split=8),
     GemmConfig(128, 128, 8, 3, max_split=8),
 )
