@@ -278,5 +278,6 @@ def test_launchable_covers_the_planned_binaries():
     for m in (1, 16, 17, 64, 65, 256, 8192):
         for n, k in ((1536, 4096), (4096, 512)):
             p = op.plan(m, n, k, 132)
-            assert (p.config, p.config.fuse_quant, p.split > 1) in kinds
-            assert (p.config, False, p.split > 1) in kinds  # the GEMM entry (pre-quantized A)
+            a = "bf16" if p.config.fuse_quant else "fp8"
+            assert op.Binary(p.config, a, "bf16", p.split > 1) in kinds
+            assert op.Binary(p.config, "fp8", "bf16", p.split > 1) in kinds  # the GEMM entry (pre-quantized A)

@@ -116,13 +116,31 @@ SWEEP: Tuple[GemmConfig, ...] = (
 )
 
 
-def launchable() -> Tuple[Tuple[GemmConfig, bool, bool], ...]:
-    """(config, QUANT_A, SPLIT) of every `gemm_kernel` binary the entries can launch (for check_sm120)."""
-    out: List[Tuple[GemmConfig, bool, bool]] = []
+@dataclass(frozen=True)
+class Binary:
+    """One `gemm_kernel` specialization the entries can launch: its config, operand types, split."""
+
+    config: GemmConfig
+    a_dtype: str  # "bf16" / "fp32": unquantized activation (QUANT_A), "fp8": pre-quantized
+    c_dtype: str
+    split: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.name}/{self.a_dtype}-{self.c_dtype}/{'split' if self.split else 'whole'}"
+
+
+def launchable() -> Tuple[Binary, ...]:
+    """The `gemm_kernel` binaries check_sm120 compiles: per config, what DeepSeek-V4 launches (bf16 in
+    and out; fused quant where the config fuses, else e4m3 A after the quant kernel; with and without
+    a split) and the widest operands any caller can pass (fp32 in / fp32 out: the most shared memory)."""
+    out: List[Binary] = []
     for c in CONFIGS:
-        for quant_a in ((True, False) if c.fuse_quant else (False,)):
-            for split in ((False, True) if c.max_split > 1 else (False,)):
-                out.append((c, quant_a, split))
+        splits = (False, True) if c.max_split > 1 else (False,)
+        a_kinds = (("bf16", "bf16"), ("fp8", "bf16")) if c.fuse_quant else (("fp8", "bf16"),)
+        out += [Binary(c, a, o, sp) for a, o in a_kinds for sp in splits]
+        wide = (("fp32", "fp32"), ("fp8", "fp32")) if c.fuse_quant else (("fp8", "fp32"),)
+        out += [Binary(c, a, o, splits[-1]) for a, o in wide]
     return tuple(out)
 
 
