@@ -270,7 +270,9 @@ def test_plan_is_shape_only_and_splits_are_never_empty():
                 if p.split > 1:
                     assert tiles * p.split <= p.config.ctas_per_sm * sms
     assert op.plan(1, 1536, 4096, 132).config.swap
+    assert op.plan(1, 4096, 512, 132).config is op.DECODE_NARROW
     assert op.plan(8192, 8192, 1024, 132) == op.Plan(op.LARGE, 1)
+    assert op.plan(1024, 1024, 4096, 132) == op.Plan(op.LARGE, 1)  # prefill: upstream's tiling, unsplit
 
 
 def test_launchable_covers_the_planned_binaries():

@@ -42,6 +42,7 @@ FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
 FP8_KERNEL = "sglang.srt.layers.quantization.fp8_kernel"
 UPSTREAM_LINEAR = "triton_w8a8_block_fp8_linear"
 UPSTREAM_MATMUL = "w8a8_block_fp8_matmul_triton"
+SPLIT_MAX_M = 256  # prefill (more rows) runs upstream's tiling unsplit: never slower than its GEMM
 QUANT_BLOCK_R = 32  # rows per program of the standalone activation quant
 QUANT_NUM_WARPS = 4
 
@@ -89,19 +90,20 @@ class Plan:
 # Decode (M <= 16): swap-AB, 16 activation rows padded, 128 weight rows per program, K split so the
 # grid is ~2 programs per SM, each streaming 16-32 KB of weight with its loads all in flight.
 DECODE = GemmConfig(16, 128, 4, 2, swap=True, fuse_quant=True, max_split=64)
+# ... with 64 weight rows, where 128-row tiles split as far as K allows still leave SMs idle (small K).
+DECODE_NARROW = GemmConfig(16, 64, 4, 2, swap=True, fuse_quant=True, max_split=64)
 SMALL = GemmConfig(32, 64, 4, 2, fuse_quant=True, max_split=64)  # 17..32 rows
 MEDIUM = GemmConfig(64, 64, 4, 2, fuse_quant=True, max_split=64)  # 33..64 rows
 # 65 rows and up: upstream's default config (64x128x128 tiles, 4 warps, 3 stages, tile groups of 32
-# rows) after a separate quant, so prefill is never slower than upstream's GEMM; split only while
-# the tiles alone leave SMs idle (M <= ~256).
+# rows) after a separate quant; split only up to SPLIT_MAX_M rows, where the tiles alone leave SMs idle.
 LARGE = GemmConfig(64, 128, 4, 3, max_split=8, group_m=32)
-CONFIGS: Tuple[GemmConfig, ...] = (DECODE, SMALL, MEDIUM, LARGE)
+CONFIGS: Tuple[GemmConfig, ...] = (DECODE, DECODE_NARROW, SMALL, MEDIUM, LARGE)
 BUCKETS: Tuple[Tuple[int, GemmConfig], ...] = ((16, DECODE), (32, SMALL), (64, MEDIUM))
 
 # Candidates `bench --sweep` times next to the table; one may only ship after check_sm120 passes it.
 SWEEP: Tuple[GemmConfig, ...] = (
     DECODE,
-    GemmConfig(16, 64, 4, 2, swap=True, fuse_quant=True, max_split=64),
+    DECODE_NARROW,
     GemmConfig(16, 128, 4, 3, swap=True, fuse_quant=True, max_split=64, ctas_per_sm=4),
     GemmConfig(16, 64, 4, 2, fuse_quant=True, max_split=64),
     GemmConfig(16, 128, 8, 2, swap=True, fuse_quant=True, max_split=64, ctas_per_sm=1),
@@ -144,9 +146,12 @@ def launchable() -> Tuple[Binary, ...]:
     return tuple(out)
 
 
-def config_for(m: int) -> GemmConfig:
+def config_for(m: int, n: int = 0, k: int = 0, num_sms: int = 0) -> GemmConfig:
+    """The config of an [m, k] x [n, k]^T call: by rows; decode narrows its tiles when N x K is small."""
     for top, cfg in BUCKETS:
         if m <= top:
+            if cfg is DECODE and cdiv(n, cfg.block_n) * min(cfg.max_split, cdiv(k, GROUP)) < num_sms:
+                return DECODE_NARROW
             return cfg
     return LARGE
 
@@ -154,6 +159,8 @@ def config_for(m: int) -> GemmConfig:
 def split_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     """Programs per tile along K: fill ~`ctas_per_sm` x SMs when the tiles alone do not; every split
     gets the same whole number of 128-wide groups except the last (never an empty one)."""
+    if m > SPLIT_MAX_M:
+        return 1
     groups = cdiv(k, GROUP)
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     want = min(cfg.max_split, groups, (cfg.ctas_per_sm * num_sms) // max(1, tiles))
@@ -164,7 +171,7 @@ def split_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
 
 def plan(m: int, n: int, k: int, num_sms: int, config: GemmConfig | None = None) -> Plan:
     """The launch for an [m, k] x [n, k]^T call on a GPU with `num_sms` SMs (pure function of shapes)."""
-    cfg = config or config_for(m)
+    cfg = config or config_for(m, n, k, num_sms)
     return Plan(cfg, split_for(cfg, m, n, k, num_sms))
 
 
