@@ -36,7 +36,6 @@ from v4flash_kernels.fp8_gemm import kernel as _k
 
 FP8 = torch.float8_e4m3fn
 GROUP = int(_k.GROUP)
-BLOCK = [GROUP, GROUP]
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
 FP8_KERNEL = "sglang.srt.layers.quantization.fp8_kernel"
@@ -196,6 +195,7 @@ _OLD_TICKETS: List[torch.Tensor] = []
 
 
 def tickets(device: torch.device, n: int) -> torch.Tensor:
+    """At least `n` zeroed split-K tickets for the current stream (two streams never share one)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     buf = _TICKETS.get(key)
