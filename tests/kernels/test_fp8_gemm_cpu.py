@@ -209,8 +209,12 @@ def test_signatures_equal_upstreams():
 @pytest.fixture()
 def fake_upstream(monkeypatch):
     """Upstream modules holding recording stand-ins under the names the hook keeps upstream's at."""
+    from v4flash_kernels.hook.hook import upstream_keep_attr
+    from v4flash_kernels.hook.patches import FP8_GEMM
+
     calls = []
-    lin = SimpleNamespace(_v4flash_upstream_triton_w8a8_block_fp8_linear=lambda *a: calls.append(("linear", a)) or "up")
+    lin = SimpleNamespace(**{upstream_keep_attr(FP8_GEMM): lambda *a: calls.append(("linear", a)) or "up",
+                             FP8_GEMM.target_attr: op.w8a8_block_fp8_linear})  # patched: the module holds ours
     ker = SimpleNamespace(w8a8_block_fp8_matmul_triton=lambda *a: calls.append(("matmul", a)) or "up")
     monkeypatch.setitem(sys.modules, op.FP8_UTILS, lin)
     monkeypatch.setitem(sys.modules, op.FP8_KERNEL, ker)
@@ -250,6 +254,10 @@ def test_without_upstream_loaded_an_unsupported_call_raises(monkeypatch):
     x = make_activation(2, 256, _gen(90))
     w, ws = make_weight(128, 256, _gen(91))
     with pytest.raises(NotImplementedError, match="input_scale"):
+        op.w8a8_block_fp8_linear(x, w, [128, 128], ws, torch.ones(2, 2))
+    # a module that holds only ours (upstream's not kept) must not send the call back to ours
+    monkeypatch.setitem(sys.modules, op.FP8_UTILS, SimpleNamespace(triton_w8a8_block_fp8_linear=op.w8a8_block_fp8_linear))
+    with pytest.raises(NotImplementedError, match="not loaded"):
         op.w8a8_block_fp8_linear(x, w, [128, 128], ws, torch.ones(2, 2))
 
 

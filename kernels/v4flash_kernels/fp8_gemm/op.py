@@ -33,13 +33,13 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 
 from v4flash_kernels.fp8_gemm import kernel as _k
+from v4flash_kernels.hook.patches import FP8_GEMM
 
 FP8 = torch.float8_e4m3fn
 GROUP = int(_k.GROUP)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
+FP8_UTILS, UPSTREAM_LINEAR = FP8_GEMM.target_module, FP8_GEMM.target_attr  # what the hook replaces with ours
 FP8_KERNEL = "sglang.srt.layers.quantization.fp8_kernel"
-UPSTREAM_LINEAR = "triton_w8a8_block_fp8_linear"
 UPSTREAM_MATMUL = "w8a8_block_fp8_matmul_triton"
 SPLIT_MAX_M = 256  # prefill (more rows) runs upstream's tiling unsplit: never slower than its GEMM
 QUANT_BLOCK_R = 32  # rows per program of the standalone activation quant
@@ -348,10 +348,13 @@ def unsupported_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: t
 
 def upstream_function(module: str, attr: str) -> Callable[..., Any]:
     """SGLang's own function (the one the hook replaced, kept next to ours), for calls we do not compute."""
+    from v4flash_kernels.hook.hook import upstream_keep_attr
+
     mod = sys.modules.get(module)
     fn = None
     if mod is not None:
-        fn = getattr(mod, "_v4flash_upstream_" + attr, None) or getattr(mod, attr, None)
+        kept = upstream_keep_attr(FP8_GEMM) if (module, attr) == (FP8_UTILS, UPSTREAM_LINEAR) else None
+        fn = (getattr(mod, kept, None) if kept else None) or getattr(mod, attr, None)
     if fn is None or getattr(fn, "__module__", None) == __name__:
         raise NotImplementedError(f"{module}.{attr} is not loaded in this process")
     return fn
