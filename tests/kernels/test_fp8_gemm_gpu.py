@@ -70,7 +70,7 @@ def test_gpu_fused_quant_codes_bit_for_bit(cfg):
         assert torch.equal(out.cpu(), want), split
 
 
-@pytest.mark.parametrize("m", [1, 4, 16, 17, 64, 256, 1024])
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 300])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_gpu_linear_matches_reference_and_upstream(n, k, m, upstream):
     up_linear, _ = upstream
