@@ -44,14 +44,19 @@ def _opts(patches, modules=None, tmp: Path | None = None, **kw) -> Options:
 # ------------------------------------------------------------------ the real patches
 
 
-def test_every_switch_names_an_importable_selfcheck():
+CHECKED = [s.name for s in SWITCHES if s.selfcheck]
+
+
+def test_switches_name_importable_selfchecks():
+    """sparse_decode, moe and indexer have one; any switch that names one names a real module (a switch
+    without one is reported `unchecked` by the launcher, never passed)."""
+    assert {"sparse_decode", "moe", "indexer"} <= set(CHECKED)
     for sw in SWITCHES:
-        assert sw.selfcheck, f"{sw.name} has no self-check module in the registry"
-        mod = __import__(sw.selfcheck, fromlist=["cases"])
-        assert callable(mod.cases)
+        if sw.selfcheck:
+            assert callable(__import__(sw.selfcheck, fromlist=["cases"]).cases), sw.name
 
 
-@pytest.mark.parametrize("patch", [s.name for s in SWITCHES])
+@pytest.mark.parametrize("patch", CHECKED)
 def test_real_patch_passes_under_the_interpreter(patch, tmp_path):
     rec = run(_opts([patch], tmp=tmp_path))
     entry = rec["patches"][patch]

@@ -15,6 +15,7 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.report.facts import p2p_summary, parse_matrix
 from v4flash_pd.report.scrub import redact_env, scrub_tree, secret_name
 
@@ -73,7 +74,8 @@ def test_rehearsal_report_is_complete_marked_and_secret_free(box):
     assert sc["standin"] and len(sc["gpus"]) == 8 and rep["selfcheck"]["standin"]
     assert rep["step"]["standin"] and "--dry-run" in rep["step"]["argv"] and (out / "step" / "step.log").is_file()
     # end to end: every configuration, its own trio, bench at 1/16/64 and the gate
-    assert [v["name"] for v in rep["e2e"]] == ["on", "off-sparse_decode", "off-moe", "off-indexer", "off"]
+    names = [s.name for s in SWITCHES]
+    assert [v["name"] for v in rep["e2e"]] == ["on", *(f"off-{n}" for n in names), "off"]
     for v in rep["e2e"]:
         assert v["status"] == "ok" and v["standin"], v
         assert [lv["concurrency"] for lv in v["bench"]["levels"]] == [1, 16, 64]
@@ -82,13 +84,13 @@ def test_rehearsal_report_is_complete_marked_and_secret_free(box):
         plan = json.loads((run / "plan.json").read_text())
         assert dict(map(tuple, plan["patches"])) == v["switches"], "the variant's trio ran its own switches"
         assert json.loads((run / "state.json").read_text())["status"] == "stopped"
-    assert rep["e2e"][2]["switches"] == {"sparse_decode": True, "moe": False, "indexer": True}
+    assert rep["e2e"][2]["switches"] == {n: n != "moe" for n in names}
     # README: summary table first, every stand-in number marked
     md = (out / "README.md").read_text()
     assert md.index("> **REHEARSAL.**") < md.index("## Summary") < md.index("## End to end")
     assert "| end to end, c=1, output tok/s | patches on " in md and "*(stand-in)*" in md
     e2e_rows = [ln for ln in md.splitlines() if ln.startswith("| on |") or ln.startswith("| off")]
-    assert len(e2e_rows) == 5 and all(ln.count("*(stand-in)*") >= 5 for ln in e2e_rows)
+    assert len(e2e_rows) == len(names) + 2 and all(ln.count("*(stand-in)*") >= 5 for ln in e2e_rows)
     # the tarball has the same files, and nothing anywhere holds a secret
     tar = Path(rep["tarball"])
     assert tar == out.with_name("rep.tar.gz") and tar.is_file()

@@ -17,6 +17,7 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_kernels.hook.patches import SWITCHES as REGISTRY
 from v4flash_pd import topology as topo
 from v4flash_pd.config import load_config
 from v4flash_pd.host import Host
@@ -26,7 +27,8 @@ from v4flash_pd.selfcheck.driver import Interrupted, run_jobs
 from v4flash_pd.selfcheck.jobs import KERNEL_MODULE, STANDIN_MODULE, Job, arg, jobs_for, shapes
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PATCHES = ("sparse_decode", "moe", "indexer")
+PATCHES = ("sparse_decode", "moe", "indexer")  # the switches with a self-check (stand-in jobs check these)
+SWITCHES = tuple(s.name for s in REGISTRY)  # every switch the default plan turns on
 INJECT = "V4FLASH_SELFCHECK_INJECT"
 
 
@@ -55,7 +57,7 @@ def quiet(_m: str) -> None:
 
 def test_one_job_per_gpu_with_the_workers_env_shapes_and_interpreter():
     plan = plan_of()
-    jobs = jobs_for(plan, PATCHES, {"V4FLASH_CACHE_DIR": "/var/cache/v4flash"})
+    jobs = jobs_for(plan, SWITCHES, {"V4FLASH_CACHE_DIR": "/var/cache/v4flash"})
     assert [j.gpu for j in jobs] == list(range(8))
     worker = {p.name: p for p in plan.workers()}
     for j in jobs:
@@ -65,7 +67,7 @@ def test_one_job_per_gpu_with_the_workers_env_shapes_and_interpreter():
         assert {k: v for k, v in spec.env if k.startswith("V4FLASH_")}.items() <= e.items()
         assert e["TRITON_CACHE_DIR"] == "/var/cache/v4flash/triton"
         assert j.argv[:3] == (sys.executable, "-m", KERNEL_MODULE)
-        assert arg(j.argv, "--patches") == "sparse_decode,moe,indexer" and arg(j.argv, "--gpu") == str(j.gpu)
+        assert arg(j.argv, "--patches") == ",".join(SWITCHES) and arg(j.argv, "--gpu") == str(j.gpu)
         assert arg(j.argv, "--context") == "131072" and arg(j.argv, "--tp-size") == "4"
         assert arg(j.argv, "--tp-rank") == str(spec.gpus.index(j.gpu))
         if j.role == "decode":  # the profile's largest captured batch; decode workers never prefill
@@ -190,7 +192,11 @@ def test_selfcheck_command_in_rehearsal_is_marked_stand_in(cli, tmp_path):
     assert "all passed" in res.stdout and "[stand-in: rehearsal, no kernel ran]" in res.stdout
     s = result.load(tmp_path / "sc" / "selfcheck.json")
     assert s["standin"] and s["decision"] == "checked" and len(s["gpus"]) == 8
+    assert s["requested"] == list(SWITCHES)
     assert all(g["patches"]["moe"]["cases"][0]["name"] == "stand-in" for g in s["gpus"])
+    for name in set(SWITCHES) - set(PATCHES):  # a switch without a self-check is never vouched for
+        assert s["patches"][name]["status"] == "unchecked"
+        assert f"WARNING kernel patch {name} has no self-check" in res.stdout
 
 
 def test_selfcheck_command_reports_a_failure_and_exits_1(cli, tmp_path):

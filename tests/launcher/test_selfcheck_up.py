@@ -14,10 +14,13 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_kernels.hook.patches import SWITCHES as REGISTRY
+
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")]
 
 INJECT = "V4FLASH_SELFCHECK_INJECT"
+SWITCHES = tuple(s.name for s in REGISTRY)
 
 
 @pytest.fixture()
@@ -67,9 +70,9 @@ def test_a_failing_patch_is_switched_off_through_the_plan(box, stopper):
     assert "GPU 5" in warning and "wrong_result" in warning and "switched OFF for this run" in warning
     run = latest(box)
     plan = json.loads((run / "plan.json").read_text())
-    assert dict(map(tuple, plan["patches"])) == {"sparse_decode": True, "moe": False, "indexer": True}
+    assert dict(map(tuple, plan["patches"])) == {n: n != "moe" for n in SWITCHES}
     for name, sw in worker_switches(run).items():
-        assert sw["V4FLASH_MOE"] == "0" and sw["V4FLASH_SPARSE_DECODE"] == "1" and sw["V4FLASH_INDEXER"] == "1", name
+        assert sw == {f"V4FLASH_{n.upper()}": "0" if n == "moe" else "1" for n in SWITCHES}, name
     s = json.loads((run / "selfcheck.json").read_text())
     assert s["decision"] == "switched_off" and s["switched_off"] == ["moe"] and s["standin"]
     assert "using the result the detaching launcher wrote" in (run / "launcher.log").read_text()
@@ -86,6 +89,7 @@ def test_all_pass_changes_nothing_and_is_marked_stand_in(box, stopper):
     res = up(box, "--detach")
     assert res.returncode == 0, res.stderr
     assert "all passed" in res.stdout and "[stand-in: rehearsal, no kernel ran]" in res.stdout
+    assert "FAILED" not in res.stdout
     assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
 
 
@@ -125,8 +129,8 @@ def test_real_kernels_on_the_interpreter_a_broken_one_is_switched_off(box, stopp
     assert s["patches"]["indexer"]["class"] == "wrong_result" and s["switched_off"] == ["indexer"]
     cases = s["gpus"][0]["patches"]["moe"]["cases"]
     assert cases and all(c["name"].startswith("small") and c["metrics"]["rel_err"] < 1e-2 for c in cases)
-    assert worker_switches(run)["server-0"] == {"V4FLASH_SPARSE_DECODE": "1", "V4FLASH_MOE": "1",
-                                                "V4FLASH_INDEXER": "0"}
+    assert worker_switches(run)["server-0"] == {f"V4FLASH_{n.upper()}": "0" if n == "indexer" else "1"
+                                                for n in SWITCHES}
     assert "CPU interpreter, small shapes only" in res.stdout
 
 

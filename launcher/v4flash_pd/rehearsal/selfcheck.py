@@ -3,7 +3,8 @@
 A rehearsal has no GPU, so `up --rehearse` runs this instead of `v4flash_kernels.selfcheck`, in the
 same interpreter and environment, with the same arguments, one process per GPU of the plan, and
 writes the same per-GPU record, marked `"standin": true` with one `stand-in` case per patch and a
-device named "stand-in". Every patch passes, except what `V4FLASH_SELFCHECK_INJECT` breaks (the
+device named "stand-in". Every switch passes, except one whose registry entry names no self-check
+(reported `unchecked`, as the real check would) and what `V4FLASH_SELFCHECK_INJECT` breaks (the
 real check's test seam, same grammar): those fail with the class the real check would report, and
 `launch` (a lost CUDA context), `hang` and `crash` behave as the real process would, so the
 launcher's whole path (restarts, timeouts, switching patches off) is rehearsed too. Stdlib only.
@@ -26,6 +27,16 @@ WHY = {"wrong": "rel. error 0.5 > 0.01 (injected)",
        "launch": "CUDA error: an illegal memory access was encountered (injected)"}
 
 
+def _module_of(switch: str) -> str | None:
+    """The switch's self-check module in the registry (stdlib-only import); unknown switches count as checked."""
+    from v4flash_kernels.hook.patches import switch_by_name
+
+    try:
+        return switch_by_name(switch).selfcheck
+    except KeyError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_pd.rehearsal.selfcheck")
     ap.add_argument("--json", default=None)
@@ -43,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     record.write(args.json, rec)
     for name in (p.strip() for p in args.patches.split(",") if p.strip()):
         kind = broken.get(name)
+        if _module_of(name) is None:
+            rec["patches"][name] = {"status": record.UNCHECKED, "phase": "ours", "class": None, "seconds": 0.0,
+                                    "error": "its registry entry names no self-check module", "module": None,
+                                    "injected": kind, "cases": [], "upstream": ""}
+            record.write(args.json, rec)
+            continue
         case = {"name": "stand-in", "size": "none", "status": record.PASS, "class": None, "error": None,
                 "seconds": 0.0, "metrics": {}, "graph": None, "upstream": None}
         entry = {"status": record.RUNNING, "phase": "ours", "class": None, "error": None, "seconds": 0.0,

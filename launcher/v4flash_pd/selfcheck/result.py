@@ -81,6 +81,10 @@ def headline(summary: dict[str, Any]) -> str:
     n_gpu = len(summary.get("gpus") or [])
     bad = failed(summary)
     word = f"{len(bad)} FAILED ({', '.join(bad)})" if bad else "all passed"
+    loose = unchecked(summary)
+    if loose:
+        word += f"; {', '.join(loose)} has no self-check" if len(loose) == 1 else \
+            f"; {', '.join(loose)} have no self-check"
     tag = mark(summary)
     return (f"kernel self-check: {len(summary.get('requested') or [])} patch(es) on {n_gpu} GPU(s), {word} "
             f"in {summary.get('seconds', 0):.1f}s" + (f" {tag}" if tag else ""))
