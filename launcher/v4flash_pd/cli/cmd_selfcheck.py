@@ -43,7 +43,7 @@ def command(params: dict[str, Any]) -> None:
                         "run it with --box K (a box with workers), or without --role router")
     if not patches_on(plan):
         raise UserError("every kernel patch is switched off in this plan: nothing to check",
-                        "drop --sparse-decode/--moe/--indexer off (or patches.<name> = false) to check them")
+                        "drop the `--<switch> off` flags (or patches.<name> = false) of the kernels to check")
     if not plan.rehearse:
         have = {g.index for g in r.topology.gpus}
         missing = [g for g in plan_gpus(plan) if g not in have]
@@ -62,10 +62,10 @@ def command(params: dict[str, Any]) -> None:
     else:
         click.echo(result.render(summary))
         click.echo(f"result   {out / result.FILE}  (logs in {out / 'selfcheck'})")
+    for line in result.warnings(summary, "`up` would switch it off for its run"):
+        click.echo(line, err=True)
     bad = result.failed(summary)
     if bad:
-        for line in result.warnings(summary, "`up` would switch it off for its run"):
-            click.echo(line, err=True)
         raise RuntimeFailure(f"kernel self-check failed for {', '.join(bad)}",
                              f"`up` switches failing patches off by itself (--strict-selfcheck refuses instead); "
                              f"please send us `v4flash-pd report` (the logs are in {out / 'selfcheck'})")
