@@ -1,0 +1,320 @@
+"""Triton kernels of DeepSeek-V4's hyper-connection boundary (mHC): mix, finish, post.
+
+A pre (or a fused post+pre) is two launches:
+
+1. `mix_kernel`, grid `(token blocks, splits)`: each program owns a token block and a slice of the
+   hidden dimension, *all four streams* of it. It reads the streams (fused: computes them from the
+   previous post's inputs and writes them, bf16), squares them into the RMS sum and multiplies them
+   with its `[24, 4 x slice]` of `hc_fn` on the tensor cores, and writes a `[tokens, 32]` partial
+   (24 mixes, the square sum in column 24). Splitting the hidden dimension spreads the 1.5 MB
+   `hc_fn` read over the SMs when there are few tokens; at prefill sizes the token blocks do that.
+   `hc_fn` is fp32 and the streams bf16: `hc_fn` is split exactly into three bf16 parts, so the
+   three bf16 MMAs give products exact in fp32 and fp32 accumulation (fp32 GEMV accuracy).
+2. `finish_kernel`, one program per token: sums the partials in a fixed order, then the scalar
+   part (RMS scale, sigmoids, 20 Sinkhorn iterations on the 4x4 as 16 scalars: no cross-thread
+   traffic), writes post and comb, mixes the four streams into y and applies the optional RMSNorm
+   of the sub-layer. The stream loads are issued first so their latency hides under the scalar
+   work.
+
+`post_kernel` is the post alone (`hc_post`): one program per (token, hidden block).
+
+Deterministic: every sum has a fixed order and there are no atomics.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MIX_PAD = tl.constexpr(32)  # the 24 mixes padded to an MMA width; column 24 carries the square sum
+SQ_COL = tl.constexpr(24)
+
+
+@triton.jit
+def _post4(p0, p1, p2, p3,
+           c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33,
+           xin, r0, r1, r2, r3):
+    """The post's four new streams (bf16): new_j = post_j * x + sum_k comb[k, j] * residual_k."""
+    v0 = p0 * xin + c00 * r0 + c10 * r1 + c20 * r2 + c30 * r3
+    v1 = p1 * xin + c01 * r0 + c11 * r1 + c21 * r2 + c31 * r3
+    v2 = p2 * xin + c02 * r0 + c12 * r1 + c22 * r2 + c32 * r3
+    v3 = p3 * xin + c03 * r0 + c13 * r1 + c23 * r2 + c33 * r3
+    return v0.to(tl.bfloat16), v1.to(tl.bfloat16), v2.to(tl.bfloat16), v3.to(tl.bfloat16)
+
+
+@triton.jit
+def _gemv_stream(acc, sq, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc += xb @ hc_fn[:, slice]^T for one stream (three exact bf16 parts); sq += xb^2.
+
+    DOT_BF16=False (Triton's CPU interpreter, whose bf16 dot is wrong) multiplies the same three
+    parts as fp32.
+    """
+    xf = xb.to(tl.float32)
+    sq += xf * xf
+    f = tl.load(FN_J + o[:, None] * K + hh[None, :], mask=omask[:, None] & hmask[None, :], other=0.0)
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    if DOT_BF16:
+        acc = tl.dot(xb, tl.trans(lo), acc)
+        acc = tl.dot(xb, tl.trans(mid), acc)
+        acc = tl.dot(xb, tl.trans(hi), acc)
+    else:
+        acc = tl.dot(xf, tl.trans(lo.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(xf, tl.trans(mid.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(xf, tl.trans(hi.to(tl.float32)), acc, input_precision="ieee")
+    return acc, sq
+
+
+@triton.jit
+def mix_kernel(
+    X,  # [N, 4, H] bf16 contiguous: the streams (pre), or the previous streams (fused post+pre)
+    XIN,  # fused: [N, H] bf16 sub-layer output
+    POST_IN,  # fused: [N, 4] fp32
+    COMB_IN,  # fused: [N, 4, 4] fp32
+    R_OUT,  # fused: [N, 4, H] bf16 new streams
+    FN,  # [24, 4H] fp32 contiguous
+    PART,  # [splits, N, 32] fp32 partials
+    n_tokens,
+    H: tl.constexpr,
+    H_PER_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    FUSED: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    tmask = t < n_tokens
+    o = tl.arange(0, MIX_PAD)
+    omask = o < SQ_COL
+    acc = tl.zeros([BLOCK_T, MIX_PAD], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    if FUSED:
+        pb = POST_IN + t * 4
+        p0 = tl.load(pb + 0, mask=tmask, other=0.0)[:, None]
+        p1 = tl.load(pb + 1, mask=tmask, other=0.0)[:, None]
+        p2 = tl.load(pb + 2, mask=tmask, other=0.0)[:, None]
+        p3 = tl.load(pb + 3, mask=tmask, other=0.0)[:, None]
+        cb = COMB_IN + t * 16
+        c00 = tl.load(cb + 0, mask=tmask, other=0.0)[:, None]
+        c01 = tl.load(cb + 1, mask=tmask, other=0.0)[:, None]
+        c02 = tl.load(cb + 2, mask=tmask, other=0.0)[:, None]
+        c03 = tl.load(cb + 3, mask=tmask, other=0.0)[:, None]
+        c10 = tl.load(cb + 4, mask=tmask, other=0.0)[:, None]
+        c11 = tl.load(cb + 5, mask=tmask, other=0.0)[:, None]
+        c12 = tl.load(cb + 6, mask=tmask, other=0.0)[:, None]
+        c13 = tl.load(cb + 7, mask=tmask, other=0.0)[:, None]
+        c20 = tl.load(cb + 8, mask=tmask, other=0.0)[:, None]
+        c21 = tl.load(cb + 9, mask=tmask, other=0.0)[:, None]
+        c22 = tl.load(cb + 10, mask=tmask, other=0.0)[:, None]
+        c23 = tl.load(cb + 11, mask=tmask, other=0.0)[:, None]
+        c30 = tl.load(cb + 12, mask=tmask, other=0.0)[:, None]
+        c31 = tl.load(cb + 13, mask=tmask, other=0.0)[:, None]
+        c32 = tl.load(cb + 14, mask=tmask, other=0.0)[:, None]
+        c33 = tl.load(cb + 15, mask=tmask, other=0.0)[:, None]
+    h_lo = pid_s * H_PER_SPLIT
+    for h0 in range(h_lo, h_lo + H_PER_SPLIT, BLOCK_H):
+        hh = h0 + tl.arange(0, BLOCK_H)
+        hmask = hh < H
+        m2 = tmask[:, None] & hmask[None, :]
+        src = X + t[:, None] * (4 * H) + hh[None, :]
+        if FUSED:
+            xin = tl.load(XIN + t[:, None] * H + hh[None, :], mask=m2, other=0.0).to(tl.float32)
+            r0 = tl.load(src, mask=m2, other=0.0).to(tl.float32)
+            r1 = tl.load(src + H, mask=m2, other=0.0).to(tl.float32)
+            r2 = tl.load(src + 2 * H, mask=m2, other=0.0).to(tl.float32)
+            r3 = tl.load(src + 3 * H, mask=m2, other=0.0).to(tl.float32)
+            v0, v1, v2, v3 = _post4(p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13,
+                                    c20, c21, c22, c23, c30, c31, c32, c33, xin, r0, r1, r2, r3)
+            dst = R_OUT + t[:, None] * (4 * H) + hh[None, :]
+            tl.store(dst, v0, mask=m2)
+            tl.store(dst + H, v1, mask=m2)
+            tl.store(dst + 2 * H, v2, mask=m2)
+            tl.store(dst + 3 * H, v3, mask=m2)
+        else:
+            v0 = tl.load(src, mask=m2, other=0.0)
+            v1 = tl.load(src + H, mask=m2, other=0.0)
+            v2 = tl.load(src + 2 * H, mask=m2, other=0.0)
+            v3 = tl.load(src + 3 * H, mask=m2, other=0.0)
+        acc, sq = _gemv_stream(acc, sq, v0, FN, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc, sq = _gemv_stream(acc, sq, v1, FN + H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc, sq = _gemv_stream(acc, sq, v2, FN + 2 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc, sq = _gemv_stream(acc, sq, v3, FN + 3 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+    sqv = tl.sum(sq, axis=1)
+    acc = tl.where(o[None, :] == SQ_COL, sqv[:, None], acc)
+    dst = PART + pid_s.to(tl.int64) * n_tokens * MIX_PAD + t[:, None] * MIX_PAD + o[None, :]
+    tl.store(dst, acc, mask=tmask[:, None])
+
+
+@triton.jit
+def _softmax4(a, b, c, d, eps):
+    m = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    a = tl.exp(a - m)
+    b = tl.exp(b - m)
+    c = tl.exp(c - m)
+    d = tl.exp(d - m)
+    s = a + b + c + d
+    return a / s + eps, b / s + eps, c / s + eps, d / s + eps
+
+
+@triton.jit
+def _norm4(a, b, c, d, eps):
+    s = a + b + c + d + eps
+    return a / s, b / s, c / s, d / s
+
+
+@triton.jit
+def _sinkhorn(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33,
+              eps, ITERS: tl.constexpr):
+    """Row softmax (+eps), column normalisation, then ITERS-1 row/column rounds; c[j, k] = cjk."""
+    c00, c01, c02, c03 = _softmax4(c00, c01, c02, c03, eps)
+    c10, c11, c12, c13 = _softmax4(c10, c11, c12, c13, eps)
+    c20, c21, c22, c23 = _softmax4(c20, c21, c22, c23, eps)
+    c30, c31, c32, c33 = _softmax4(c30, c31, c32, c33, eps)
+    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, eps)
+    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, eps)
+    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, eps)
+    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, eps)
+    for _ in tl.static_range(ITERS - 1):
+        c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, eps)
+        c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, eps)
+        c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, eps)
+        c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, eps)
+        c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, eps)
+        c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, eps)
+        c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, eps)
+        c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, eps)
+    return c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33
+
+
+@triton.jit
+def _mix(row, j: tl.constexpr, rs, s, BASE):
+    """Mix j, RMS-scaled, times its scale, plus its base (the split's sigmoid / softmax argument)."""
+    return tl.load(row + j, cache_modifier=".cg") * rs * s + tl.load(BASE + j)
+
+
+@triton.jit
+def finish_kernel(
+    PART,  # [splits, N, 32] fp32 partials; split 0's row is overwritten with the sums
+    n_tokens,
+    n_splits,
+    X,  # [N, 4, H] bf16: the streams y is mixed from
+    SCALE,  # [3] fp32
+    BASE,  # [24] fp32
+    POST,  # [N, 4] fp32 out
+    COMB,  # [N, 4, 4] fp32 out
+    Y,  # [N, H] bf16 out
+    NORM_W,  # [H] bf16 (HAS_NORM)
+    rms_eps,
+    pre_eps,
+    sinkhorn_eps,
+    post_mult,
+    norm_eps,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    S_PAD: tl.constexpr,
+    ITERS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, BLOCK_H)
+    hmask = hh < H
+    src = X + t * (4 * H) + hh
+    x0 = tl.load(src, mask=hmask, other=0.0)
+    x1 = tl.load(src + H, mask=hmask, other=0.0)
+    x2 = tl.load(src + 2 * H, mask=hmask, other=0.0)
+    x3 = tl.load(src + 3 * H, mask=hmask, other=0.0)
+    row = PART + t * MIX_PAD
+    if S_PAD > 1:
+        s = tl.arange(0, S_PAD)
+        o = tl.arange(0, MIX_PAD)
+        part = tl.load(row + s[:, None] * (n_tokens * MIX_PAD) + o[None, :], mask=(s < n_splits)[:, None],
+                       other=0.0)
+        total = tl.sum(part, axis=0)
+        tl.debug_barrier()
+        tl.store(row + o, total)
+        tl.debug_barrier()  # the sums are read back as scalars by every thread of the program
+    rs = tl.rsqrt(tl.load(row + SQ_COL, cache_modifier=".cg") / (4 * H) + rms_eps)
+    s0 = tl.load(SCALE)
+    s1 = tl.load(SCALE + 1)
+    s2 = tl.load(SCALE + 2)
+    pre0 = tl.sigmoid(_mix(row, 0, rs, s0, BASE)) + pre_eps
+    pre1 = tl.sigmoid(_mix(row, 1, rs, s0, BASE)) + pre_eps
+    pre2 = tl.sigmoid(_mix(row, 2, rs, s0, BASE)) + pre_eps
+    pre3 = tl.sigmoid(_mix(row, 3, rs, s0, BASE)) + pre_eps
+    y = pre0 * x0.to(tl.float32) + pre1 * x1.to(tl.float32) + pre2 * x2.to(tl.float32) + pre3 * x3.to(tl.float32)
+    yb = y.to(tl.bfloat16)
+    if HAS_NORM:
+        w = tl.load(NORM_W + hh, mask=hmask, other=0.0).to(tl.float32)
+        yf = yb.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(yf * yf, axis=0) / H + norm_eps)
+        yb = (yf * inv * w).to(tl.bfloat16)
+    tl.store(Y + t * H + hh, yb, mask=hmask)
+
+    pb = POST + t * 4
+    tl.store(pb + 0, tl.sigmoid(_mix(row, 4, rs, s1, BASE)) * post_mult)
+    tl.store(pb + 1, tl.sigmoid(_mix(row, 5, rs, s1, BASE)) * post_mult)
+    tl.store(pb + 2, tl.sigmoid(_mix(row, 6, rs, s1, BASE)) * post_mult)
+    tl.store(pb + 3, tl.sigmoid(_mix(row, 7, rs, s1, BASE)) * post_mult)
+    c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _sinkhorn(
+        _mix(row, 8, rs, s2, BASE), _mix(row, 9, rs, s2, BASE), _mix(row, 10, rs, s2, BASE),
+        _mix(row, 11, rs, s2, BASE), _mix(row, 12, rs, s2, BASE), _mix(row, 13, rs, s2, BASE),
+        _mix(row, 14, rs, s2, BASE), _mix(row, 15, rs, s2, BASE), _mix(row, 16, rs, s2, BASE),
+        _mix(row, 17, rs, s2, BASE), _mix(row, 18, rs, s2, BASE), _mix(row, 19, rs, s2, BASE),
+        _mix(row, 20, rs, s2, BASE), _mix(row, 21, rs, s2, BASE), _mix(row, 22, rs, s2, BASE),
+        _mix(row, 23, rs, s2, BASE), sinkhorn_eps, ITERS)
+    cb = COMB + t * 16
+    tl.store(cb + 0, c00)
+    tl.store(cb + 1, c01)
+    tl.store(cb + 2, c02)
+    tl.store(cb + 3, c03)
+    tl.store(cb + 4, c10)
+    tl.store(cb + 5, c11)
+    tl.store(cb + 6, c12)
+    tl.store(cb + 7, c13)
+    tl.store(cb + 8, c20)
+    tl.store(cb + 9, c21)
+    tl.store(cb + 10, c22)
+    tl.store(cb + 11, c23)
+    tl.store(cb + 12, c30)
+    tl.store(cb + 13, c31)
+    tl.store(cb + 14, c32)
+    tl.store(cb + 15, c33)
+
+
+@triton.jit
+def post_kernel(
+    XIN,  # [N, H] bf16
+    RES,  # [N, 4, H] bf16
+    POST,  # [N, 4] fp32
+    COMB,  # [N, 4, 4] fp32
+    OUT,  # [N, 4, H] bf16
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = hh < H
+    xin = tl.load(XIN + t * H + hh, mask=hmask, other=0.0).to(tl.float32)
+    src = RES + t * (4 * H) + hh
+    r0 = tl.load(src, mask=hmask, other=0.0).to(tl.float32)
+    r1 = tl.load(src + H, mask=hmask, other=0.0).to(tl.float32)
+    r2 = tl.load(src + 2 * H, mask=hmask, other=0.0).to(tl.float32)
+    r3 = tl.load(src + 3 * H, mask=hmask, other=0.0).to(tl.float32)
+    pb = POST + t * 4
+    cb = COMB + t * 16
+    v0, v1, v2, v3 = _post4(
+        tl.load(pb), tl.load(pb + 1), tl.load(pb + 2), tl.load(pb + 3),
+        tl.load(cb), tl.load(cb + 1), tl.load(cb + 2), tl.load(cb + 3),
+        tl.load(cb + 4), tl.load(cb + 5), tl.load(cb + 6), tl.load(cb + 7),
+        tl.load(cb + 8), tl.load(cb + 9), tl.load(cb + 10), tl.load(cb + 11),
+        tl.load(cb + 12), tl.load(cb + 13), tl.load(cb + 14), tl.load(cb + 15),
+        xin, r0, r1, r2, r3)
+    dst = OUT + t * (4 * H) + hh
+    tl.store(dst, v0, mask=hmask)
+    tl.store(dst + H, v1, mask=hmask)
+    tl.store(dst + 2 * H, v2, mask=hmask)
+    tl.store(dst + 3 * H, v3, mask=hmask)
