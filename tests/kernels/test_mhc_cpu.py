@@ -29,8 +29,8 @@ def _inputs(n: int, hidden: int, seed: int = 0, params: R.MhcParams = R.MhcParam
 
 
 def _common(p: R.MhcParams) -> dict:
-    return dict(rms_eps=p.rms_eps, hc_eps=p.pre_eps, sinkhorn_eps=p.sinkhorn_eps, sinkhorn_iters=p.iters,
-                post_mult=p.post_mult)
+    return {"rms_eps": p.rms_eps, "hc_eps": p.pre_eps, "sinkhorn_eps": p.sinkhorn_eps, "sinkhorn_iters": p.iters,
+                "post_mult": p.post_mult}
 
 
 def _layer(p: R.MhcParams = R.MhcParams()):

@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MIX_PAD = tl.constexpr(32)  # the 24 mixes padded to an MMA width; column 24 carries the square sum
-SQ_COL = tl.constexpr(24)
+MIX_PAD = tl.constexpr(32)  # the 24 mixes padded to an MMA width
+MIX = tl.constexpr(24)
 
 
 @triton.jit
@@ -43,14 +43,12 @@ def _post4(p0, p1, p2, p3,
 
 
 @triton.jit
-def _gemv_stream(acc, sq, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc += xb @ hc_fn[:, slice]^T for one stream (three exact bf16 parts); sq += xb^2.
+def _gemv_stream(acc, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc += xb @ hc_fn[:, slice]^T for one stream, as three exact bf16 parts.
 
     DOT_BF16=False (Triton's CPU interpreter, whose bf16 dot is wrong) multiplies the same three
     parts as fp32.
     """
-    xf = xb.to(tl.float32)
-    sq += xf * xf
     f = tl.load(FN_J + o[:, None] * K + hh[None, :], mask=omask[:, None] & hmask[None, :], other=0.0)
     hi = f.to(tl.bfloat16)
     rest = f - hi.to(tl.float32)
@@ -61,10 +59,11 @@ def _gemv_stream(acc, sq, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, DOT_BF
         acc = tl.dot(xb, tl.trans(mid), acc)
         acc = tl.dot(xb, tl.trans(hi), acc)
     else:
+        xf = xb.to(tl.float32)
         acc = tl.dot(xf, tl.trans(lo.to(tl.float32)), acc, input_precision="ieee")
         acc = tl.dot(xf, tl.trans(mid.to(tl.float32)), acc, input_precision="ieee")
         acc = tl.dot(xf, tl.trans(hi.to(tl.float32)), acc, input_precision="ieee")
-    return acc, sq
+    return acc
 
 
 @triton.jit
@@ -77,8 +76,8 @@ def mix_kernel(
     FN,  # [24, 4H] fp32 contiguous
     PART,  # [splits, N, 32] fp32 partials
     n_tokens,
+    h_per_split,  # a multiple of BLOCK_H
     H: tl.constexpr,
-    H_PER_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     FUSED: tl.constexpr,
@@ -89,9 +88,8 @@ def mix_kernel(
     t = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     tmask = t < n_tokens
     o = tl.arange(0, MIX_PAD)
-    omask = o < SQ_COL
+    omask = o < MIX
     acc = tl.zeros([BLOCK_T, MIX_PAD], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     if FUSED:
         pb = POST_IN + t * 4
         p0 = tl.load(pb + 0, mask=tmask, other=0.0)[:, None]
@@ -115,8 +113,8 @@ def mix_kernel(
         c31 = tl.load(cb + 13, mask=tmask, other=0.0)[:, None]
         c32 = tl.load(cb + 14, mask=tmask, other=0.0)[:, None]
         c33 = tl.load(cb + 15, mask=tmask, other=0.0)[:, None]
-    h_lo = pid_s * H_PER_SPLIT
-    for h0 in range(h_lo, h_lo + H_PER_SPLIT, BLOCK_H):
+    h_lo = pid_s * h_per_split
+    for h0 in range(h_lo, h_lo + h_per_split, BLOCK_H):
         hh = h0 + tl.arange(0, BLOCK_H)
         hmask = hh < H
         m2 = tmask[:, None] & hmask[None, :]
@@ -139,12 +137,10 @@ def mix_kernel(
             v1 = tl.load(src + H, mask=m2, other=0.0)
             v2 = tl.load(src + 2 * H, mask=m2, other=0.0)
             v3 = tl.load(src + 3 * H, mask=m2, other=0.0)
-        acc, sq = _gemv_stream(acc, sq, v0, FN, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc, sq = _gemv_stream(acc, sq, v1, FN + H, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc, sq = _gemv_stream(acc, sq, v2, FN + 2 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc, sq = _gemv_stream(acc, sq, v3, FN + 3 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
-    sqv = tl.sum(sq, axis=1)
-    acc = tl.where(o[None, :] == SQ_COL, sqv[:, None], acc)
+        acc = _gemv_stream(acc, v0, FN, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc = _gemv_stream(acc, v1, FN + H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc = _gemv_stream(acc, v2, FN + 2 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc = _gemv_stream(acc, v3, FN + 3 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
     dst = PART + pid_s.to(tl.int64) * n_tokens * MIX_PAD + t[:, None] * MIX_PAD + o[None, :]
     tl.store(dst, acc, mask=tmask[:, None])
 
@@ -237,7 +233,12 @@ def finish_kernel(
         tl.debug_barrier()
         tl.store(row + o, total)
         tl.debug_barrier()  # the sums are read back as scalars by every thread of the program
-    rs = tl.rsqrt(tl.load(row + SQ_COL, cache_modifier=".cg") / (4 * H) + rms_eps)
+    x0f = x0.to(tl.float32)
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    x3f = x3.to(tl.float32)
+    sq = tl.sum(x0f * x0f + x1f * x1f + x2f * x2f + x3f * x3f, axis=0)
+    rs = tl.rsqrt(sq / (4 * H) + rms_eps)
     s0 = tl.load(SCALE)
     s1 = tl.load(SCALE + 1)
     s2 = tl.load(SCALE + 2)
@@ -245,7 +246,7 @@ def finish_kernel(
     pre1 = tl.sigmoid(_mix(row, 1, rs, s0, BASE)) + pre_eps
     pre2 = tl.sigmoid(_mix(row, 2, rs, s0, BASE)) + pre_eps
     pre3 = tl.sigmoid(_mix(row, 3, rs, s0, BASE)) + pre_eps
-    y = pre0 * x0.to(tl.float32) + pre1 * x1.to(tl.float32) + pre2 * x2.to(tl.float32) + pre3 * x3.to(tl.float32)
+    y = pre0 * x0f + pre1 * x1f + pre2 * x2f + pre3 * x3f
     yb = y.to(tl.bfloat16)
     if HAS_NORM:
         w = tl.load(NORM_W + hh, mask=hmask, other=0.0).to(tl.float32)

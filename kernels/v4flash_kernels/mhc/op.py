@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import torch
 import triton
@@ -40,6 +40,7 @@ DECODE_MAX_TOKENS = 64  # up to here one token block; the hidden dimension is sp
 DECODE_SPLITS = 128
 PREFILL_BLOCK_T = 64
 MAX_SPLITS = 128
+BLOCK_H = 32
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,16 @@ class MixPlan:
         return f"t{self.block_t}_s{self.splits}_h{self.block_h}_w{self.num_warps}"
 
 
-def make_plan(block_t: int, splits: int, block_h: int, hidden: int, num_warps: int = 4,
+def make_plan(block_t: int, splits: int, block_h: int, hidden: int, num_warps: int = 0,
               finish_warps: int = 8) -> MixPlan:
-    """A plan with `splits` rounded so every split is a whole number of `block_h` tiles."""
+    """A plan with `splits` rounded so every split is a whole number of `block_h` tiles.
+
+    `num_warps` 0 = the default for the token block (4 up to 32 tokens, else 8: the fused variant
+    keeps 20 per-token coefficients and four fp32 stream tiles live and spills at 4 warps).
+    """
     per = triton.cdiv(triton.cdiv(hidden, splits), block_h) * block_h
-    return MixPlan(block_t, triton.cdiv(hidden, per), per, block_h, num_warps, finish_warps)
+    warps = num_warps or (4 if block_t <= 32 else 8)
+    return MixPlan(block_t, triton.cdiv(hidden, per), per, block_h, warps, finish_warps)
 
 
 def plan_for(n_tokens: int, hidden: int, num_sms: int) -> MixPlan:
@@ -71,25 +77,39 @@ def plan_for(n_tokens: int, hidden: int, num_sms: int) -> MixPlan:
     Few tokens (decode): one token block, the hidden dimension split ~128 ways so the 1.5 MB
     `hc_fn` streams through all SMs once. Many tokens (prefill): 64-token blocks, split only as
     far as needed for about two programs per SM (each split adds a `[tokens, 32]` fp32 partial).
+    32-wide hidden tiles everywhere: with 64 the fused variant spills.
     """
     if n_tokens <= DECODE_MAX_TOKENS:
         block_t = max(16, triton.next_power_of_2(n_tokens))
-        return make_plan(block_t, DECODE_SPLITS, 32, hidden)
+        return make_plan(block_t, DECODE_SPLITS, BLOCK_H, hidden)
     blocks = triton.cdiv(n_tokens, PREFILL_BLOCK_T)
     splits = 1
     while blocks * splits < 2 * num_sms and splits < MAX_SPLITS:
         splits *= 2
-    return make_plan(PREFILL_BLOCK_T, splits, 64, hidden)
+    return make_plan(PREFILL_BLOCK_T, splits, BLOCK_H, hidden)
+
+
+_PROBE_TOKENS = (1, 2, 16, 17, 32, 33, 64, 65, 128, 129, 1024, 2048, 4096, 8192, 16384, 65536)
+_PROBE_SMS = (84, 132, 188)  # RTX PRO 6000 has 188 SMs, the H200 132
 
 
 def launchable(hidden: int = 4096) -> Tuple[MixPlan, ...]:
-    """Every distinct mix-kernel plan `plan_for` can return for `hidden` (for check_sm120)."""
+    """One plan per distinct compiled mix-kernel variant `plan_for` can launch (for check_sm120).
+
+    The variant is (block_t, block_h, warps); `splits` and `h_per_split` are run-time values.
+    """
     seen = {}
-    for n in (1, 16, 17, 32, 33, 64, 65, 1024, 2048, 4096, 8192, 16384, 65536):
-        for sms in (84, 132, 188):
+    for n in _PROBE_TOKENS:
+        for sms in _PROBE_SMS:
             p = plan_for(n, hidden, sms)
-            seen[(p.block_t, p.block_h, p.num_warps)] = p
+            seen[(p.block_t, p.block_h, p.num_warps, p.finish_warps)] = p
     return tuple(seen.values())
+
+
+def launchable_splits(hidden: int = 4096) -> Tuple[int, ...]:
+    """Every partial count `plan_for` can produce (the finish kernel is compiled per its power of two)."""
+    return tuple(sorted({plan_for(n, hidden, sms).splits for n in _PROBE_TOKENS for sms in _PROBE_SMS}
+                        | {1, MAX_SPLITS}))
 
 
 _SMS: dict = {}
@@ -142,10 +162,10 @@ def _pre_launch(
     sinkhorn_eps: float,
     sinkhorn_iters: int,
     post_mult: float,
-    norm_weight: Optional[torch.Tensor],
-    norm_eps: Optional[float],
-    plan: Optional[MixPlan],
-    fused: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    norm_weight: torch.Tensor | None,
+    norm_eps: float | None,
+    plan: MixPlan | None,
+    fused: Tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both launches on flat `[N, 4, H]` streams; `fused` = (x, post, comb) of the post to apply first.
 
@@ -168,8 +188,8 @@ def _pre_launch(
         args = (streams, streams, fn, fn, streams)  # unused pointer slots
     grid = (triton.cdiv(n, plan.block_t), plan.splits)
     _k.mix_kernel[grid](
-        *args, fn, part, n,
-        H=hidden, H_PER_SPLIT=plan.h_per_split, BLOCK_T=plan.block_t, BLOCK_H=plan.block_h,
+        *args, fn, part, n, plan.h_per_split,
+        H=hidden, BLOCK_T=plan.block_t, BLOCK_H=plan.block_h,
         FUSED=fused is not None, DOT_BF16=_dot_bf16(), num_warps=plan.num_warps, num_stages=1,
     )
     post = torch.empty((n, HC), dtype=torch.float32, device=dev)
@@ -205,10 +225,10 @@ def mhc_pre(
     hc_eps: float,
     sinkhorn_iters: int,
     post_mult: float = POST_MULT,
-    sinkhorn_eps: Optional[float] = None,
-    norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: Optional[float] = None,
-    plan: Optional[MixPlan] = None,
+    sinkhorn_eps: float | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    plan: MixPlan | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre of streams `x` `[N, 4, H]` bf16 -> (y `[N, H]` bf16, post `[N, 4]`, comb `[N, 4, 4]`).
 
@@ -241,6 +261,7 @@ def _post_args(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
 
 
 POST_BLOCK_H = 1024
+POST_NUM_WARPS = 4
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -252,7 +273,7 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
         return out
     block_h = min(POST_BLOCK_H, triton.next_power_of_2(hidden))
     _k.post_kernel[(n, triton.cdiv(hidden, block_h))](
-        x, residual, post, comb, out, H=hidden, BLOCK_H=block_h, num_warps=4, num_stages=1)
+        x, residual, post, comb, out, H=hidden, BLOCK_H=block_h, num_warps=POST_NUM_WARPS, num_stages=1)
     return out
 
 
@@ -269,10 +290,10 @@ def mhc_post_pre(
     hc_eps: float,
     sinkhorn_iters: int,
     post_mult: float = POST_MULT,
-    sinkhorn_eps: Optional[float] = None,
-    norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: Optional[float] = None,
-    plan: Optional[MixPlan] = None,
+    sinkhorn_eps: float | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    plan: MixPlan | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A post and the next pre in two launches -> (streams `[N, 4, H]`, y `[N, H]`, post, comb).
 
@@ -295,7 +316,7 @@ def mhc_post_pre(
 
 
 def hc_pre(self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-           norm: Optional[torch.nn.Module] = None):
+           norm: torch.nn.Module | None = None):
     """`DeepseekV4DecoderLayer.hc_pre` on sm_120: (y bf16 `[N, H]`, post `[N, 4]`, comb `[N, 4, 4]`, False).
 
     `norm` is not applied (False says so; the layer then runs its RMSNorm), as on upstream's
@@ -334,8 +355,8 @@ def mhc_fused_post_pre(
     n_splits: int = 1,
     tile_n: int = 1,
     *,
-    norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: Optional[float] = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sglang.srt.layers.mhc.mhc_fused_post_pre`: (streams, post `[..., 4, 1]`, comb, layer input).
 

@@ -29,7 +29,7 @@ and nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -91,10 +91,10 @@ def pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.
     mixes = mixes_ref(x, fn, p.rms_eps)
     pre, post, comb = split_mixes(mixes, scale, base, p)
     y = (pre.unsqueeze(-1) * x.double()).sum(dim=1)
-    return dict(y=y, post=post, comb=comb, mixes=mixes)
+    return {"y": y, "post": post, "comb": comb, "mixes": mixes}
 
 
-def layer_input_ref(y: torch.Tensor, norm_weight: Optional[torch.Tensor], norm_eps: float) -> torch.Tensor:
+def layer_input_ref(y: torch.Tensor, norm_weight: torch.Tensor | None, norm_eps: float) -> torch.Tensor:
     """What the sub-layer receives: y as bf16, then (if a norm weight is given) its RMSNorm; fp64."""
     yb = y.to(torch.bfloat16).double()
     if norm_weight is None:
@@ -139,16 +139,16 @@ def make_inputs(case: MhcCase, device: str = "cpu", seed: int = 0) -> Dict:
     prev = torch.randn(n, MIX, generator=g) * 2.0
     pre, post, comb = split_mixes(prev, hc_scale, hc_base, case.params)
     del pre
-    out = dict(
-        x=x,
-        residual=residual,
-        post=post.float(),
-        comb=comb.float(),
-        hc_fn=hc_fn.float(),
-        hc_scale=hc_scale.float(),
-        hc_base=hc_base.float(),
-        norm_weight=(1.0 + 0.1 * torch.randn(h, generator=g)).to(torch.bfloat16) if case.norm else None,
-    )
+    out = {
+        "x": x,
+        "residual": residual,
+        "post": post.float(),
+        "comb": comb.float(),
+        "hc_fn": hc_fn.float(),
+        "hc_scale": hc_scale.float(),
+        "hc_base": hc_base.float(),
+        "norm_weight": (1.0 + 0.1 * torch.randn(h, generator=g)).to(torch.bfloat16) if case.norm else None,
+    }
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
