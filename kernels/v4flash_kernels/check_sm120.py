@@ -231,7 +231,7 @@ def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
     for plan in mhc.launchable(hidden):
         for fused in (False, True):
             const = {"H": hidden, "BLOCK_T": plan.block_t, "BLOCK_H": plan.block_h, "FUSED": fused,
-                     "DOT_BF16": True}
+                     "INTERPRET": False}
             hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
             ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
             regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
@@ -247,14 +247,14 @@ def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
         for s_pad in s_pads:
             for norm in (False, True):
                 const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad, "ITERS": 20,
-                         "HAS_NORM": norm}
+                         "HAS_NORM": norm, "INTERPRET": False}
                 ck = _compile(k.finish_kernel, fin_sig, const, [n for n, t in fin_sig.items() if t.startswith("*")],
                               arch, w, 1)
                 regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
                 out.append(CompileResult("mhc_finish", f"s{s_pad}{'_norm' if norm else ''}_w{w}", arch,
                                          int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
     post_sig = {"XIN": "*bf16", "RES": "*bf16", "POST": "*fp32", "COMB": "*fp32", "OUT": "*bf16"}
-    const = {"H": hidden, "BLOCK_H": min(mhc.POST_BLOCK_H, triton.next_power_of_2(hidden))}
+    const = {"H": hidden, "BLOCK_H": min(mhc.POST_BLOCK_H, triton.next_power_of_2(hidden)), "INTERPRET": False}
     ck = _compile(k.post_kernel, post_sig, const, list(post_sig), arch, mhc.POST_NUM_WARPS, 1)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     out.append(CompileResult("mhc_post", f"h{const['BLOCK_H']}_w{mhc.POST_NUM_WARPS}", arch, int(ck.metadata.shared),

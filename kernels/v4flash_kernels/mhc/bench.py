@@ -215,10 +215,10 @@ class UpstreamSm120:
 # --------------------------------------------------------------------------- checks
 
 
-def tolerances(interpreted: bool) -> Dict[str, float]:
-    """bf16 outputs: max |err| / max |ref| (one rounding: 2^-8 relative, 2^-7 when the interpreter
-    truncates); post/comb: absolute (fp32 GEMV over 16K terms, 20 Sinkhorn rounds)."""
-    return {"bf16": 1e-2 if interpreted else 5e-3, "mix": 1e-4}
+# bf16 outputs: max |err| / max |ref| (one rounding to nearest is <= 2^-9 relative to the element);
+# post/comb: absolute (an fp32 GEMV over 16K terms, then 20 Sinkhorn rounds). The kernels round to
+# nearest under the interpreter too (kernel._bf16), so CPU and GPU share these.
+TOL = {"bf16": 5e-3, "mix": 1e-4}
 
 
 def check_pre(y, post, comb, ref: Dict, layer_input: torch.Tensor, tol: Dict[str, float]) -> Dict:
@@ -259,7 +259,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     case = R.MhcCase(tokens=n)
     p = case.params
     kw = R.make_inputs(case, device="cuda", seed=seed)
-    tol = tolerances(False)
+    tol = TOL
     x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
     fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
     common = {"rms_eps": p.rms_eps, "hc_eps": p.pre_eps, "sinkhorn_iters": p.iters}

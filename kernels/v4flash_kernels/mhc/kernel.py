@@ -4,17 +4,17 @@ A pre (or a fused post+pre) is two launches:
 
 1. `mix_kernel`, grid `(token blocks, splits)`: each program owns a token block and a slice of the
    hidden dimension, *all four streams* of it. It reads the streams (fused: computes them from the
-   previous post's inputs and writes them, bf16), squares them into the RMS sum and multiplies them
-   with its `[24, 4 x slice]` of `hc_fn` on the tensor cores, and writes a `[tokens, 32]` partial
-   (24 mixes, the square sum in column 24). Splitting the hidden dimension spreads the 1.5 MB
-   `hc_fn` read over the SMs when there are few tokens; at prefill sizes the token blocks do that.
-   `hc_fn` is fp32 and the streams bf16: `hc_fn` is split exactly into three bf16 parts, so the
-   three bf16 MMAs give products exact in fp32 and fp32 accumulation (fp32 GEMV accuracy).
-2. `finish_kernel`, one program per token: sums the partials in a fixed order, then the scalar
-   part (RMS scale, sigmoids, 20 Sinkhorn iterations on the 4x4 as 16 scalars: no cross-thread
-   traffic), writes post and comb, mixes the four streams into y and applies the optional RMSNorm
-   of the sub-layer. The stream loads are issued first so their latency hides under the scalar
-   work.
+   previous post's inputs and writes them, bf16), multiplies them with its `[24, 4 x slice]` of
+   `hc_fn` on the tensor cores and writes a `[tokens, 32]` partial of the 24 mixes. Splitting the
+   hidden dimension spreads the 1.5 MB `hc_fn` read over the SMs when there are few tokens; at
+   prefill sizes the token blocks do that. `hc_fn` is fp32 and the streams bf16: `hc_fn` is split
+   exactly into three bf16 parts, so three bf16 MMAs give products exact in fp32 and fp32
+   accumulation (fp32 GEMV accuracy at bf16 MMA rates).
+2. `finish_kernel`, one program per token: loads the token's streams first (their latency hides
+   under what follows), sums the partials in a fixed order, takes the RMS of the streams, then the
+   scalar part (sigmoids, 20 Sinkhorn iterations on the 4x4 as 16 scalars: no cross-thread
+   traffic), writes post and comb, mixes the streams into y and applies the optional RMSNorm of
+   the sub-layer.
 
 `post_kernel` is the post alone (`hc_post`): one program per (token, hidden block).
 
@@ -31,30 +31,40 @@ MIX = tl.constexpr(24)
 
 
 @triton.jit
+def _bf16(x, INTERPRET: tl.constexpr):
+    """fp32 -> bf16 rounded to nearest even. Triton's CPU interpreter truncates instead, so there the
+    rounding is spelled out on the bits (finite values), and CPU tests see a GPU's roundings."""
+    if INTERPRET:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def _post4(p0, p1, p2, p3,
            c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33,
-           xin, r0, r1, r2, r3):
+           xin, r0, r1, r2, r3, INTERPRET: tl.constexpr):
     """The post's four new streams (bf16): new_j = post_j * x + sum_k comb[k, j] * residual_k."""
     v0 = p0 * xin + c00 * r0 + c10 * r1 + c20 * r2 + c30 * r3
     v1 = p1 * xin + c01 * r0 + c11 * r1 + c21 * r2 + c31 * r3
     v2 = p2 * xin + c02 * r0 + c12 * r1 + c22 * r2 + c32 * r3
     v3 = p3 * xin + c03 * r0 + c13 * r1 + c23 * r2 + c33 * r3
-    return v0.to(tl.bfloat16), v1.to(tl.bfloat16), v2.to(tl.bfloat16), v3.to(tl.bfloat16)
+    return _bf16(v0, INTERPRET), _bf16(v1, INTERPRET), _bf16(v2, INTERPRET), _bf16(v3, INTERPRET)
 
 
 @triton.jit
-def _gemv_stream(acc, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, DOT_BF16: tl.constexpr):
+def _gemv_stream(acc, xb, FN_J, hh, hmask, o, omask, K: tl.constexpr, INTERPRET: tl.constexpr):
     """acc += xb @ hc_fn[:, slice]^T for one stream, as three exact bf16 parts.
 
-    DOT_BF16=False (Triton's CPU interpreter, whose bf16 dot is wrong) multiplies the same three
-    parts as fp32.
+    Under Triton's CPU interpreter (whose bf16 dot is wrong) the same three parts multiply as fp32.
     """
     f = tl.load(FN_J + o[:, None] * K + hh[None, :], mask=omask[:, None] & hmask[None, :], other=0.0)
-    hi = f.to(tl.bfloat16)
+    hi = _bf16(f, INTERPRET)
     rest = f - hi.to(tl.float32)
-    mid = rest.to(tl.bfloat16)
-    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-    if DOT_BF16:
+    mid = _bf16(rest, INTERPRET)
+    lo = _bf16(rest - mid.to(tl.float32), INTERPRET)
+    if not INTERPRET:
         acc = tl.dot(xb, tl.trans(lo), acc)
         acc = tl.dot(xb, tl.trans(mid), acc)
         acc = tl.dot(xb, tl.trans(hi), acc)
@@ -81,7 +91,7 @@ def mix_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     FUSED: tl.constexpr,
-    DOT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -126,7 +136,7 @@ def mix_kernel(
             r2 = tl.load(src + 2 * H, mask=m2, other=0.0).to(tl.float32)
             r3 = tl.load(src + 3 * H, mask=m2, other=0.0).to(tl.float32)
             v0, v1, v2, v3 = _post4(p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13,
-                                    c20, c21, c22, c23, c30, c31, c32, c33, xin, r0, r1, r2, r3)
+                                    c20, c21, c22, c23, c30, c31, c32, c33, xin, r0, r1, r2, r3, INTERPRET)
             dst = R_OUT + t[:, None] * (4 * H) + hh[None, :]
             tl.store(dst, v0, mask=m2)
             tl.store(dst + H, v1, mask=m2)
@@ -137,10 +147,10 @@ def mix_kernel(
             v1 = tl.load(src + H, mask=m2, other=0.0)
             v2 = tl.load(src + 2 * H, mask=m2, other=0.0)
             v3 = tl.load(src + 3 * H, mask=m2, other=0.0)
-        acc = _gemv_stream(acc, v0, FN, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc = _gemv_stream(acc, v1, FN + H, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc = _gemv_stream(acc, v2, FN + 2 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
-        acc = _gemv_stream(acc, v3, FN + 3 * H, hh, hmask, o, omask, 4 * H, DOT_BF16)
+        acc = _gemv_stream(acc, v0, FN, hh, hmask, o, omask, 4 * H, INTERPRET)
+        acc = _gemv_stream(acc, v1, FN + H, hh, hmask, o, omask, 4 * H, INTERPRET)
+        acc = _gemv_stream(acc, v2, FN + 2 * H, hh, hmask, o, omask, 4 * H, INTERPRET)
+        acc = _gemv_stream(acc, v3, FN + 3 * H, hh, hmask, o, omask, 4 * H, INTERPRET)
     dst = PART + pid_s.to(tl.int64) * n_tokens * MIX_PAD + t[:, None] * MIX_PAD + o[None, :]
     tl.store(dst, acc, mask=tmask[:, None])
 
@@ -214,6 +224,7 @@ def finish_kernel(
     S_PAD: tl.constexpr,
     ITERS: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, BLOCK_H)
@@ -247,12 +258,12 @@ def finish_kernel(
     pre2 = tl.sigmoid(_mix(row, 2, rs, s0, BASE)) + pre_eps
     pre3 = tl.sigmoid(_mix(row, 3, rs, s0, BASE)) + pre_eps
     y = pre0 * x0f + pre1 * x1f + pre2 * x2f + pre3 * x3f
-    yb = y.to(tl.bfloat16)
+    yb = _bf16(y, INTERPRET)
     if HAS_NORM:
         w = tl.load(NORM_W + hh, mask=hmask, other=0.0).to(tl.float32)
         yf = yb.to(tl.float32)
         inv = tl.rsqrt(tl.sum(yf * yf, axis=0) / H + norm_eps)
-        yb = (yf * inv * w).to(tl.bfloat16)
+        yb = _bf16(yf * inv * w, INTERPRET)
     tl.store(Y + t * H + hh, yb, mask=hmask)
 
     pb = POST + t * 4
@@ -295,6 +306,7 @@ def post_kernel(
     OUT,  # [N, 4, H] bf16
     H: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -313,7 +325,7 @@ def post_kernel(
         tl.load(cb + 4), tl.load(cb + 5), tl.load(cb + 6), tl.load(cb + 7),
         tl.load(cb + 8), tl.load(cb + 9), tl.load(cb + 10), tl.load(cb + 11),
         tl.load(cb + 12), tl.load(cb + 13), tl.load(cb + 14), tl.load(cb + 15),
-        xin, r0, r1, r2, r3)
+        xin, r0, r1, r2, r3, INTERPRET)
     dst = OUT + t * (4 * H) + hh
     tl.store(dst, v0, mask=hmask)
     tl.store(dst + H, v1, mask=hmask)

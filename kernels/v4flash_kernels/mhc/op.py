@@ -131,9 +131,9 @@ def _check(cond: bool, msg: str) -> None:
         raise AssertionError(msg)
 
 
-def _dot_bf16() -> bool:
-    # Triton's interpreter computes bf16 dots wrongly; it gets the same split parts as fp32 instead.
-    return os.environ.get("TRITON_INTERPRET") != "1"
+def _interpret() -> bool:
+    """Under Triton's CPU interpreter the kernels spell out bf16 rounding and take fp32 dots (kernel.py)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _contig(t: torch.Tensor) -> torch.Tensor:
@@ -190,7 +190,7 @@ def _pre_launch(
     _k.mix_kernel[grid](
         *args, fn, part, n, plan.h_per_split,
         H=hidden, BLOCK_T=plan.block_t, BLOCK_H=plan.block_h,
-        FUSED=fused is not None, DOT_BF16=_dot_bf16(), num_warps=plan.num_warps, num_stages=1,
+        FUSED=fused is not None, INTERPRET=_interpret(), num_warps=plan.num_warps, num_stages=1,
     )
     post = torch.empty((n, HC), dtype=torch.float32, device=dev)
     comb = torch.empty((n, HC, HC), dtype=torch.float32, device=dev)
@@ -207,7 +207,8 @@ def _pre_launch(
         float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
         float(norm_eps) if has_norm else 0.0,
         H=hidden, BLOCK_H=triton.next_power_of_2(hidden), S_PAD=triton.next_power_of_2(plan.splits),
-        ITERS=int(sinkhorn_iters), HAS_NORM=has_norm, num_warps=plan.finish_warps, num_stages=1,
+        ITERS=int(sinkhorn_iters), HAS_NORM=has_norm, INTERPRET=_interpret(), num_warps=plan.finish_warps,
+        num_stages=1,
     )
     return cur, y, post, comb
 
@@ -273,7 +274,8 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
         return out
     block_h = min(POST_BLOCK_H, triton.next_power_of_2(hidden))
     _k.post_kernel[(n, triton.cdiv(hidden, block_h))](
-        x, residual, post, comb, out, H=hidden, BLOCK_H=block_h, num_warps=POST_NUM_WARPS, num_stages=1)
+        x, residual, post, comb, out, H=hidden, BLOCK_H=block_h, INTERPRET=_interpret(), num_warps=POST_NUM_WARPS,
+        num_stages=1)
     return out
 
 
