@@ -251,7 +251,15 @@ def test_unsupported_inputs_raise():
                    sinkhorn_iters=20, norm_weight=kw["norm_weight"])
 
 
-def test_fused_post_pre_enabled():
+def test_fused_post_pre_enabled_only_while_ours_is_the_models_fused_op(monkeypatch):
+    import types
+
+    assert op.fused_post_pre_enabled() is False  # no deepseek_v4 loaded
+    model = types.ModuleType(op.DSV4_MODULE)
+    model.mhc_fused_post_pre = lambda *a, **k: None  # upstream's (or anything else)
+    monkeypatch.setitem(__import__("sys").modules, op.DSV4_MODULE, model)
+    assert op.fused_post_pre_enabled() is False
+    model.mhc_fused_post_pre = op.mhc_fused_post_pre
     assert op.fused_post_pre_enabled() is True
 
 

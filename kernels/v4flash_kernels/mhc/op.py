@@ -24,6 +24,7 @@ streams, fp32 `hc_fn`/scale/base/post/comb, as upstream asserts.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Tuple
 
@@ -384,6 +385,15 @@ def mhc_fused_post_pre(
             y.view(*outer, hidden))
 
 
+DSV4_MODULE = "sglang.srt.models.deepseek_v4"
+
+
 def fused_post_pre_enabled() -> bool:
-    """`deepseek_v4._is_fused_mhc_post_pre_enabled`: the fused path's kernels are ours, available here."""
-    return True
+    """`deepseek_v4._is_fused_mhc_post_pre_enabled`, asked once per layer at construction.
+
+    Yes exactly when the `mhc_fused_post_pre` that `deepseek_v4` calls is ours (the registry installs
+    both under one switch; if ours were refused there, the model stays on its unfused path rather
+    than reach upstream's TileLang fused kernel, which the pinned code keeps off on sm_120).
+    """
+    mod = sys.modules.get(DSV4_MODULE)
+    return mod is not None and getattr(mod, "mhc_fused_post_pre", None) is mhc_fused_post_pre
