@@ -144,11 +144,10 @@ def test_every_decode_split_plan_agrees():
 
 def test_matches_the_wheels_torch_path():
     p = R.MhcParams()
-    layer = B.make_layer(B.upstream_layer(tilelang_post=False), p)
+    up = B.UpstreamSm120(p, kind="torch")
     kw = _inputs(3, 512, seed=11)
-    with B.mhc_module(hc_split_sinkhorn=B.sinkhorn_standin):
-        uy, upost, ucomb, unorm = layer.hc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
-        uout = layer.hc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    uy, upost, ucomb, unorm = up.pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
+    uout = up.post(kw["x"], kw["residual"], kw["post"], kw["comb"])
     oy, opost, ocomb, onorm = op.hc_pre(_layer(p), kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     oout = op.hc_post(_layer(p), kw["x"], kw["residual"], kw["post"], kw["comb"])
     assert unorm is False and onorm is False
@@ -162,6 +161,17 @@ def test_matches_the_wheels_torch_path():
     assert R.max_rel(oy, uy.double()) <= TOL["bf16"]
     assert R.max_abs(opost, upost) <= TOL["mix"] and R.max_abs(ocomb, ucomb) <= TOL["mix"]
     assert R.max_rel(oout, uout.double()) <= TOL["bf16"]
+
+
+def test_bench_row_on_cpu():
+    """The bench's per-shape routine (checks, sweep, upstream torch path) end to end, timer stubbed."""
+    row = B.run_tokens(2, 0, B.UpstreamSm120(kind="torch"), None, sweep=True, device="cpu", hidden=128,
+                       timer=lambda fn: (fn(), 1.0)[1])
+    v = row["variants"]
+    assert {"pre", "pre_norm", "post", "post_pre", "upstream_sm120_pre", "upstream_sm120_post"} <= set(v)
+    assert all(x["ok"] and x["us"] == 1.0 for x in v.values()), v
+    assert any(k.startswith("sweep:") for k in v) and row["layer_us"]["ours"] == 2.0
+    assert "FAIL" not in B.format_table([row])
 
 
 # ----------------------------------------------------------------------------- drop-in contracts

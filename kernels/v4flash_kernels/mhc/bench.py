@@ -10,10 +10,10 @@ boundary once the patch is on), checks each against the fp64 reference, then tim
 `triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median µs).
 
 Upstream, when `tilelang` imports here: the pinned sm_120 path, i.e. `DeepseekV4DecoderLayer.hc_pre`
-(torch fp32 GEMV + RMS, eager here, not `torch.compile`d as under SGLang's capture; TileLang
+(torch fp32 GEMV + RMS, `torch.compile`d as under SGLang's graph capture; TileLang
 `hc_split_sinkhorn`; torch combine) and `hc_post` (TileLang `mhc_post`), read from the sglang wheel
-at run time; with `--upstream-fused` also the gated-off TileLang `mhc_fused_post_pre` (its JIT
-compiles take minutes). `--sweep` times alternative mix plans at the decode sizes.
+at run time; with `--upstream-fused` also the gated-off TileLang `mhc_fused_post_pre` (several
+TileLang JIT compiles: minutes). `--sweep` times alternative mix plans at the decode sizes.
 
 This module also holds the run-time loaders of upstream's mHC code that the tests share.
 """
@@ -21,12 +21,10 @@ This module also holds the run-time loaders of upstream's mHC code that the test
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import importlib.util
 import json
 import sys
-import textwrap
 import time
 import types
 from typing import Callable, Dict, Iterator, List
@@ -76,21 +74,8 @@ class envs:  # the switches as server_args leaves them on sm_120
     SGLANG_OPT_USE_TILELANG_MHC_POST = _Flag({tilelang_post})
 '''
 
-_TILELANG_PRELUDE = '''
-import functools
-import math
-from typing import Tuple
-
-import tilelang
-import tilelang.language as T
-import torch
-
-tilelang.set_log_level("WARNING")
-
-
-def is_arch_support_pdl():
-    return torch.cuda.get_device_capability()[0] >= 9
-
+# The gated-off fused path additionally reads DeepGEMM's switch (off on sm_120).
+_FUSED_PRELUDE = _up.MHC_PRELUDE + '''
 
 class _Flag:
     def __init__(self, value):
@@ -102,41 +87,12 @@ class _Flag:
 
 class envs:  # sm_120: no DeepGEMM prenorm GEMM
     SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
-
-
-def is_dsa_prefill_cp_round_robin_split():
-    return False
-
-
-def strict_contiguous(x):
-    return x if x.is_contiguous() else x.contiguous()
 '''
-
-_TILELANG_DEFS = (
-    "pass_configs", "FP8", "BF16", "FP32", "INT32", "hc_split_sinkhorn_kernel", "hc_split_sinkhorn",
-    "mhc_pre_big_fuse_tilelang", "mhc_pre_gemm_sqrsum_tilelang", "_compute_num_split_for_mhc_pre",
-    "mhc_pre_big_fuse_with_norm_tilelang", "mhc_post_tilelang", "mhc_post", "mhc_fused_post_pre_fma_tilelang",
-    "mhc_fused_post_pre",
+_FUSED_DEFS = (
+    "pass_configs", "FP8", "BF16", "FP32", "INT32", "mhc_pre_big_fuse_tilelang", "mhc_pre_gemm_sqrsum_tilelang",
+    "_compute_num_split_for_mhc_pre", "mhc_pre_big_fuse_with_norm_tilelang", "mhc_post_tilelang",
+    "mhc_fused_post_pre_fma_tilelang", "mhc_fused_post_pre",
 )
-
-
-def method_source(text: str, cls: str, names: tuple) -> str:
-    """The named methods of top-level class `cls`, dedented to module level, in file order."""
-    tree = ast.parse(text)
-    lines = text.splitlines(keepends=True)
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
-    if node is None:
-        raise KeyError(f"class {cls} not found")
-    parts, found = [], set()
-    for f in node.body:
-        if isinstance(f, ast.FunctionDef) and f.name in names:
-            start = min([f.lineno] + [d.lineno for d in f.decorator_list])
-            parts.append(textwrap.dedent("".join(lines[start - 1: f.end_lineno])))
-            found.add(f.name)
-    missing = set(names) - found
-    if missing:
-        raise KeyError(f"{cls} has no {sorted(missing)}")
-    return "\n\n".join(parts)
 
 
 def upstream_layer(tilelang_post: bool) -> type:
@@ -146,7 +102,7 @@ def upstream_layer(tilelang_post: bool) -> type:
     The methods import `sglang.srt.layers.mhc` when called: wrap calls in `mhc_module(...)`.
     """
     text, origin = _up.source_of(MODEL_PATH)
-    src = _LAYER_PRELUDE.format(tilelang_post=tilelang_post) + "\n\n" + method_source(
+    src = _LAYER_PRELUDE.format(tilelang_post=tilelang_post) + "\n\n" + _up.extract_methods(
         text, "DeepseekV4DecoderLayer", ("hc_pre", "hc_post"))
     mod = types.ModuleType(f"_v4flash_upstream_dsv4_layer_{int(tilelang_post)}")
     exec(compile(src, f"{origin} (DeepseekV4DecoderLayer.hc_pre, hc_post)", "exec"), mod.__dict__)
@@ -191,24 +147,41 @@ def tilelang_available() -> bool:
     return importlib.util.find_spec("tilelang") is not None
 
 
-def upstream_tilelang() -> types.ModuleType:
-    """Upstream's TileLang mHC kernels and wrappers (`layers/mhc.py`), verbatim, with 5 tiny shims."""
-    return _up.load_defs(MHC_PATH, _TILELANG_DEFS, _TILELANG_PRELUDE)
+def upstream_tilelang_fused() -> types.ModuleType:
+    """Upstream's gated-off TileLang `mhc_fused_post_pre` and its kernels (`layers/mhc.py`), verbatim."""
+    return _up.load_defs(MHC_PATH, _FUSED_DEFS, _FUSED_PRELUDE)
 
 
 class UpstreamSm120:
-    """The pinned sm_120 boundary: `hc_pre` (torch + TileLang Sinkhorn) and `hc_post` (TileLang post)."""
+    """The pinned sm_120 boundary: `hc_pre` (torch GEMV + RMS, Sinkhorn split, torch combine), `hc_post`.
 
-    def __init__(self, p: R.MhcParams = R.MhcParams()):
-        self.tl = upstream_tilelang()
-        self.layer = make_layer(upstream_layer(tilelang_post=True), p)
+    kind "compiled": TileLang Sinkhorn and post, the torch parts `torch.compile`d as SGLang runs them
+    under CUDA-graph capture (`upstream.load_dsv4_mhc_methods`, the step bench's loader); "eager":
+    the same, eager; "torch" (no tilelang, e.g. a CPU): the reference split stands in for the TileLang
+    Sinkhorn and `hc_post` takes its own torch branch.
+    """
+
+    def __init__(self, p: R.MhcParams = R.MhcParams(), kind: str = "eager"):
+        self.kind = kind
+        if kind == "torch":
+            self.functions = {"hc_split_sinkhorn": sinkhorn_standin}
+            cls = upstream_layer(tilelang_post=False)
+        else:
+            tl = _up.load_mhc()
+            self.functions = {"hc_split_sinkhorn": tl.hc_split_sinkhorn, "mhc_post": tl.mhc_post}
+            if kind == "compiled":
+                mod = _up.load_dsv4_mhc_methods()
+                cls = type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post})
+            else:
+                cls = upstream_layer(tilelang_post=True)
+        self.layer = make_layer(cls, p)
 
     def pre(self, x, fn, scale, base):
-        with mhc_module(hc_split_sinkhorn=self.tl.hc_split_sinkhorn, mhc_post=self.tl.mhc_post):
+        with mhc_module(**self.functions):
             return self.layer.hc_pre(x, fn, scale, base)
 
     def post(self, x, residual, post, comb):
-        with mhc_module(hc_split_sinkhorn=self.tl.hc_split_sinkhorn, mhc_post=self.tl.mhc_post):
+        with mhc_module(**self.functions):
             return self.layer.hc_post(x, residual, post, comb)
 
 
@@ -253,18 +226,21 @@ def bytes_floor(n: int, hidden: int = 4096) -> Dict[str, int]:
     return {"pre": fn + s + y, "post": 2 * s + y, "post_pre": fn + 2 * s + 2 * y}
 
 
-def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused: bool, sweep: bool) -> Dict:
+def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused: types.ModuleType | None,
+               sweep: bool, device: str = "cuda", hidden: int = 4096, timer: Callable | None = None) -> Dict:
+    """One token count: every variant checked against fp64, then timed (`timer`, default CUDA-graph replay)."""
     from v4flash_kernels.mhc import op
 
-    case = R.MhcCase(tokens=n)
+    _time_fn = timer or _time
+    case = R.MhcCase(tokens=n, hidden=hidden)
     p = case.params
-    kw = R.make_inputs(case, device="cuda", seed=seed)
+    kw = R.make_inputs(case, device=device, seed=seed)
     tol = TOL
     x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
     fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
     common = {"rms_eps": p.rms_eps, "hc_eps": p.pre_eps, "sinkhorn_iters": p.iters}
     plan = op.plan_for(n, case.hidden, op._num_sms(x.device))
-    floor = bytes_floor(n)
+    floor = bytes_floor(n, hidden)
     row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
                      "variants": {}}
     v = row["variants"]
@@ -293,24 +269,24 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
 
     v["post_pre"] = check_fused(post_pre_fn()())
     for name, f in (("pre", pre_fn), ("pre_norm", pre_norm_fn), ("post", post_fn), ("post_pre", post_pre_fn())):
-        v[name]["us"] = _time(f) if v[name]["ok"] else float("nan")
+        v[name]["us"] = _time_fn(f) if v[name]["ok"] else float("nan")
     if sweep and n <= op.DECODE_MAX_TOKENS:
         for bt in sorted({16, plan.block_t}):  # 16: several token blocks, hc_fn re-read from L2
             for splits in (32, 64, 128):
                 alt = op.make_plan(bt, splits, op.BLOCK_H, case.hidden)
                 name = f"sweep:{alt.name}"
                 v[name] = check_fused(post_pre_fn(alt)())
-                v[name]["us"] = _time(post_pre_fn(alt)) if v[name]["ok"] else float("nan")
+                v[name]["us"] = _time_fn(post_pre_fn(alt)) if v[name]["ok"] else float("nan")
     if upstream is not None:
         ref = R.pre_ref(res, fn, sc, ba, p)
         up_pre = lambda: upstream.pre(res, fn, sc, ba)  # noqa: E731
         y, post, comb, fused = up_pre()
         v["upstream_sm120_pre"] = check_pre(y, post, comb, ref, plain, tol)
         v["upstream_sm120_post"] = check_streams(upstream.post(x, res, post_in, comb_in), post_ref, tol)
-        v["upstream_sm120_pre"]["us"] = _time(up_pre)
-        v["upstream_sm120_post"]["us"] = _time(lambda: upstream.post(x, res, post_in, comb_in))
-        if upstream_fused:
-            tlm = upstream.tl
+        v["upstream_sm120_pre"]["us"] = _time_fn(up_pre)
+        v["upstream_sm120_post"]["us"] = _time_fn(lambda: upstream.post(x, res, post_in, comb_in))
+        if upstream_fused is not None:
+            tlm = upstream_fused
 
             def up_fused():
                 return tlm.mhc_fused_post_pre(x, res, post_in.unsqueeze(-1), comb_in, fn, sc, ba, p.rms_eps, p.pre_eps,
@@ -319,7 +295,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
 
             cur, post, comb, y = up_fused()
             v["upstream_tilelang_post_pre"] = check_fused((cur, y, post.squeeze(-1), comb))
-            v["upstream_tilelang_post_pre"]["us"] = _time(up_fused)
+            v["upstream_tilelang_post_pre"]["us"] = _time_fn(up_fused)
     # Per layer: the model with the patch runs two fused boundaries; upstream's sm_120 path two pre
     # + two post (its two RMSNorms not included).
     row["layer_us"] = {"ours": 2 * v["post_pre"]["us"]}
@@ -363,10 +339,11 @@ def main(argv: List[str] | None = None) -> int:
     import triton
 
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
-    upstream, up_note = None, "not requested"
+    upstream, up_fused, up_note = None, None, "not requested"
     if not args.no_upstream:
         if tilelang_available():
-            upstream, up_note = UpstreamSm120(), "tilelang"
+            upstream, up_note = UpstreamSm120(kind="compiled"), "tilelang; torch part compiled as under graph capture"
+            up_fused = upstream_tilelang_fused() if args.upstream_fused else None
         else:
             up_note = "tilelang not importable: upstream not timed"
     rows: List[Dict] = []
@@ -385,7 +362,7 @@ def main(argv: List[str] | None = None) -> int:
 
     for i, n in enumerate(int(t) for t in args.tokens.split(",")):
         try:
-            r = run_tokens(n, seed + i, upstream, args.upstream_fused, args.sweep)
+            r = run_tokens(n, seed + i, upstream, up_fused, args.sweep)
             torch.cuda.empty_cache()
         except Exception as exc:  # one broken shape must not lose the others' rows
             import traceback

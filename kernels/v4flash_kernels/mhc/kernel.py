@@ -10,11 +10,11 @@ A pre (or a fused post+pre) is two launches:
    prefill sizes the token blocks do that. `hc_fn` is fp32 and the streams bf16: `hc_fn` is split
    exactly into three bf16 parts, so three bf16 MMAs give products exact in fp32 and fp32
    accumulation (fp32 GEMV accuracy at bf16 MMA rates).
-2. `finish_kernel`, one program per token: loads the token's streams first (their latency hides
-   under what follows), sums the partials in a fixed order, takes the RMS of the streams, then the
-   scalar part (sigmoids, 20 Sinkhorn iterations on the 4x4 as 16 scalars: no cross-thread
-   traffic), writes post and comb, mixes the streams into y and applies the optional RMSNorm of
-   the sub-layer.
+2. `finish_kernel`, one program per token: requests the token's streams, base/scale and norm
+   weight first (their latency hides under what follows), sums the partials in a fixed order,
+   takes the RMS of the streams, the sigmoids, writes post, mixes the streams into y with the
+   optional RMSNorm of the sub-layer, then runs the 20 Sinkhorn iterations on the 4x4 as 16
+   scalars (no cross-thread traffic) and writes comb.
 
 `post_kernel` is the post alone (`hc_post`): one program per (token, hidden block).
 
@@ -197,12 +197,6 @@ def _sinkhorn(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c
 
 
 @triton.jit
-def _mix(row, j: tl.constexpr, rs, s, BASE):
-    """Mix j, RMS-scaled, times its scale, plus its base (the split's sigmoid / softmax argument)."""
-    return tl.load(row + j, cache_modifier=".cg") * rs * s + tl.load(BASE + j)
-
-
-@triton.jit
 def finish_kernel(
     PART,  # [splits, N, 32] fp32 partials; split 0's row is overwritten with the sums
     n_tokens,
@@ -229,55 +223,58 @@ def finish_kernel(
     t = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, BLOCK_H)
     hmask = hh < H
+    o = tl.arange(0, MIX_PAD)
+    # Everything that does not depend on the mixes is requested first: its latency (DRAM for the
+    # weights of a layer not touched since the last step) overlaps the partials' reduction.
     src = X + t * (4 * H) + hh
     x0 = tl.load(src, mask=hmask, other=0.0)
     x1 = tl.load(src + H, mask=hmask, other=0.0)
     x2 = tl.load(src + 2 * H, mask=hmask, other=0.0)
     x3 = tl.load(src + 3 * H, mask=hmask, other=0.0)
+    if HAS_NORM:
+        w = tl.load(NORM_W + hh, mask=hmask, other=0.0).to(tl.float32)
+    base = tl.load(BASE + o, mask=o < MIX, other=0.0)
+    s0 = tl.load(SCALE)
+    s1 = tl.load(SCALE + 1)
+    s2 = tl.load(SCALE + 2)
     row = PART + t * MIX_PAD
-    if S_PAD > 1:
-        s = tl.arange(0, S_PAD)
-        o = tl.arange(0, MIX_PAD)
-        part = tl.load(row + s[:, None] * (n_tokens * MIX_PAD) + o[None, :], mask=(s < n_splits)[:, None],
-                       other=0.0)
-        total = tl.sum(part, axis=0)
-        tl.debug_barrier()
-        tl.store(row + o, total)
-        tl.debug_barrier()  # the sums are read back as scalars by every thread of the program
+    sp = tl.arange(0, S_PAD)
+    part = tl.load(row + sp[:, None] * (n_tokens * MIX_PAD) + o[None, :], mask=(sp < n_splits)[:, None], other=0.0)
+    total = tl.sum(part, axis=0)
+
     x0f = x0.to(tl.float32)
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
     x3f = x3.to(tl.float32)
-    sq = tl.sum(x0f * x0f + x1f * x1f + x2f * x2f + x3f * x3f, axis=0)
-    rs = tl.rsqrt(sq / (4 * H) + rms_eps)
-    s0 = tl.load(SCALE)
-    s1 = tl.load(SCALE + 1)
-    s2 = tl.load(SCALE + 2)
-    pre0 = tl.sigmoid(_mix(row, 0, rs, s0, BASE)) + pre_eps
-    pre1 = tl.sigmoid(_mix(row, 1, rs, s0, BASE)) + pre_eps
-    pre2 = tl.sigmoid(_mix(row, 2, rs, s0, BASE)) + pre_eps
-    pre3 = tl.sigmoid(_mix(row, 3, rs, s0, BASE)) + pre_eps
+    rs = tl.rsqrt(tl.sum(x0f * x0f + x1f * x1f + x2f * x2f + x3f * x3f, axis=0) / (4 * H) + rms_eps)
+    # The 24 arguments (mix * rs * scale + base): pre 0-3, post 4-7, comb 8-23 (c[j, k] at 8 + 4j + k).
+    arg = total * rs * tl.where(o < 4, s0, tl.where(o < 8, s1, s2)) + base
+    sig = tl.sigmoid(arg)
+    act = tl.where(o < 4, sig + pre_eps, tl.where(o < 8, sig * post_mult, arg))
+    tl.store(POST + t * 4 + (o - 4), act, mask=(o >= 4) & (o < 8))
+    # pre and the comb logits are needed as scalars (no cross-thread traffic in what follows): through
+    # split 0's row of the partials, which every thread has finished reading at the first barrier.
+    tl.debug_barrier()
+    tl.store(row + o, act)
+    tl.debug_barrier()
+
+    pre0 = tl.load(row + 0)
+    pre1 = tl.load(row + 1)
+    pre2 = tl.load(row + 2)
+    pre3 = tl.load(row + 3)
     y = pre0 * x0f + pre1 * x1f + pre2 * x2f + pre3 * x3f
     yb = _bf16(y, INTERPRET)
     if HAS_NORM:
-        w = tl.load(NORM_W + hh, mask=hmask, other=0.0).to(tl.float32)
         yf = yb.to(tl.float32)
         inv = tl.rsqrt(tl.sum(yf * yf, axis=0) / H + norm_eps)
         yb = _bf16(yf * inv * w, INTERPRET)
     tl.store(Y + t * H + hh, yb, mask=hmask)
 
-    pb = POST + t * 4
-    tl.store(pb + 0, tl.sigmoid(_mix(row, 4, rs, s1, BASE)) * post_mult)
-    tl.store(pb + 1, tl.sigmoid(_mix(row, 5, rs, s1, BASE)) * post_mult)
-    tl.store(pb + 2, tl.sigmoid(_mix(row, 6, rs, s1, BASE)) * post_mult)
-    tl.store(pb + 3, tl.sigmoid(_mix(row, 7, rs, s1, BASE)) * post_mult)
     c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _sinkhorn(
-        _mix(row, 8, rs, s2, BASE), _mix(row, 9, rs, s2, BASE), _mix(row, 10, rs, s2, BASE),
-        _mix(row, 11, rs, s2, BASE), _mix(row, 12, rs, s2, BASE), _mix(row, 13, rs, s2, BASE),
-        _mix(row, 14, rs, s2, BASE), _mix(row, 15, rs, s2, BASE), _mix(row, 16, rs, s2, BASE),
-        _mix(row, 17, rs, s2, BASE), _mix(row, 18, rs, s2, BASE), _mix(row, 19, rs, s2, BASE),
-        _mix(row, 20, rs, s2, BASE), _mix(row, 21, rs, s2, BASE), _mix(row, 22, rs, s2, BASE),
-        _mix(row, 23, rs, s2, BASE), sinkhorn_eps, ITERS)
+        tl.load(row + 8), tl.load(row + 9), tl.load(row + 10), tl.load(row + 11),
+        tl.load(row + 12), tl.load(row + 13), tl.load(row + 14), tl.load(row + 15),
+        tl.load(row + 16), tl.load(row + 17), tl.load(row + 18), tl.load(row + 19),
+        tl.load(row + 20), tl.load(row + 21), tl.load(row + 22), tl.load(row + 23), sinkhorn_eps, ITERS)
     cb = COMB + t * 16
     tl.store(cb + 0, c00)
     tl.store(cb + 1, c01)
