@@ -217,6 +217,51 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
                          cfg.shared_bytes)
 
 
+def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
+    """The mHC kernels as `mhc.op` launches them: every mix plan (pre and fused), the finish kernel for
+    every partial count the planner can produce (with and without the norm), the post kernel."""
+    import triton
+
+    from v4flash_kernels.mhc import kernel as k
+    from v4flash_kernels.mhc import op as mhc
+
+    out = []
+    mix_sig = {"X": "*bf16", "XIN": "*bf16", "POST_IN": "*fp32", "COMB_IN": "*fp32", "R_OUT": "*bf16",
+               "FN": "*fp32", "PART": "*fp32", "n_tokens": "i32", "h_per_split": "i32"}
+    for plan in mhc.launchable(hidden):
+        for fused in (False, True):
+            const = {"H": hidden, "BLOCK_T": plan.block_t, "BLOCK_H": plan.block_h, "FUSED": fused,
+                     "INTERPRET": False}
+            hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
+            ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
+            regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+            out.append(CompileResult("mhc_mix", f"{'fused/' if fused else 'pre/'}t{plan.block_t}_h{plan.block_h}"
+                                     f"_w{plan.num_warps}", arch, int(ck.metadata.shared), regs, st, ld,
+                                     SMEM_LIMIT[arch]))
+    fin_sig = {"PART": "*fp32", "n_tokens": "i32", "n_splits": "i32", "X": "*bf16", "SCALE": "*fp32",
+               "BASE": "*fp32", "POST": "*fp32", "COMB": "*fp32", "Y": "*bf16", "NORM_W": "*bf16",
+               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32"}
+    warps = {p.finish_warps for p in mhc.launchable(hidden)}
+    s_pads = sorted({triton.next_power_of_2(s) for s in mhc.launchable_splits(hidden)})
+    for w in sorted(warps):
+        for s_pad in s_pads:
+            for norm in (False, True):
+                const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad, "ITERS": 20,
+                         "HAS_NORM": norm, "INTERPRET": False}
+                ck = _compile(k.finish_kernel, fin_sig, const, [n for n, t in fin_sig.items() if t.startswith("*")],
+                              arch, w, 1)
+                regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+                out.append(CompileResult("mhc_finish", f"s{s_pad}{'_norm' if norm else ''}_w{w}", arch,
+                                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
+    post_sig = {"XIN": "*bf16", "RES": "*bf16", "POST": "*fp32", "COMB": "*fp32", "OUT": "*bf16"}
+    const = {"H": hidden, "BLOCK_H": min(mhc.POST_BLOCK_H, triton.next_power_of_2(hidden)), "INTERPRET": False}
+    ck = _compile(k.post_kernel, post_sig, const, list(post_sig), arch, mhc.POST_NUM_WARPS, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    out.append(CompileResult("mhc_post", f"h{const['BLOCK_H']}_w{mhc.POST_NUM_WARPS}", arch, int(ck.metadata.shared),
+                             regs, st, ld, SMEM_LIMIT[arch]))
+    return out
+
+
 def compile_fp8_gemm(binary, arch: int) -> CompileResult:
     """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it (K % 128 == 0)."""
     from v4flash_kernels.fp8_gemm import kernel as k
@@ -269,6 +314,7 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             from v4flash_kernels.indexer.op import CONFIGS as INDEXER_CONFIGS
 
             results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
+            results += check_mhc(arch)
             results += check_fp8_gemm(arch)
     return results
 

@@ -84,6 +84,9 @@ SWITCHES: Tuple[Switch, ...] = (
            selfcheck="v4flash_kernels.indexer.selfcheck"),
     Switch("fp8_gemm", "block-FP8 linear",
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+    Switch("mhc", "mHC pre/post",
+           "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
+           "upstream's sm_120 torch + TileLang path (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -130,7 +133,28 @@ FP8_GEMM = PatchSpec(
     ours_attr="w8a8_block_fp8_linear",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
+
+# DeepSeek-V4's hyper-connections (mHC). On sm_120 upstream runs `hc_pre` as torch + the TileLang
+# Sinkhorn + torch (then its RMSNorm as a separate kernel) and `hc_post` as TileLang, and keeps its
+# fused post+pre unreachable. The switch installs our two methods and our fused op, and then lets the
+# model take its own fused structure (the enable check says yes only while our fused op is the one
+# `deepseek_v4` calls, so a refused fused patch leaves the model unfused).
+_DSV4 = "sglang.srt.models.deepseek_v4"
+MHC_PRE = PatchSpec(name="mhc_pre", title="mHC pre", switch="mhc", target_module=_DSV4,
+                    target_attr="DeepseekV4DecoderLayer.hc_pre", ours_module="v4flash_kernels.mhc.op",
+                    ours_attr="hc_pre")
+MHC_POST = PatchSpec(name="mhc_post", title="mHC post", switch="mhc", target_module=_DSV4,
+                     target_attr="DeepseekV4DecoderLayer.hc_post", ours_module="v4flash_kernels.mhc.op",
+                     ours_attr="hc_post")
+MHC_FUSED = PatchSpec(name="mhc_fused", title="mHC fused post+pre", switch="mhc", target_module=_DSV4,
+                      target_attr="mhc_fused_post_pre", ours_module="v4flash_kernels.mhc.op",
+                      ours_attr="mhc_fused_post_pre")
+MHC_FUSED_ON = PatchSpec(name="mhc_fused_on", title="mHC fused path enable", switch="mhc", target_module=_DSV4,
+                         target_attr="_is_fused_mhc_post_pre_enabled", ours_module="v4flash_kernels.mhc.op",
+                         ours_attr="fused_post_pre_enabled")
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST, MHC_FUSED,
+                                  MHC_FUSED_ON)
 
 
 def by_name(name: str) -> PatchSpec:
