@@ -39,6 +39,7 @@ import triton.language as tl
 
 NBINS = tl.constexpr(32)  # one radix digit = 5 bits
 DIGIT = tl.constexpr(5)
+RT = tl.constexpr(8)  # rows (of 2K positions) per tile of a long row: part of the output order
 KEY_POS_INF = tl.constexpr(0xFF800000)  # _keys(+inf)
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)  # _keys(-inf)
 
@@ -160,41 +161,45 @@ def _store_candidates(x, pos, fi, slot, WS, CAP: tl.constexpr):
 
 
 @triton.jit
+def _flags(x, ok, vf):
+    """Candidates of C: score >= vf, or NaN (a NaN with the sign bit clear outranks +inf)."""
+    return (ok & ~(x < vf)).to(tl.int32)
+
+
+@triton.jit
 def _candidates_short(ROW, L, WS, K: tl.constexpr, RA: tl.constexpr, SMALL: tl.constexpr,
                       CAP: tl.constexpr):
-    """A-C for a row of at most 2K * RA scores: one tile, kept in registers. -> (count, v)."""
+    """A-C for a row of at most 2K * RA <= 2K * RT scores: one tile, kept in registers.
+    -> (candidate count, bound key v)."""
     G: tl.constexpr = 2 * K
     x, pos, ok = _tile(ROW, L, 0, G, RA)
     v = _bound(tl.max(x, 1), L, K, SMALL)
-    fi = (ok & ~(x < _score_at_least(v))).to(tl.int32)
+    fi = _flags(x, ok, _score_at_least(v))
     cnt = tl.sum(fi, 1)
     _store_candidates(x, pos, fi, (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, WS, CAP)
     return tl.sum(cnt, 0), v
 
 
 @triton.jit
-def _candidates_long(ROW, L, WS, K: tl.constexpr, RA: tl.constexpr, SMALL: tl.constexpr,
-                     CAP: tl.constexpr):
-    """A-C for a row of any length: tiles of RA rows, three passes (max, count per column, store)."""
+def _candidates_long(ROW, L, WS, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
+    """A-C for a row of any length: tiles of RT rows, two passes (max; then flag and store, tile by
+    tile, so the order is (tile, column, row))."""
     G: tl.constexpr = 2 * K
     rows = tl.cdiv(L, G)
     gmax = tl.full([G], float("-inf"), tl.float32)
-    for r0 in range(0, rows, RA):
-        x, pos, ok = _tile(ROW, L, r0, G, RA)
+    for r0 in range(0, rows, RT):
+        x, pos, ok = _tile(ROW, L, r0, G, RT)
         gmax = tl.maximum(gmax, tl.max(x, 1))
     v = _bound(gmax, L, K, SMALL)
     vf = _score_at_least(v)
-    cnt = tl.zeros([G], tl.int32)
-    for r0 in range(0, rows, RA):
-        x, pos, ok = _tile(ROW, L, r0, G, RA)
-        cnt += tl.sum((ok & ~(x < vf)).to(tl.int32), 1)
-    base = tl.cumsum(cnt, 0) - cnt
-    for r0 in range(0, rows, RA):
-        x, pos, ok = _tile(ROW, L, r0, G, RA)
-        fi = (ok & ~(x < vf)).to(tl.int32)
-        _store_candidates(x, pos, fi, base[:, None] + tl.cumsum(fi, 1) - fi, WS, CAP)
-        base += tl.sum(fi, 1)
-    return tl.sum(cnt, 0), v
+    n = L * 0
+    for r0 in range(0, rows, RT):
+        x, pos, ok = _tile(ROW, L, r0, G, RT)
+        fi = _flags(x, ok, vf)
+        cnt = tl.sum(fi, 1)
+        _store_candidates(x, pos, fi, n + (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, WS, CAP)
+        n += tl.sum(cnt, 0)
+    return n, v
 
 
 @triton.jit
@@ -232,10 +237,10 @@ def _select_buffer(WS, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.co
 
 
 @triton.jit
-def _select_row(ROW, L, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.constexpr, RA: tl.constexpr,
-                HAS_RAW: tl.constexpr):
-    """D + E straight from the row (more than CAP candidates), same selection and order."""
+def _select_row(ROW, L, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.constexpr, HAS_RAW: tl.constexpr):
+    """D + E straight from the row (more than CAP candidates): same selection, same order."""
     G: tl.constexpr = 2 * K
+    CH: tl.constexpr = G * RT
     rows = tl.cdiv(L, G)
     lo, w = _radix_start(tl.full([], 0, tl.int64), tl.full([], 0xFFFFFFFF, tl.int64))
     need = tl.full([], K, tl.int32)
@@ -245,10 +250,10 @@ def _select_row(ROW, L, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.
         lo_u = lo.to(tl.uint32)
         hi_u = _bin_hi(lo, w)
         h = tl.zeros([NBINS], tl.int32)
-        for r0 in range(0, rows, RA):
-            x, pos, ok = _tile(ROW, L, r0, G, RA)
-            key = tl.reshape(_keys(x.to(tl.int32, bitcast=True)), [G * RA])
-            h += _digit_hist(key, tl.reshape(ok & ~(x < vf), [G * RA]), lo_u, hi_u, s)
+        for c0 in range(0, L, CH):  # histograms do not care about order: plain 1-D chunks
+            i = c0 + tl.arange(0, CH)
+            x = tl.load(ROW + i, mask=i < L, other=float("-inf"))
+            h += _digit_hist(_keys(x.to(tl.int32, bitcast=True)), _flags(x, i < L, vf) != 0, lo_u, hi_u, s)
         j, a, c = _pick_bin(h, need)
         need = need - a
         lo = lo + (j.to(tl.int64) << s)
@@ -256,30 +261,24 @@ def _select_row(ROW, L, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.
         go = (c != need) & (w > 0)
     lo_u = lo.to(tl.uint32)
     hi_u = _bin_hi(lo, w)
-    n_ab = tl.zeros([G], tl.int32)
-    n_in = tl.zeros([G], tl.int32)
-    for r0 in range(0, rows, RA):
-        x, pos, ok = _tile(ROW, L, r0, G, RA)
+    n_ab = L * 0
+    n_in = L * 0
+    for r0 in range(0, rows, RT):
+        x, pos, ok = _tile(ROW, L, r0, G, RT)
         key = _keys(x.to(tl.int32, bitcast=True))
-        ok = ok & ~(x < vf)
-        n_ab += tl.sum((ok & (key > hi_u)).to(tl.int32), 1)
-        n_in += tl.sum((ok & (key >= lo_u) & (key <= hi_u)).to(tl.int32), 1)
-    b_ab = tl.cumsum(n_ab, 0) - n_ab
-    b_in = tl.cumsum(n_in, 0) - n_in
-    for r0 in range(0, rows, RA):
-        x, pos, ok = _tile(ROW, L, r0, G, RA)
-        key = _keys(x.to(tl.int32, bitcast=True))
-        ok = ok & ~(x < vf)
+        ok = _flags(x, ok, vf) != 0
         ab = (ok & (key > hi_u)).to(tl.int32)
         inb = (ok & (key >= lo_u) & (key <= hi_u)).to(tl.int32)
-        rank_in = b_in[:, None] + tl.cumsum(inb, 1) - inb
+        c_ab = tl.sum(ab, 1)
+        c_in = tl.sum(inb, 1)
+        rank_in = n_in + (tl.cumsum(c_in, 0) - c_in)[:, None] + tl.cumsum(inb, 1) - inb
         sel = (ab != 0) | ((inb != 0) & (rank_in < need))
-        slot = b_ab[:, None] + tl.cumsum(ab, 1) - ab + tl.minimum(rank_in, need)
+        slot = n_ab + (tl.cumsum(c_ab, 0) - c_ab)[:, None] + tl.cumsum(ab, 1) - ab + tl.minimum(rank_in, need)
         tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pos, sel, page_bits), mask=sel)
         if HAS_RAW:
             tl.store(RAW_ROW + slot, pos, mask=sel)
-        b_ab += tl.sum(ab, 1)
-        b_in += tl.sum(inb, 1)
+        n_ab += tl.sum(c_ab, 0)
+        n_in += tl.sum(c_in, 0)
 
 
 @triton.jit
@@ -292,9 +291,6 @@ def topk_transform_kernel(
     WS,  # int64 workspace [NPROG, CAP]
     B, W, page_bits,
     K: tl.constexpr,
-    RA1: tl.constexpr,  # rows (of 2K) of the smallest one-tile path
-    RA2: tl.constexpr,  # ... of the middle one
-    RA3: tl.constexpr,  # ... of the largest one; longer rows take tiles of RA3 rows, three passes
     CAP: tl.constexpr,  # candidate slots per program
     SMALL: tl.constexpr,  # B stops once the bin of the K-th column max holds <= SMALL
     HAS_RAW: tl.constexpr,
@@ -315,17 +311,20 @@ def topk_transform_kernel(
             _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, tl.where(seq <= K, seq, L), page_bits, K, HAS_RAW)
         else:
             ROW = SC + b64 * stride_sb
-            if L <= RA1 * G:
-                n, v = _candidates_short(ROW, L, WSP, K, RA1, SMALL, CAP)
-            elif L <= RA2 * G:
-                n, v = _candidates_short(ROW, L, WSP, K, RA2, SMALL, CAP)
-            elif L <= RA3 * G:
-                n, v = _candidates_short(ROW, L, WSP, K, RA3, SMALL, CAP)
+            # one-tile paths sized to the row (the order is the same: rows past L are empty)
+            if L <= G:
+                n, v = _candidates_short(ROW, L, WSP, K, 1, SMALL, CAP)
+            elif L <= 2 * G:
+                n, v = _candidates_short(ROW, L, WSP, K, 2, SMALL, CAP)
+            elif L <= 4 * G:
+                n, v = _candidates_short(ROW, L, WSP, K, 4, SMALL, CAP)
+            elif L <= RT * G:
+                n, v = _candidates_short(ROW, L, WSP, K, RT, SMALL, CAP)
             else:
-                n, v = _candidates_long(ROW, L, WSP, K, RA3, SMALL, CAP)
+                n, v = _candidates_long(ROW, L, WSP, K, SMALL, CAP)
             tl.debug_barrier()  # the workspace stores above, before any thread reads them
             if n <= CAP:
                 _select_buffer(WSP, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K, CAP, HAS_RAW)
             else:
-                _select_row(ROW, L, _score_at_least(v), OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K, RA3, HAS_RAW)
+                _select_row(ROW, L, _score_at_least(v), OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K, HAS_RAW)
             tl.debug_barrier()  # this row's reads of the workspace, before the next row's writes

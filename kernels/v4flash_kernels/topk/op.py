@@ -45,38 +45,30 @@ TOPKS = (512, 1024)
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """One compiled variant of `topk_transform_kernel` plus how many programs per SM to launch.
-
-    Rows are read as [2K, rows] tiles (K = 512: 1024 positions a row of the tile); the kernel
-    picks the smallest of the three one-tile paths that holds the row, else loops over tiles of
-    `ra3` rows.
-    """
+    """One compiled variant of `topk_transform_kernel` plus how many programs per SM to launch."""
 
     num_warps: int
-    ra1: int = 2
-    ra2: int = 8
-    ra3: int = 32
     cap: int = 1024  # candidate slots per program at K = 512 (scaled with K); 600-750 are typical
     small: int = 8  # the bound stops once the bin of the K-th column max holds <= small maxima
     ctas_per_sm: int = 2
 
     @property
     def name(self) -> str:
-        return (f"w{self.num_warps}_r{self.ra1}-{self.ra2}-{self.ra3}_cap{self.cap}_m{self.small}"
-                f"_p{self.ctas_per_sm}")
+        return f"w{self.num_warps}_cap{self.cap}_m{self.small}_p{self.ctas_per_sm}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
-CONFIGS = (TopkConfig(num_warps=16),)
+CONFIGS = (TopkConfig(num_warps=8),)
 DEFAULT = CONFIGS[0]
 
 # Candidates the benchmark times next to the default (`--sweep`); one may only ship after
 # `check_sm120` passes it.
 SWEEP = tuple(
-    TopkConfig(num_warps=w, ra3=ra3, cap=cap)
-    for w in (8, 16, 32)
-    for ra3 in (16, 32)
+    TopkConfig(num_warps=w, cap=cap, small=m, ctas_per_sm=p)
+    for w in (4, 8)
     for cap in (1024, 2048)
+    for m in (8, 32)
+    for p in (1, 2, 4)
 )
 
 
@@ -181,9 +173,6 @@ def run(
         out_page_indices, raw, ws,
         B, scores.shape[1], page_bits,
         K=k,
-        RA1=cfg.ra1,
-        RA2=cfg.ra2,
-        RA3=cfg.ra3,
         CAP=cap,
         SMALL=cfg.small,
         HAS_RAW=out_raw_indices is not None,
