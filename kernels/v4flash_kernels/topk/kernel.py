@@ -1,35 +1,37 @@
 """Triton kernel of the indexer's top-K transform: per row, the K best of the first seq_len scores,
 translated through the page table.
 
-Grid `(NPROG,)`: program p handles rows p, p + NPROG, ... (persistent, so the candidate workspace is
-NPROG x CAP, not B x CAP). A row of L = min(seq_len, W) scores is viewed as a column-major grid of
-G = 2K columns: position p sits in column p % G, row p // G, and a tile is [G, RA] (every row of
-some columns' RA-row slab in one thread's registers, so per-column work needs no shuffles).
+Grid `(NPROG,)`: program p handles rows p, p + NPROG, ... (persistent: the workspaces are per
+program, not per row). A row of L = min(seq_len, W) scores is read as tiles of RT = 8 rows of
+G = 2K positions, each tile a [G, RT] block: column g, row r is position tile_start + g + r * G,
+one column's RT scores in one thread's registers (per-column work needs no shuffles).
 
 * ``seq_len <= K``: positions 0 .. seq_len-1 in order, then -1 (the scores are not read).
-* otherwise, with keys = upstream's `convert_to_uint32` of the fp32 bits (unsigned key order =
-  score order, -0.0 below +0.0):
+* otherwise, over keys = upstream's `convert_to_uint32` of the fp32 bits (unsigned key order is
+  its score order; -0.0 below +0.0):
 
-  A. the max score of each column. The K-th largest column max bounds the K-th largest score from
-     below (K distinct columns reach it). Columns are strided through the row, so a stretch of
-     high scores spreads over many of them: about 600-750 positions reach the bound for any data
-     in random order, and a contiguous run of high scores gives fewer.
-  B. ``bound``: 5-bit radix passes (32-bin histograms) over the G column maxima narrow the bin
-     holding the K-th largest until it holds <= SMALL: its lower edge v is the bound.
-  C. every position with score >= v (or NaN) is compacted into this program's workspace, in
-     (column, row) order, as (fp32 bits << 32 | position).
-  D. the same radix passes over those candidates find the bin of the K-th largest key exactly:
-     either its count is what is still needed (take the whole bin) or it is a single tied key
-     (take its first `need` in (column, row) order).
-  E. a packed prefix sum gives every selected candidate its output slot, its rank in (column,
-     row) order; then the page translation and the stores.
+  A. the max score of each of the G columns (over every tile). The K-th largest column max bounds
+     the K-th largest score from below (K distinct columns reach it). Columns are strided through
+     the row, so a stretch of high scores spreads over many of them: about 600-750 positions
+     reach the bound for data in random order, fewer for a contiguous run of high scores.
+  B. ``bound``: 6-bit radix passes (64-bin histograms) over the G maxima narrow the bin holding
+     the K-th largest until it holds <= SMALL of them: its lower edge v is the bound.
+  C. every position with score >= v (or NaN) goes to this program's workspace as (fp32 bits << 32
+     | position), in (tile, column, row) order. A row of one tile does this from registers; a
+     longer row first lists the (tile, column) pairs whose tile-column max reaches v (pass A kept
+     them) and re-reads only those columns.
+  D. the same radix passes over the candidates find the bin of the K-th largest key exactly:
+     either its count is what is still needed (take the whole bin) or it is one tied key (take its
+     first `need` candidates in order).
+  E. a packed prefix sum gives each selected candidate its output slot (its rank in the order),
+     then the page translation and the stores.
 
-  More than CAP candidates (heavy ties, adversarial rows): D and E read the row itself instead
-  (E then counts per column first, to keep the same order) — slower, same result.
+  More than CAP candidates (heavy ties, adversarial rows): D and E read the row itself instead —
+  slower, same result.
 
-The output order — column-major over the [ceil(L / 2K), 2K] grid, i.e. by (p % 2K, p // 2K) — is
-ascending position for rows of at most 2K scores. Histogram counts are integer atomics in shared
-memory (their sum does not depend on order), so every result is deterministic.
+Output order: (tile, column, row), i.e. by (p // 8G, p % G, (p // G) % 8) — ascending position for
+rows of at most G = 2K scores. Histogram counts are integer atomics in shared memory (their sum
+does not depend on order), so every result is deterministic.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NBINS = tl.constexpr(32)  # one radix digit = 5 bits
-DIGIT = tl.constexpr(5)
-RT = tl.constexpr(8)  # rows (of 2K positions) per tile of a long row: part of the output order
+DIGIT = tl.constexpr(6)  # bits resolved per radix pass
+NBINS = tl.constexpr(64)
+RT = tl.constexpr(8)  # rows of G positions per tile: part of the output order
 KEY_POS_INF = tl.constexpr(0xFF800000)  # _keys(+inf)
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)  # _keys(-inf)
 
@@ -54,11 +56,16 @@ def _keys(bits):
 @triton.jit
 def _score_at_least(v):
     """A float f with score >= f (or NaN) for every score whose key is >= the int64 key v."""
-    pos_half = v >= 0x80000000
-    bits = tl.where(pos_half, v - 0x80000000, 0xFFFFFFFF - v).to(tl.int32)
+    bits = tl.where(v >= 0x80000000, v - 0x80000000, 0xFFFFFFFF - v).to(tl.int32)
     f = bits.to(tl.float32, bitcast=True)
-    f = tl.where(v > KEY_POS_INF, float("inf"), f)  # v inside the NaN keys: keep +inf and NaNs
+    f = tl.where(v > KEY_POS_INF, float("inf"), f)  # v among the NaN keys: keep +inf and NaNs
     return tl.where(v < KEY_NEG_INF, float("-inf"), f)  # below -inf: keep everything
+
+
+@triton.jit
+def _reaches(x, vf):
+    """score >= vf, or NaN (a NaN with the sign bit clear outranks +inf)."""
+    return ~(x < vf)
 
 
 @triton.jit
@@ -71,27 +78,6 @@ def _bit_length(x):
 
 
 @triton.jit
-def _pick_bin(h, need):
-    """The bin holding the `need`-th largest of the histogram `h`: (bin, count above it, its count)."""
-    b = tl.arange(0, NBINS)
-    incl = tl.cumsum(h, 0, reverse=True)  # count in bins >= b
-    above = incl - h
-    hit = (above < need) & (incl >= need)
-    j = tl.sum(tl.where(hit, b, 0), 0)
-    a = tl.sum(tl.where(hit, above, 0), 0)
-    c = tl.sum(tl.where(hit, h, 0), 0)
-    return j, a, c
-
-
-@triton.jit
-def _digit_hist(key, ok, lo_u, hi_u, s):
-    """32-bin histogram of digit (key - lo) >> s over the keys in [lo, hi]."""
-    m = ok & (key >= lo_u) & (key <= hi_u)
-    d = tl.where(m, ((key - lo_u) >> s.to(tl.uint32)).to(tl.int32), 0)
-    return tl.histogram(d, NBINS, mask=m)
-
-
-@triton.jit
 def _radix_start(kmin, kmax):
     """(lo, w): the aligned bin [lo, lo + 2^w) holding every key in [kmin, kmax] (int64 scalars)."""
     w = _bit_length(kmin ^ kmax)
@@ -99,32 +85,68 @@ def _radix_start(kmin, kmax):
 
 
 @triton.jit
-def _bin_hi(lo, w):
-    return (lo + (1 << w) - 1).to(tl.uint32)
+def _digit_hist(key, ok, lo, w, s):
+    """Histogram of the keys in [lo, lo + 2^w) by digit (key - lo) >> s, highest digit in bin 0."""
+    lo_u = lo.to(tl.uint32)
+    m = ok & (key >= lo_u) & (key <= (lo + (1 << w) - 1).to(tl.uint32))
+    d = (NBINS - 1) - ((key - lo_u) >> s.to(tl.uint32)).to(tl.int32)
+    return tl.histogram(tl.where(m, d, 0), NBINS, mask=m)
 
 
 @triton.jit
-def _tile(ROW, L, r0, G: tl.constexpr, RA: tl.constexpr):
-    """Scores [G, RA] of rows r0 .. r0+RA-1 of the grid (-inf outside the row), positions, validity."""
-    pos = tl.arange(0, G)[:, None] + (r0 + tl.arange(0, RA))[None, :] * G
-    ok = pos < L
-    x = tl.load(ROW + pos, mask=ok, other=float("-inf"))
-    return x, pos, ok
+def _radix_step(h, lo, w, s, need):
+    """Narrow [lo, lo + 2^w) to the 2^s-wide bin holding the `need`-th largest key.
+    -> (lo, w, need still to take from the new bin, the new bin's count)."""
+    b = tl.arange(0, NBINS)
+    above = tl.cumsum(h, 0) - h  # keys in higher digits
+    hit = (above < need) & (above + h >= need)
+    j = tl.sum(tl.where(hit, b, 0), 0)
+    a = tl.sum(tl.where(hit, above, 0), 0)
+    c = tl.sum(tl.where(hit, h, 0), 0)
+    lo = lo + (tl.cast(NBINS - 1 - j, tl.int64) << s)
+    return lo, s, need - a, c
 
 
 @triton.jit
-def _translate(PT_ROW, pt_cols, pos, sel, page_bits):
-    """Upstream's page_to_indices: (page_table[pos >> bits] << bits) | (pos & (2^bits - 1))."""
+def _offsets(W, G: tl.constexpr, RA: tl.constexpr):
+    """Offsets [G, RA] of a tile from its first position: column g, row r at g + r * G.
+
+    `W >> 31` is 0 (W >= 0) but opaque to Triton's alignment analysis, so loads take one element a
+    thread along the columns, the layout of the data-dependent stores and the scans too: no tile
+    round-trips through shared memory for a layout change (coalesced either way).
+    """
+    col = tl.arange(0, G) + (W >> 31)
+    return col[:, None] + tl.arange(0, RA)[None, :] * G
+
+
+@triton.jit
+def _load_tile(TP, offs, lim, MASKED: tl.constexpr):
+    """Scores of a tile starting at TP; with MASKED, -inf at offsets >= lim."""
+    if MASKED:
+        x = tl.load(TP + offs, mask=offs < lim, other=float("-inf"))
+    else:
+        x = tl.load(TP + offs)
+    return x
+
+
+@triton.jit
+def _translate(PT_ROW, pt_cols, pt_regs, pos, sel, page_bits, PTB: tl.constexpr):
+    """Upstream's page_to_indices: (page_table[pos >> bits] << bits) | (pos & (2^bits - 1)),
+    from the prefetched table row when PTB > 0."""
     col = pos >> page_bits
-    page = tl.load(PT_ROW + col, mask=sel & (col < pt_cols), other=0)
+    if PTB > 0:
+        page = tl.gather(pt_regs, col, 0)
+    else:
+        page = tl.load(PT_ROW + col, mask=sel & (col < pt_cols), other=0)
     return (page << page_bits) | (pos & ((1 << page_bits) - 1))
 
 
 @triton.jit
-def _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, n, page_bits, K: tl.constexpr, HAS_RAW: tl.constexpr):
+def _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, n, page_bits, K: tl.constexpr, PTB: tl.constexpr,
+               HAS_RAW: tl.constexpr):
     i = tl.arange(0, K)
     ok = i < n
-    idx = tl.where(ok, _translate(PT_ROW, pt_cols, i, ok, page_bits), -1)
+    idx = tl.where(ok, _translate(PT_ROW, pt_cols, pt_regs, i, ok, page_bits, PTB), -1)
     tl.store(OUT_ROW + i, idx)
     if HAS_RAW:
         tl.store(RAW_ROW + i, tl.where(ok, i, -1))
@@ -132,7 +154,7 @@ def _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, n, page_bits, K: tl.constexpr,
 
 @triton.jit
 def _bound(gmax, L, K: tl.constexpr, SMALL: tl.constexpr):
-    """B: a key v with at least K column maxima >= v and few (<= SMALL) in [v, its bin's top]."""
+    """B: a key v with at least K column maxima >= v and at most SMALL in v's final bin."""
     G: tl.constexpr = 2 * K
     valid = tl.arange(0, G) < L
     gk = _keys(gmax.to(tl.int32, bitcast=True))
@@ -143,142 +165,161 @@ def _bound(gmax, L, K: tl.constexpr, SMALL: tl.constexpr):
     go = tl.full([], 1, tl.int1)
     while go:
         s = tl.maximum(w - DIGIT, 0)
-        lo_u = lo.to(tl.uint32)
-        h = _digit_hist(gk, valid, lo_u, _bin_hi(lo, w), s)
-        j, a, c = _pick_bin(h, need)
-        need = need - a
-        lo = lo + (j.to(tl.int64) << s)
-        w = s
+        lo, w, need, c = _radix_step(_digit_hist(gk, valid, lo, w, s), lo, w, s, need)
         go = (c > SMALL) & (w > 0)
     return lo
 
 
 @triton.jit
-def _store_candidates(x, pos, fi, slot, WS, CAP: tl.constexpr):
-    """C's stores: flagged scores as (fp32 bits << 32 | position) at their slots below CAP."""
-    val = (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | pos.to(tl.int64)
-    tl.store(WS + slot, val, mask=(fi != 0) & (slot < CAP))
-
-
-@triton.jit
-def _flags(x, ok, vf):
-    """Candidates of C: score >= vf, or NaN (a NaN with the sign bit clear outranks +inf)."""
-    return (ok & ~(x < vf)).to(tl.int32)
-
-
-@triton.jit
-def _candidates_short(ROW, L, WS, K: tl.constexpr, RA: tl.constexpr, SMALL: tl.constexpr,
-                      CAP: tl.constexpr):
-    """A-C for a row of at most 2K * RA <= 2K * RT scores: one tile, kept in registers.
-    -> (candidate count, bound key v)."""
-    G: tl.constexpr = 2 * K
-    x, pos, ok = _tile(ROW, L, 0, G, RA)
-    v = _bound(tl.max(x, 1), L, K, SMALL)
-    fi = _flags(x, ok, _score_at_least(v))
+def _compact_tile(x, offs, base, lim, vf, WS, n, CAP: tl.constexpr, MASKED: tl.constexpr):
+    """C for one [cols, rows] block: every score reaching vf, as (fp32 bits << 32 | position), to
+    WS[n + rank in (column, row) order]; slots past CAP all go to the spare WS[CAP]. -> count."""
+    if MASKED:
+        fl = (offs < lim) & _reaches(x, vf)
+    else:
+        fl = _reaches(x, vf)
+    fi = fl.to(tl.int32)
     cnt = tl.sum(fi, 1)
-    _store_candidates(x, pos, fi, (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, WS, CAP)
-    return tl.sum(cnt, 0), v
+    slot = tl.minimum(n + (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, CAP)
+    val = (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (base + offs).to(tl.int64)
+    tl.store(WS + slot, val, mask=fl)
+    return tl.sum(cnt, 0)
 
 
 @triton.jit
-def _candidates_long(ROW, L, WS, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
-    """A-C for a row of any length: tiles of RT rows, two passes (max; then flag and store, tile by
-    tile, so the order is (tile, column, row))."""
-    G: tl.constexpr = 2 * K
-    rows = tl.cdiv(L, G)
-    gmax = tl.full([G], float("-inf"), tl.float32)
-    for r0 in range(0, rows, RT):
-        x, pos, ok = _tile(ROW, L, r0, G, RT)
-        gmax = tl.maximum(gmax, tl.max(x, 1))
-    v = _bound(gmax, L, K, SMALL)
-    vf = _score_at_least(v)
-    n = L * 0
-    for r0 in range(0, rows, RT):
-        x, pos, ok = _tile(ROW, L, r0, G, RT)
-        fi = _flags(x, ok, vf)
-        cnt = tl.sum(fi, 1)
-        _store_candidates(x, pos, fi, n + (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, WS, CAP)
-        n += tl.sum(cnt, 0)
+def _candidates_short(x, offs, L, WS, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
+    """A-C for a row of one tile, `x` its scores in registers. -> (candidate count, bound key v)."""
+    v = _bound(tl.max(x, 1), L, K, SMALL)
+    n = _compact_tile(x, offs, 0, L, _score_at_least(v), WS, 0, CAP, True)
     return n, v
 
 
 @triton.jit
-def _select_buffer(WS, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.constexpr,
-                   CAP: tl.constexpr, HAS_RAW: tl.constexpr):
+def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr,
+                     PCAP: tl.constexpr):
+    """A-C for a row of several tiles: pass A keeps every tile's column maxima (AUX), then only the
+    (tile, column) pairs whose max reaches v are listed and their columns re-read."""
+    G: tl.constexpr = 2 * K
+    T: tl.constexpr = G * RT
+    PC: tl.constexpr = G  # pairs flagged per step
+    PQ: tl.constexpr = G // 4  # pairs re-read per step: [PQ, RT] scores
+    TMAX = AUX
+    PAIRS = AUX + tl.cdiv(W, T) * G
+    offs = _offsets(W, G, RT)
+    cidx = tl.arange(0, G) + (W >> 31)
+    gmax = tl.full([G], float("-inf"), tl.float32)
+    for base in range(0, L, T):
+        if base + T <= L:
+            tm = tl.max(_load_tile(ROW + base, offs, L - base, False), 1)
+        else:
+            tm = tl.max(_load_tile(ROW + base, offs, L - base, True), 1)
+        tl.store(TMAX + (base // T) * G + cidx, tm.to(tl.int32, bitcast=True))
+        gmax = tl.maximum(gmax, tm)
+    v = _bound(gmax, L, K, SMALL)
+    vf = _score_at_least(v)
+    tl.debug_barrier()  # the tile maxima above, before they are read back by other threads
+    n_pairs = tl.cdiv(L, T) * G
+    m = L * 0
+    for p0 in range(0, n_pairs, PC):
+        p = p0 + cidx
+        tm = tl.load(TMAX + p, mask=p < n_pairs, other=0).to(tl.float32, bitcast=True)
+        fl = (p < n_pairs) & _reaches(tm, vf)
+        fi = fl.to(tl.int32)
+        tl.store(PAIRS + tl.minimum(m + tl.cumsum(fi, 0) - fi, PCAP), p, mask=fl)
+        m += tl.sum(fi, 0)
+    tl.debug_barrier()  # the pair list, before it is read back
+    n = L * 0
+    if m <= PCAP:
+        q = tl.arange(0, PQ) + (W >> 31)
+        rows = tl.arange(0, RT)[None, :] * G
+        for q0 in range(0, m, PQ):
+            qv = q0 + q < m
+            pr = tl.load(PAIRS + q0 + q, mask=qv, other=0)
+            start = (pr // G) * T + pr % G  # the pair's tile start + column
+            pos = tl.where(qv[:, None], start[:, None] + rows, L)  # unused slots: past the row
+            xq = tl.load(ROW + pos, mask=pos < L, other=float("-inf"))
+            n += _compact_tile(xq, pos, 0, L, vf, WS, n, CAP, True)
+    else:  # too many pairs to list: flag every tile in full
+        for base in range(0, L, T):
+            if base + T <= L:
+                xt = _load_tile(ROW + base, offs, L - base, False)
+                n += _compact_tile(xt, offs, base, L - base, vf, WS, n, CAP, False)
+            else:
+                xt = _load_tile(ROW + base, offs, L - base, True)
+                n += _compact_tile(xt, offs, base, L - base, vf, WS, n, CAP, True)
+    return n, v
+
+
+@triton.jit
+def _emit(key, pos, ok, lo, w, need, n_ab, n_in, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits,
+          PTB: tl.constexpr, HAS_RAW: tl.constexpr):
+    """E for a 1-D block of candidates in output order: every key above the bin [lo, lo + 2^w), and
+    the first `need` inside it, to slot = (above before it) + min(in-bin before it, need);
+    n_ab / n_in count the earlier blocks' ones. -> this block's (above, in-bin) counts."""
+    hi_u = (lo + (1 << w) - 1).to(tl.uint32)
+    above = ok & (key > hi_u)
+    inbin = ok & (key >= lo.to(tl.uint32)) & (key <= hi_u)
+    pk = above.to(tl.int32) + (inbin.to(tl.int32) << 16)  # block < 2^16: both counts in one scan
+    ex = tl.cumsum(pk, 0) - pk
+    rank_in = n_in + (ex >> 16)
+    sel = above | (inbin & (rank_in < need))
+    slot = n_ab + (ex & 0xFFFF) + tl.minimum(rank_in, need)
+    tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pt_regs, pos, sel, page_bits, PTB), mask=sel)
+    if HAS_RAW:
+        tl.store(RAW_ROW + slot, pos, mask=sel)
+    tot = tl.sum(pk, 0)
+    return tot & 0xFFFF, tot >> 16
+
+
+@triton.jit
+def _select_buffer(WS, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, K: tl.constexpr,
+                   CAP: tl.constexpr, PTB: tl.constexpr, HAS_RAW: tl.constexpr):
     """D + E over the n <= CAP workspace candidates (already in output order)."""
-    i = tl.arange(0, CAP)
-    val = tl.load(WS + i, mask=i < n, other=0)
+    i = tl.arange(0, CAP) + (n >> 31)  # n >> 31 == 0: one element a thread, as the stores (_offsets)
+    ok = i < n
+    val = tl.load(WS + i, mask=ok, other=0)
     pos = val.to(tl.int32)
     key = _keys((val >> 32).to(tl.int32))
-    ok = i < n
     kmin = tl.min(tl.where(ok, key, 0xFFFFFFFF), 0).to(tl.int64)
     lo, w = _radix_start(kmin, tl.max(tl.where(ok, key, 0), 0).to(tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)
     while go:
         s = tl.maximum(w - DIGIT, 0)
-        h = _digit_hist(key, ok, lo.to(tl.uint32), _bin_hi(lo, w), s)
-        j, a, c = _pick_bin(h, need)
-        need = need - a
-        lo = lo + (j.to(tl.int64) << s)
-        w = s
+        lo, w, need, c = _radix_step(_digit_hist(key, ok, lo, w, s), lo, w, s, need)
         go = (c != need) & (w > 0)
-    hi_u = _bin_hi(lo, w)
-    above = ok & (key > hi_u)
-    inbin = ok & (key >= lo.to(tl.uint32)) & (key <= hi_u)
-    pk = above.to(tl.int32) + (inbin.to(tl.int32) << 16)  # CAP < 2^16: both counts in one scan
-    ex = tl.cumsum(pk, 0) - pk
-    rank_in = ex >> 16
-    sel = above | (inbin & (rank_in < need))
-    slot = (ex & 0xFFFF) + tl.minimum(rank_in, need)
-    tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pos, sel, page_bits), mask=sel)
-    if HAS_RAW:
-        tl.store(RAW_ROW + slot, pos, mask=sel)
+    _emit(key, pos, ok, lo, w, need, 0, 0, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, PTB, HAS_RAW)
 
 
 @triton.jit
-def _select_row(ROW, L, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K: tl.constexpr, HAS_RAW: tl.constexpr):
+def _select_row(ROW, L, W, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, K: tl.constexpr,
+                PTB: tl.constexpr, HAS_RAW: tl.constexpr):
     """D + E straight from the row (more than CAP candidates): same selection, same order."""
     G: tl.constexpr = 2 * K
-    CH: tl.constexpr = G * RT
-    rows = tl.cdiv(L, G)
+    T: tl.constexpr = G * RT
     lo, w = _radix_start(tl.full([], 0, tl.int64), tl.full([], 0xFFFFFFFF, tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)
     while go:
         s = tl.maximum(w - DIGIT, 0)
-        lo_u = lo.to(tl.uint32)
-        hi_u = _bin_hi(lo, w)
         h = tl.zeros([NBINS], tl.int32)
-        for c0 in range(0, L, CH):  # histograms do not care about order: plain 1-D chunks
-            i = c0 + tl.arange(0, CH)
+        for c0 in range(0, L, T):  # histograms do not care about order: plain 1-D blocks
+            i = c0 + tl.arange(0, T)
             x = tl.load(ROW + i, mask=i < L, other=float("-inf"))
-            h += _digit_hist(_keys(x.to(tl.int32, bitcast=True)), _flags(x, i < L, vf) != 0, lo_u, hi_u, s)
-        j, a, c = _pick_bin(h, need)
-        need = need - a
-        lo = lo + (j.to(tl.int64) << s)
-        w = s
+            h += _digit_hist(_keys(x.to(tl.int32, bitcast=True)), (i < L) & _reaches(x, vf), lo, w, s)
+        lo, w, need, c = _radix_step(h, lo, w, s, need)
         go = (c != need) & (w > 0)
-    lo_u = lo.to(tl.uint32)
-    hi_u = _bin_hi(lo, w)
     n_ab = L * 0
     n_in = L * 0
-    for r0 in range(0, rows, RT):
-        x, pos, ok = _tile(ROW, L, r0, G, RT)
-        key = _keys(x.to(tl.int32, bitcast=True))
-        ok = _flags(x, ok, vf) != 0
-        ab = (ok & (key > hi_u)).to(tl.int32)
-        inb = (ok & (key >= lo_u) & (key <= hi_u)).to(tl.int32)
-        c_ab = tl.sum(ab, 1)
-        c_in = tl.sum(inb, 1)
-        rank_in = n_in + (tl.cumsum(c_in, 0) - c_in)[:, None] + tl.cumsum(inb, 1) - inb
-        sel = (ab != 0) | ((inb != 0) & (rank_in < need))
-        slot = n_ab + (tl.cumsum(c_ab, 0) - c_ab)[:, None] + tl.cumsum(ab, 1) - ab + tl.minimum(rank_in, need)
-        tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pos, sel, page_bits), mask=sel)
-        if HAS_RAW:
-            tl.store(RAW_ROW + slot, pos, mask=sel)
-        n_ab += tl.sum(c_ab, 0)
-        n_in += tl.sum(c_in, 0)
+    offs = _offsets(W, G, RT)
+    for base in range(0, L, T):  # in output order: each tile's [G, RT] block read column by column
+        x = tl.reshape(_load_tile(ROW + base, offs, L - base, True), [T])
+        o = tl.reshape(offs, [T])
+        ok = (o < L - base) & _reaches(x, vf)
+        a, b = _emit(_keys(x.to(tl.int32, bitcast=True)), base + o, ok, lo, w, need, n_ab, n_in, OUT_ROW,
+                     RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, PTB, HAS_RAW)
+        n_ab += a
+        n_in += b
 
 
 @triton.jit
@@ -288,43 +329,65 @@ def topk_transform_kernel(
     PT, stride_pb, pt_cols,  # int32 page table [B, pt_cols] (last dim contiguous)
     OUT,  # int32 [B, K] contiguous
     RAW,  # int32 [B, K] contiguous (only with HAS_RAW)
-    WS,  # int64 workspace [NPROG, CAP]
+    WS,  # int64 [NPROG, CAP + 1]: candidates (slot CAP takes the overflow)
+    AUX,  # int32 [NPROG, cdiv(W, 8G) * G + PCAP + 1]: tile maxima and pair list of long rows
     B, W, page_bits,
     K: tl.constexpr,
     CAP: tl.constexpr,  # candidate slots per program
+    PCAP: tl.constexpr,  # (tile, column) pair slots per program
     SMALL: tl.constexpr,  # B stops once the bin of the K-th column max holds <= SMALL
+    SPEC: tl.constexpr,  # load a row's first 2G scores before its seq_len is known
+    PTB: tl.constexpr,  # > 0: prefetch the first PTB page-table columns (covers every row)
     HAS_RAW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G: tl.constexpr = 2 * K
-    WSP = WS + pid.to(tl.int64) * CAP
+    WSP = WS + pid.to(tl.int64) * (CAP + 1)
+    AUXP = AUX + pid.to(tl.int64) * (tl.cdiv(W, G * RT) * G + PCAP + 1)
+    offs1 = _offsets(W, G, 1)
+    offs2 = _offsets(W, G, 2)
+    offs4 = _offsets(W, G, 4)
+    offs8 = _offsets(W, G, RT)
     for b in range(pid, B, tl.num_programs(0)):
         b64 = tl.cast(b, tl.int64)
-        seq = tl.load(SEQ + b)
+        ROW = SC + b64 * stride_sb
+        PT_ROW = PT + b64 * stride_pb
         OUT_ROW = OUT + b64 * K
         RAW_ROW = RAW + b64 * K
-        PT_ROW = PT + b64 * stride_pb
+        if SPEC:  # issued together with the seq_len load: short rows wait for one round trip
+            x2 = _load_tile(ROW, offs2, W, True)
+        if PTB > 0:
+            pt_i = tl.arange(0, PTB)
+            pt_regs = tl.load(PT_ROW + pt_i, mask=pt_i < pt_cols, other=0)
+        else:
+            pt_regs = pt_cols  # unused
+        seq = tl.load(SEQ + b)
         L = tl.minimum(seq, W)
         if L <= K:
             # upstream's short-row branch (it tests seq_len <= K, where it never reads the scores);
             # L < seq only when seq_len > W, rows upstream would read past.
-            _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, tl.where(seq <= K, seq, L), page_bits, K, HAS_RAW)
+            _naive_row(OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, tl.where(seq <= K, seq, L), page_bits, K, PTB,
+                       HAS_RAW)
         else:
-            ROW = SC + b64 * stride_sb
             # one-tile paths sized to the row (the order is the same: rows past L are empty)
             if L <= G:
-                n, v = _candidates_short(ROW, L, WSP, K, 1, SMALL, CAP)
+                n, v = _candidates_short(_load_tile(ROW, offs1, L, True), offs1, L, WSP, K, SMALL, CAP)
             elif L <= 2 * G:
-                n, v = _candidates_short(ROW, L, WSP, K, 2, SMALL, CAP)
+                if SPEC:
+                    x = tl.where(offs2 < L, x2, float("-inf"))
+                else:
+                    x = _load_tile(ROW, offs2, L, True)
+                n, v = _candidates_short(x, offs2, L, WSP, K, SMALL, CAP)
             elif L <= 4 * G:
-                n, v = _candidates_short(ROW, L, WSP, K, 4, SMALL, CAP)
+                n, v = _candidates_short(_load_tile(ROW, offs4, L, True), offs4, L, WSP, K, SMALL, CAP)
             elif L <= RT * G:
-                n, v = _candidates_short(ROW, L, WSP, K, RT, SMALL, CAP)
+                n, v = _candidates_short(_load_tile(ROW, offs8, L, True), offs8, L, WSP, K, SMALL, CAP)
             else:
-                n, v = _candidates_long(ROW, L, WSP, K, SMALL, CAP)
+                n, v = _candidates_long(ROW, L, W, WSP, AUXP, K, SMALL, CAP, PCAP)
             tl.debug_barrier()  # the workspace stores above, before any thread reads them
             if n <= CAP:
-                _select_buffer(WSP, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K, CAP, HAS_RAW)
+                _select_buffer(WSP, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, K, CAP, PTB, HAS_RAW)
             else:
-                _select_row(ROW, L, _score_at_least(v), OUT_ROW, RAW_ROW, PT_ROW, pt_cols, page_bits, K, HAS_RAW)
-            tl.debug_barrier()  # this row's reads of the workspace, before the next row's writes
+                _select_row(ROW, L, W, _score_at_least(v), OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits,
+                            K, PTB, HAS_RAW)
+            tl.debug_barrier()  # this row's reads of the workspaces, before the next row's writes

@@ -49,12 +49,13 @@ class TopkConfig:
 
     num_warps: int
     cap: int = 1024  # candidate slots per program at K = 512 (scaled with K); 600-750 are typical
+    pcap: int = 2048  # (tile, column) pair slots of a long row at K = 512 (scaled with K)
     small: int = 8  # the bound stops once the bin of the K-th column max holds <= small maxima
-    ctas_per_sm: int = 2
+    ctas_per_sm: int = 1
 
     @property
     def name(self) -> str:
-        return f"w{self.num_warps}_cap{self.cap}_m{self.small}_p{self.ctas_per_sm}"
+        return f"w{self.num_warps}_cap{self.cap}_pc{self.pcap}_m{self.small}_p{self.ctas_per_sm}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
@@ -64,12 +65,13 @@ DEFAULT = CONFIGS[0]
 # Candidates the benchmark times next to the default (`--sweep`); one may only ship after
 # `check_sm120` passes it.
 SWEEP = tuple(
-    TopkConfig(num_warps=w, cap=cap, small=m, ctas_per_sm=p)
-    for w in (4, 8)
-    for cap in (1024, 2048)
+    TopkConfig(num_warps=w, small=m, ctas_per_sm=p)
+    for w in (4, 8, 16)
     for m in (8, 32)
-    for p in (1, 2, 4)
+    for p in (1, 2)
 )
+SPEC_MAX_ROWS = 64  # decode-sized batches: load each row's first 2K scores before its seq_len
+PT_PREFETCH = 1024  # page-table columns prefetched per row when the scores need no more
 
 
 def programs(batch: int, num_sms: int, cfg: TopkConfig) -> int:
@@ -158,23 +160,31 @@ def run(
     if B == 0:
         return
     cfg = config or DEFAULT
-    cap = cfg.cap * k // 512
+    cap, pcap = cfg.cap * k // 512, cfg.pcap * k // 512
     if not 0 < cap < 1 << 16 or cap & (cap - 1):
         raise ValueError(f"config {cfg.name}: cap must be a power of two below 65536")
     dev = scores.device
     if nprog is None:
         nprog = programs(B, _num_sms(dev), cfg)
-    ws = torch.empty((nprog, cap), dtype=torch.int64, device=dev)
+    W = scores.shape[1]
+    tile = 2 * k * 8
+    ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
+    aux = torch.empty((nprog, -(-W // tile) * 2 * k + pcap + 1), dtype=torch.int32, device=dev)
+    pages_needed = min(page_tables.shape[1], -(-W >> page_bits) if W else 0)
+    ptb = 0 if pages_needed > PT_PREFETCH else max(16, 1 << max(pages_needed - 1, 0).bit_length())
     raw = out_raw_indices if out_raw_indices is not None else out_page_indices
     _k.topk_transform_kernel[(nprog,)](
         scores, scores.stride(0),
         seq_lens,
         page_tables, page_tables.stride(0), page_tables.shape[1],
-        out_page_indices, raw, ws,
-        B, scores.shape[1], page_bits,
+        out_page_indices, raw, ws, aux,
+        B, W, page_bits,
         K=k,
         CAP=cap,
+        PCAP=pcap,
         SMALL=cfg.small,
+        SPEC=B <= SPEC_MAX_ROWS,
+        PTB=ptb,
         HAS_RAW=out_raw_indices is not None,
         num_warps=cfg.num_warps,
     )
