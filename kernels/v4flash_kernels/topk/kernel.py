@@ -135,7 +135,7 @@ def _translate(PT_ROW, pt_cols, pt_regs, pos, sel, page_bits, PTB: tl.constexpr)
     from the prefetched table row when PTB > 0."""
     col = pos >> page_bits
     if PTB > 0:
-        page = tl.gather(pt_regs, col, 0)
+        page = tl.reshape(tl.gather(pt_regs, tl.reshape(col, [col.numel]), 0), col.shape)
     else:
         page = tl.load(PT_ROW + col, mask=sel & (col < pt_cols), other=0)
     return (page << page_bits) | (pos & ((1 << page_bits) - 1))
@@ -195,16 +195,14 @@ def _candidates_short(x, offs, L, WS, K: tl.constexpr, SMALL: tl.constexpr, CAP:
 
 
 @triton.jit
-def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr,
-                     PCAP: tl.constexpr):
-    """A-C for a row of several tiles: pass A keeps every tile's column maxima (AUX), then only the
-    (tile, column) pairs whose max reaches v are listed and their columns re-read."""
+def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
+    """A-C for a row longer than 4G: pass A keeps every tile's column maxima (AUX); C then lists,
+    tile by tile, the columns whose tile max reaches v and re-reads only those."""
     G: tl.constexpr = 2 * K
     T: tl.constexpr = G * RT
-    PC: tl.constexpr = G  # pairs flagged per step
-    PQ: tl.constexpr = G // 4  # pairs re-read per step: [PQ, RT] scores
+    PQ: tl.constexpr = G // 4  # listed columns re-read per step: [PQ, RT] scores
     TMAX = AUX
-    PAIRS = AUX + tl.cdiv(W, T) * G
+    COLS = AUX + tl.cdiv(W, T) * G
     offs = _offsets(W, G, RT)
     cidx = tl.arange(0, G) + (W >> 31)
     gmax = tl.full([G], float("-inf"), tl.float32)
@@ -217,57 +215,45 @@ def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, C
         gmax = tl.maximum(gmax, tm)
     v = _bound(gmax, L, K, SMALL)
     vf = _score_at_least(v)
-    tl.debug_barrier()  # the tile maxima above, before they are read back by other threads
-    n_pairs = tl.cdiv(L, T) * G
-    m = L * 0
-    for p0 in range(0, n_pairs, PC):
-        p = p0 + cidx
-        tm = tl.load(TMAX + p, mask=p < n_pairs, other=0).to(tl.float32, bitcast=True)
-        fl = (p < n_pairs) & _reaches(tm, vf)
-        fi = fl.to(tl.int32)
-        tl.store(PAIRS + tl.minimum(m + tl.cumsum(fi, 0) - fi, PCAP), p, mask=fl)
-        m += tl.sum(fi, 0)
-    tl.debug_barrier()  # the pair list, before it is read back
+    q = tl.arange(0, PQ) + (W >> 31)
+    rows = tl.arange(0, RT)[None, :] * G
     n = L * 0
-    if m <= PCAP:
-        q = tl.arange(0, PQ) + (W >> 31)
-        rows = tl.arange(0, RT)[None, :] * G
+    for base in range(0, L, T):
+        tl.debug_barrier()  # tile maxima stored / the previous tile's list read, by every thread
+        tm = tl.load(TMAX + (base // T) * G + cidx).to(tl.float32, bitcast=True)
+        fi = _reaches(tm, vf).to(tl.int32)
+        tl.store(COLS + tl.cumsum(fi, 0) - fi, cidx, mask=fi != 0)
+        m = tl.sum(fi, 0)
+        tl.debug_barrier()  # the column list, before it is read back
         for q0 in range(0, m, PQ):
             qv = q0 + q < m
-            pr = tl.load(PAIRS + q0 + q, mask=qv, other=0)
-            start = (pr // G) * T + pr % G  # the pair's tile start + column
-            pos = tl.where(qv[:, None], start[:, None] + rows, L)  # unused slots: past the row
+            col = tl.load(COLS + q0 + q, mask=qv, other=0)
+            pos = tl.where(qv[:, None], (base + col)[:, None] + rows, L)  # unused slots: past the row
             xq = tl.load(ROW + pos, mask=pos < L, other=float("-inf"))
             n += _compact_tile(xq, pos, 0, L, vf, WS, n, CAP, True)
-    else:  # too many pairs to list: flag every tile in full
-        for base in range(0, L, T):
-            if base + T <= L:
-                xt = _load_tile(ROW + base, offs, L - base, False)
-                n += _compact_tile(xt, offs, base, L - base, vf, WS, n, CAP, False)
-            else:
-                xt = _load_tile(ROW + base, offs, L - base, True)
-                n += _compact_tile(xt, offs, base, L - base, vf, WS, n, CAP, True)
     return n, v
 
 
 @triton.jit
 def _emit(key, pos, ok, lo, w, need, n_ab, n_in, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits,
           PTB: tl.constexpr, HAS_RAW: tl.constexpr):
-    """E for a 1-D block of candidates in output order: every key above the bin [lo, lo + 2^w), and
-    the first `need` inside it, to slot = (above before it) + min(in-bin before it, need);
-    n_ab / n_in count the earlier blocks' ones. -> this block's (above, in-bin) counts."""
+    """E for a [columns, rows] block of candidates, in output order (column by column): every key
+    above the bin [lo, lo + 2^w), and the first `need` inside it, to slot = (above before it) +
+    min(in-bin before it, need); n_ab / n_in count the earlier blocks' ones.
+    -> this block's (above, in-bin) counts."""
     hi_u = (lo + (1 << w) - 1).to(tl.uint32)
     above = ok & (key > hi_u)
     inbin = ok & (key >= lo.to(tl.uint32)) & (key <= hi_u)
     pk = above.to(tl.int32) + (inbin.to(tl.int32) << 16)  # block < 2^16: both counts in one scan
-    ex = tl.cumsum(pk, 0) - pk
+    cs = tl.sum(pk, 1)
+    ex = (tl.cumsum(cs, 0) - cs)[:, None] + tl.cumsum(pk, 1) - pk
     rank_in = n_in + (ex >> 16)
     sel = above | (inbin & (rank_in < need))
     slot = n_ab + (ex & 0xFFFF) + tl.minimum(rank_in, need)
     tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pt_regs, pos, sel, page_bits, PTB), mask=sel)
     if HAS_RAW:
         tl.store(RAW_ROW + slot, pos, mask=sel)
-    tot = tl.sum(pk, 0)
+    tot = tl.sum(cs, 0)
     return tot & 0xFFFF, tot >> 16
 
 
@@ -288,7 +274,8 @@ def _select_buffer(WS, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits,
         s = tl.maximum(w - DIGIT, 0)
         lo, w, need, c = _radix_step(_digit_hist(key, ok, lo, w, s), lo, w, s, need)
         go = (c != need) & (w > 0)
-    _emit(key, pos, ok, lo, w, need, 0, 0, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, PTB, HAS_RAW)
+    _emit(key[:, None], pos[:, None], ok[:, None], lo, w, need, 0, 0, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs,
+          page_bits, PTB, HAS_RAW)
 
 
 @triton.jit
@@ -297,29 +284,32 @@ def _select_row(ROW, L, W, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_
     """D + E straight from the row (more than CAP candidates): same selection, same order."""
     G: tl.constexpr = 2 * K
     T: tl.constexpr = G * RT
+    CC: tl.constexpr = G // 4  # columns of a tile per output step
     lo, w = _radix_start(tl.full([], 0, tl.int64), tl.full([], 0xFFFFFFFF, tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)
+    i0 = tl.arange(0, G) + (W >> 31)
     while go:
         s = tl.maximum(w - DIGIT, 0)
         h = tl.zeros([NBINS], tl.int32)
-        for c0 in range(0, L, T):  # histograms do not care about order: plain 1-D blocks
-            i = c0 + tl.arange(0, T)
+        for c0 in range(0, L, G):  # histograms do not care about order: plain 1-D blocks
+            i = c0 + i0
             x = tl.load(ROW + i, mask=i < L, other=float("-inf"))
             h += _digit_hist(_keys(x.to(tl.int32, bitcast=True)), (i < L) & _reaches(x, vf), lo, w, s)
         lo, w, need, c = _radix_step(h, lo, w, s, need)
         go = (c != need) & (w > 0)
     n_ab = L * 0
     n_in = L * 0
-    offs = _offsets(W, G, RT)
-    for base in range(0, L, T):  # in output order: each tile's [G, RT] block read column by column
-        x = tl.reshape(_load_tile(ROW + base, offs, L - base, True), [T])
-        o = tl.reshape(offs, [T])
-        ok = (o < L - base) & _reaches(x, vf)
-        a, b = _emit(_keys(x.to(tl.int32, bitcast=True)), base + o, ok, lo, w, need, n_ab, n_in, OUT_ROW,
-                     RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, PTB, HAS_RAW)
-        n_ab += a
-        n_in += b
+    offs = _offsets(W, CC, RT) - (tl.arange(0, RT) * (CC - G))[None, :]  # g + r * G, g < CC
+    for base in range(0, L, T):  # in output order: a tile's columns, CC at a time, each top to bottom
+        for c0 in range(0, G, CC):
+            o = c0 + offs
+            x = _load_tile(ROW + base, o, L - base, True)
+            ok = (o < L - base) & _reaches(x, vf)
+            a, b = _emit(_keys(x.to(tl.int32, bitcast=True)), base + o, ok, lo, w, need, n_ab, n_in, OUT_ROW,
+                         RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, 0, HAS_RAW)  # table read directly
+            n_ab += a
+            n_in += b
 
 
 @triton.jit
@@ -330,11 +320,10 @@ def topk_transform_kernel(
     OUT,  # int32 [B, K] contiguous
     RAW,  # int32 [B, K] contiguous (only with HAS_RAW)
     WS,  # int64 [NPROG, CAP + 1]: candidates (slot CAP takes the overflow)
-    AUX,  # int32 [NPROG, cdiv(W, 8G) * G + PCAP + 1]: tile maxima and pair list of long rows
+    AUX,  # int32 [NPROG, cdiv(W, 8G) * G + G]: a long row's tile maxima and column list
     B, W, page_bits,
     K: tl.constexpr,
     CAP: tl.constexpr,  # candidate slots per program
-    PCAP: tl.constexpr,  # (tile, column) pair slots per program
     SMALL: tl.constexpr,  # B stops once the bin of the K-th column max holds <= SMALL
     SPEC: tl.constexpr,  # load a row's first 2G scores before its seq_len is known
     PTB: tl.constexpr,  # > 0: prefetch the first PTB page-table columns (covers every row)
@@ -343,11 +332,7 @@ def topk_transform_kernel(
     pid = tl.program_id(0)
     G: tl.constexpr = 2 * K
     WSP = WS + pid.to(tl.int64) * (CAP + 1)
-    AUXP = AUX + pid.to(tl.int64) * (tl.cdiv(W, G * RT) * G + PCAP + 1)
-    offs1 = _offsets(W, G, 1)
-    offs2 = _offsets(W, G, 2)
-    offs4 = _offsets(W, G, 4)
-    offs8 = _offsets(W, G, RT)
+    AUXP = AUX + pid.to(tl.int64) * (tl.cdiv(W, G * RT) * G + G)
     for b in range(pid, B, tl.num_programs(0)):
         b64 = tl.cast(b, tl.int64)
         ROW = SC + b64 * stride_sb
@@ -355,7 +340,7 @@ def topk_transform_kernel(
         OUT_ROW = OUT + b64 * K
         RAW_ROW = RAW + b64 * K
         if SPEC:  # issued together with the seq_len load: short rows wait for one round trip
-            x2 = _load_tile(ROW, offs2, W, True)
+            x2 = _load_tile(ROW, _offsets(W, G, 2), W, True)
         if PTB > 0:
             pt_i = tl.arange(0, PTB)
             pt_regs = tl.load(PT_ROW + pt_i, mask=pt_i < pt_cols, other=0)
@@ -371,19 +356,20 @@ def topk_transform_kernel(
         else:
             # one-tile paths sized to the row (the order is the same: rows past L are empty)
             if L <= G:
-                n, v = _candidates_short(_load_tile(ROW, offs1, L, True), offs1, L, WSP, K, SMALL, CAP)
+                o1 = _offsets(W, G, 1)
+                n, v = _candidates_short(_load_tile(ROW, o1, L, True), o1, L, WSP, K, SMALL, CAP)
             elif L <= 2 * G:
+                o2 = _offsets(W, G, 2)
                 if SPEC:
-                    x = tl.where(offs2 < L, x2, float("-inf"))
+                    x = tl.where(o2 < L, x2, float("-inf"))
                 else:
-                    x = _load_tile(ROW, offs2, L, True)
-                n, v = _candidates_short(x, offs2, L, WSP, K, SMALL, CAP)
+                    x = _load_tile(ROW, o2, L, True)
+                n, v = _candidates_short(x, o2, L, WSP, K, SMALL, CAP)
             elif L <= 4 * G:
-                n, v = _candidates_short(_load_tile(ROW, offs4, L, True), offs4, L, WSP, K, SMALL, CAP)
-            elif L <= RT * G:
-                n, v = _candidates_short(_load_tile(ROW, offs8, L, True), offs8, L, WSP, K, SMALL, CAP)
+                o4 = _offsets(W, G, 4)
+                n, v = _candidates_short(_load_tile(ROW, o4, L, True), o4, L, WSP, K, SMALL, CAP)
             else:
-                n, v = _candidates_long(ROW, L, W, WSP, AUXP, K, SMALL, CAP, PCAP)
+                n, v = _candidates_long(ROW, L, W, WSP, AUXP, K, SMALL, CAP)
             tl.debug_barrier()  # the workspace stores above, before any thread reads them
             if n <= CAP:
                 _select_buffer(WSP, n, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, K, CAP, PTB, HAS_RAW)

@@ -49,13 +49,12 @@ class TopkConfig:
 
     num_warps: int
     cap: int = 1024  # candidate slots per program at K = 512 (scaled with K); 600-750 are typical
-    pcap: int = 2048  # (tile, column) pair slots of a long row at K = 512 (scaled with K)
     small: int = 8  # the bound stops once the bin of the K-th column max holds <= small maxima
     ctas_per_sm: int = 1
 
     @property
     def name(self) -> str:
-        return f"w{self.num_warps}_cap{self.cap}_pc{self.pcap}_m{self.small}_p{self.ctas_per_sm}"
+        return f"w{self.num_warps}_cap{self.cap}_m{self.small}_p{self.ctas_per_sm}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
@@ -160,7 +159,7 @@ def run(
     if B == 0:
         return
     cfg = config or DEFAULT
-    cap, pcap = cfg.cap * k // 512, cfg.pcap * k // 512
+    cap = cfg.cap * k // 512
     if not 0 < cap < 1 << 16 or cap & (cap - 1):
         raise ValueError(f"config {cfg.name}: cap must be a power of two below 65536")
     dev = scores.device
@@ -169,7 +168,7 @@ def run(
     W = scores.shape[1]
     tile = 2 * k * 8
     ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
-    aux = torch.empty((nprog, -(-W // tile) * 2 * k + pcap + 1), dtype=torch.int32, device=dev)
+    aux = torch.empty((nprog, (-(-W // tile) + 1) * 2 * k), dtype=torch.int32, device=dev)
     pages_needed = min(page_tables.shape[1], -(-W >> page_bits) if W else 0)
     ptb = 0 if pages_needed > PT_PREFETCH else max(16, 1 << max(pages_needed - 1, 0).bit_length())
     raw = out_raw_indices if out_raw_indices is not None else out_page_indices
@@ -181,7 +180,6 @@ def run(
         B, W, page_bits,
         K=k,
         CAP=cap,
-        PCAP=pcap,
         SMALL=cfg.small,
         SPEC=B <= SPEC_MAX_ROWS,
         PTB=ptb,
