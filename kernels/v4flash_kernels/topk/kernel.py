@@ -2,24 +2,24 @@
 translated through the page table.
 
 Grid `(NPROG,)`: program p handles rows p, p + NPROG, ... (persistent: the workspaces are per
-program, not per row). A row of L = min(seq_len, W) scores is read as tiles of RT = 8 rows of
-G = 2K positions, each tile a [G, RT] block: column g, row r is position tile_start + g + r * G,
-one column's RT scores in one thread's registers (per-column work needs no shuffles).
+program, not per row). A row of L = min(seq_len, W) scores is read as a grid of G = 2K columns,
+position p in column p % G, row p // G, through [G, RA] tiles that keep a column's RA scores in
+one thread's registers (per-column work needs no shuffles).
 
 * ``seq_len <= K``: positions 0 .. seq_len-1 in order, then -1 (the scores are not read).
 * otherwise, over keys = upstream's `convert_to_uint32` of the fp32 bits (unsigned key order is
   its score order; -0.0 below +0.0):
 
-  A. the max score of each of the G columns (over every tile). The K-th largest column max bounds
-     the K-th largest score from below (K distinct columns reach it). Columns are strided through
-     the row, so a stretch of high scores spreads over many of them: about 600-750 positions
-     reach the bound for data in random order, fewer for a contiguous run of high scores.
-  B. ``bound``: 6-bit radix passes (64-bin histograms) over the G maxima narrow the bin holding
+  A. the max score of each column. The K-th largest column max bounds the K-th largest score
+     from below (K distinct columns reach it). Columns are strided through the row, so a stretch
+     of high scores spreads over many of them: about 600-750 positions reach the bound for data
+     in random order, fewer for a contiguous run of high scores.
+  B. ``bound``: 5-bit radix passes (32-bin histograms) over the G maxima narrow the bin holding
      the K-th largest until it holds <= SMALL of them: its lower edge v is the bound.
   C. every position with score >= v (or NaN) goes to this program's workspace as (fp32 bits << 32
-     | position), in (tile, column, row) order. A row of one tile does this from registers; a
-     longer row first lists the (tile, column) pairs whose tile-column max reaches v (pass A kept
-     them) and re-reads only those columns.
+     | position), in output order. A row of one tile (<= 4G) does this from registers; a longer
+     row keeps the max of every (tile of 8 rows, column) in pass A, lists the pairs whose max
+     reaches v and re-reads only those.
   D. the same radix passes over the candidates find the bin of the K-th largest key exactly:
      either its count is what is still needed (take the whole bin) or it is one tied key (take its
      first `need` candidates in order).
@@ -29,9 +29,9 @@ one column's RT scores in one thread's registers (per-column work needs no shuff
   More than CAP candidates (heavy ties, adversarial rows): D and E read the row itself instead —
   slower, same result.
 
-Output order: (tile, column, row), i.e. by (p // 8G, p % G, (p // G) % 8) — ascending position for
-rows of at most G = 2K scores. Histogram counts are integer atomics in shared memory (their sum
-does not depend on order), so every result is deterministic.
+Output order: column-major over the grid, i.e. by (p % G, p // G) — ascending position for rows
+of at most G = 2K scores. Histogram counts are integer atomics in shared memory (their sum does
+not depend on order), so every result is deterministic.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DIGIT = tl.constexpr(6)  # bits resolved per radix pass
-NBINS = tl.constexpr(64)
-RT = tl.constexpr(8)  # rows of G positions per tile: part of the output order
+DIGIT = tl.constexpr(5)  # bits resolved per radix pass: 32 bins, one a lane, reductions stay in a warp
+NBINS = tl.constexpr(32)
+RT = tl.constexpr(8)  # rows of G positions per tile of a long row
+NTB = tl.constexpr(8)  # tiles listed per step of a long row's (column, tile) list
 KEY_POS_INF = tl.constexpr(0xFF800000)  # _keys(+inf)
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)  # _keys(-inf)
 
@@ -171,17 +172,15 @@ def _bound(gmax, L, K: tl.constexpr, SMALL: tl.constexpr):
 
 
 @triton.jit
-def _compact_tile(x, offs, base, lim, vf, WS, n, CAP: tl.constexpr, MASKED: tl.constexpr):
-    """C for one [cols, rows] block: every score reaching vf, as (fp32 bits << 32 | position), to
-    WS[n + rank in (column, row) order]; slots past CAP all go to the spare WS[CAP]. -> count."""
-    if MASKED:
-        fl = (offs < lim) & _reaches(x, vf)
-    else:
-        fl = _reaches(x, vf)
+def _compact_block(x, pos, ok, vf, WS, n, CAP: tl.constexpr):
+    """C for a [columns, rows] block in output order: every valid score reaching vf, as (fp32 bits
+    << 32 | position), to WS[n + its rank in the block, column by column]; slots past CAP all go
+    to the spare WS[CAP]. -> the block's count."""
+    fl = ok & _reaches(x, vf)
     fi = fl.to(tl.int32)
     cnt = tl.sum(fi, 1)
     slot = tl.minimum(n + (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi, CAP)
-    val = (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (base + offs).to(tl.int64)
+    val = (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | pos.to(tl.int64)
     tl.store(WS + slot, val, mask=fl)
     return tl.sum(cnt, 0)
 
@@ -190,19 +189,51 @@ def _compact_tile(x, offs, base, lim, vf, WS, n, CAP: tl.constexpr, MASKED: tl.c
 def _candidates_short(x, offs, L, WS, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
     """A-C for a row of one tile, `x` its scores in registers. -> (candidate count, bound key v)."""
     v = _bound(tl.max(x, 1), L, K, SMALL)
-    n = _compact_tile(x, offs, 0, L, _score_at_least(v), WS, 0, CAP, True)
+    n = _compact_block(x, offs, offs < L, _score_at_least(v), WS, 0, CAP)
     return n, v
 
 
 @triton.jit
+def _list_pairs(TMAX, ntiles, vf, PAIRS, W, G: tl.constexpr):
+    """The (column, tile) pairs whose tile-column max reaches vf, in (column, tile) order, to PAIRS
+    as the pair's first position (tile * 8G + column). -> how many."""
+    T: tl.constexpr = G * RT
+    col = tl.arange(0, G) + (W >> 31)
+    t = tl.arange(0, NTB)[None, :]
+    if ntiles <= NTB:  # one step: count and list at once
+        ok = t < ntiles
+        tm = tl.load(TMAX + t * G + col[:, None], mask=ok, other=0).to(tl.float32, bitcast=True)
+        fi = (ok & _reaches(tm, vf)).to(tl.int32)
+        cnt = tl.sum(fi, 1)
+        slot = (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(fi, 1) - fi
+        tl.store(PAIRS + slot, t * T + col[:, None], mask=fi != 0)
+        m = tl.sum(cnt, 0)
+    else:  # count per column first, then list
+        cnt = tl.zeros([G], tl.int32)
+        for t0 in range(0, ntiles, NTB):
+            ok = t0 + t < ntiles
+            tm = tl.load(TMAX + (t0 + t) * G + col[:, None], mask=ok, other=0).to(tl.float32, bitcast=True)
+            cnt += tl.sum((ok & _reaches(tm, vf)).to(tl.int32), 1)
+        base = tl.cumsum(cnt, 0) - cnt
+        for t0 in range(0, ntiles, NTB):
+            ok = t0 + t < ntiles
+            tm = tl.load(TMAX + (t0 + t) * G + col[:, None], mask=ok, other=0).to(tl.float32, bitcast=True)
+            fi = (ok & _reaches(tm, vf)).to(tl.int32)
+            tl.store(PAIRS + base[:, None] + tl.cumsum(fi, 1) - fi, (t0 + t) * T + col[:, None], mask=fi != 0)
+            base += tl.sum(fi, 1)
+        m = tl.sum(cnt, 0)
+    return m
+
+
+@triton.jit
 def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, CAP: tl.constexpr):
-    """A-C for a row longer than 4G: pass A keeps every tile's column maxima (AUX); C then lists,
-    tile by tile, the columns whose tile max reaches v and re-reads only those."""
+    """A-C for a row longer than one tile: pass A keeps every (tile, column) max in AUX, then only
+    the listed pairs' columns are re-read, PQ pairs ([PQ, RT] scores) at a time."""
     G: tl.constexpr = 2 * K
     T: tl.constexpr = G * RT
-    PQ: tl.constexpr = G // 4  # listed columns re-read per step: [PQ, RT] scores
+    PQ: tl.constexpr = G // 2
     TMAX = AUX
-    COLS = AUX + tl.cdiv(W, T) * G
+    PAIRS = AUX + tl.cdiv(W, T) * G
     offs = _offsets(W, G, RT)
     cidx = tl.arange(0, G) + (W >> 31)
     gmax = tl.full([G], float("-inf"), tl.float32)
@@ -215,22 +246,18 @@ def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, C
         gmax = tl.maximum(gmax, tm)
     v = _bound(gmax, L, K, SMALL)
     vf = _score_at_least(v)
+    tl.debug_barrier()  # the tile maxima, before other threads read them back
+    m = _list_pairs(TMAX, tl.cdiv(L, T), vf, PAIRS, W, G)
+    tl.debug_barrier()  # the pair list, before it is read back
     q = tl.arange(0, PQ) + (W >> 31)
     rows = tl.arange(0, RT)[None, :] * G
     n = L * 0
-    for base in range(0, L, T):
-        tl.debug_barrier()  # tile maxima stored / the previous tile's list read, by every thread
-        tm = tl.load(TMAX + (base // T) * G + cidx).to(tl.float32, bitcast=True)
-        fi = _reaches(tm, vf).to(tl.int32)
-        tl.store(COLS + tl.cumsum(fi, 0) - fi, cidx, mask=fi != 0)
-        m = tl.sum(fi, 0)
-        tl.debug_barrier()  # the column list, before it is read back
-        for q0 in range(0, m, PQ):
-            qv = q0 + q < m
-            col = tl.load(COLS + q0 + q, mask=qv, other=0)
-            pos = tl.where(qv[:, None], (base + col)[:, None] + rows, L)  # unused slots: past the row
-            xq = tl.load(ROW + pos, mask=pos < L, other=float("-inf"))
-            n += _compact_tile(xq, pos, 0, L, vf, WS, n, CAP, True)
+    for q0 in range(0, m, PQ):
+        qv = q0 + q < m
+        start = tl.load(PAIRS + q0 + q, mask=qv, other=0)
+        pos = start[:, None] + rows
+        ok = qv[:, None] & (pos < L)
+        n += _compact_block(tl.load(ROW + pos, mask=ok, other=float("-inf")), pos, ok, vf, WS, n, CAP)
     return n, v
 
 
@@ -284,7 +311,6 @@ def _select_row(ROW, L, W, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_
     """D + E straight from the row (more than CAP candidates): same selection, same order."""
     G: tl.constexpr = 2 * K
     T: tl.constexpr = G * RT
-    CC: tl.constexpr = G // 4  # columns of a tile per output step
     lo, w = _radix_start(tl.full([], 0, tl.int64), tl.full([], 0xFFFFFFFF, tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)
@@ -298,18 +324,34 @@ def _select_row(ROW, L, W, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_
             h += _digit_hist(_keys(x.to(tl.int32, bitcast=True)), (i < L) & _reaches(x, vf), lo, w, s)
         lo, w, need, c = _radix_step(h, lo, w, s, need)
         go = (c != need) & (w > 0)
-    n_ab = L * 0
-    n_in = L * 0
-    offs = _offsets(W, CC, RT) - (tl.arange(0, RT) * (CC - G))[None, :]  # g + r * G, g < CC
-    for base in range(0, L, T):  # in output order: a tile's columns, CC at a time, each top to bottom
-        for c0 in range(0, G, CC):
-            o = c0 + offs
-            x = _load_tile(ROW + base, o, L - base, True)
-            ok = (o < L - base) & _reaches(x, vf)
-            a, b = _emit(_keys(x.to(tl.int32, bitcast=True)), base + o, ok, lo, w, need, n_ab, n_in, OUT_ROW,
-                         RAW_ROW, PT_ROW, pt_cols, pt_regs, page_bits, 0, HAS_RAW)  # table read directly
-            n_ab += a
-            n_in += b
+    hi_u = (lo + (1 << w) - 1).to(tl.uint32)
+    lo_u = lo.to(tl.uint32)
+    offs = _offsets(W, G, 2)  # two rows a step: any row blocking gives the same order here
+    c_ab = tl.zeros([G], tl.int32)  # per column: keys above the bin, keys in it
+    c_in = tl.zeros([G], tl.int32)
+    for base in range(0, L, 2 * G):
+        x = _load_tile(ROW + base, offs, L - base, True)
+        key = _keys(x.to(tl.int32, bitcast=True))
+        ok = (offs < L - base) & _reaches(x, vf)
+        c_ab += tl.sum((ok & (key > hi_u)).to(tl.int32), 1)
+        c_in += tl.sum((ok & (key >= lo_u) & (key <= hi_u)).to(tl.int32), 1)
+    b_ab = tl.cumsum(c_ab, 0) - c_ab  # earlier columns' counts (column-major order)
+    b_in = tl.cumsum(c_in, 0) - c_in
+    for base in range(0, L, 2 * G):
+        x = _load_tile(ROW + base, offs, L - base, True)
+        key = _keys(x.to(tl.int32, bitcast=True))
+        ok = (offs < L - base) & _reaches(x, vf)
+        ab = (ok & (key > hi_u)).to(tl.int32)
+        inb = (ok & (key >= lo_u) & (key <= hi_u)).to(tl.int32)
+        rank_in = b_in[:, None] + tl.cumsum(inb, 1) - inb
+        sel = (ab != 0) | ((inb != 0) & (rank_in < need))
+        slot = b_ab[:, None] + tl.cumsum(ab, 1) - ab + tl.minimum(rank_in, need)
+        pos = base + offs
+        tl.store(OUT_ROW + slot, _translate(PT_ROW, pt_cols, pt_regs, pos, sel, page_bits, 0), mask=sel)
+        if HAS_RAW:
+            tl.store(RAW_ROW + slot, pos, mask=sel)
+        b_ab += tl.sum(ab, 1)
+        b_in += tl.sum(inb, 1)
 
 
 @triton.jit
@@ -320,7 +362,7 @@ def topk_transform_kernel(
     OUT,  # int32 [B, K] contiguous
     RAW,  # int32 [B, K] contiguous (only with HAS_RAW)
     WS,  # int64 [NPROG, CAP + 1]: candidates (slot CAP takes the overflow)
-    AUX,  # int32 [NPROG, cdiv(W, 8G) * G + G]: a long row's tile maxima and column list
+    AUX,  # int32 [NPROG, 2 * cdiv(W, 8G) * G]: a long row's (tile, column) maxima and pair list
     B, W, page_bits,
     K: tl.constexpr,
     CAP: tl.constexpr,  # candidate slots per program
@@ -332,7 +374,7 @@ def topk_transform_kernel(
     pid = tl.program_id(0)
     G: tl.constexpr = 2 * K
     WSP = WS + pid.to(tl.int64) * (CAP + 1)
-    AUXP = AUX + pid.to(tl.int64) * (tl.cdiv(W, G * RT) * G + G)
+    AUXP = AUX + pid.to(tl.int64) * (2 * tl.cdiv(W, G * RT) * G)
     for b in range(pid, B, tl.num_programs(0)):
         b64 = tl.cast(b, tl.int64)
         ROW = SC + b64 * stride_sb

@@ -49,7 +49,7 @@ class TopkConfig:
 
     num_warps: int
     cap: int = 1024  # candidate slots per program at K = 512 (scaled with K); 600-750 are typical
-    small: int = 8  # the bound stops once the bin of the K-th column max holds <= small maxima
+    small: int = 32  # the bound stops once the bin of the K-th column max holds <= small maxima
     ctas_per_sm: int = 1
 
     @property
@@ -168,7 +168,7 @@ def run(
     W = scores.shape[1]
     tile = 2 * k * 8
     ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
-    aux = torch.empty((nprog, (-(-W // tile) + 1) * 2 * k), dtype=torch.int32, device=dev)
+    aux = torch.empty((nprog, max(1, 2 * -(-W // tile) * 2 * k)), dtype=torch.int32, device=dev)
     pages_needed = min(page_tables.shape[1], -(-W >> page_bits) if W else 0)
     ptb = 0 if pages_needed > PT_PREFETCH else max(16, 1 << max(pages_needed - 1, 0).bit_length())
     raw = out_raw_indices if out_raw_indices is not None else out_page_indices

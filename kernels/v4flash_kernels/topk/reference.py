@@ -29,15 +29,10 @@ def order_keys(scores: torch.Tensor) -> torch.Tensor:
     return torch.where(neg, MASK32 - u, u + (1 << 31))
 
 
-TILE_ROWS = 8
-
-
 def output_rank(pos: torch.Tensor, k: int) -> torch.Tensor:
-    """Where position p comes in the output order: blocks of 8 rows of 2K positions, each read
-    column by column: (p // 16K, p % 2K, (p // 2K) % 8) for K = 512."""
+    """Where position p comes in the output order: column-major over rows of 2K, (p % 2K, p // 2K)."""
     g = 2 * k
-    block = g * TILE_ROWS
-    return (pos // block) * block + (pos % g) * TILE_ROWS + (pos // g) % TILE_ROWS
+    return (pos % g) * (1 << 32) + pos // g
 
 
 def select_positions(scores_row: torch.Tensor, n: int, k: int) -> List[int]:
