@@ -159,9 +159,8 @@ def _bound(gmax, L, K: tl.constexpr, SMALL: tl.constexpr):
     G: tl.constexpr = 2 * K
     valid = tl.arange(0, G) < L
     gk = _keys(gmax.to(tl.int32, bitcast=True))
-    kmax = tl.max(tl.where(valid, gk, 0), 0).to(tl.int64)
     kmin = tl.min(tl.where(valid, gk, 0xFFFFFFFF), 0).to(tl.int64)
-    lo, w = _radix_start(kmin, kmax)
+    lo, w = _radix_start(kmin, tl.max(tl.where(valid, gk, 0), 0).to(tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)
     while go:
