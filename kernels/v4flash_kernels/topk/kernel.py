@@ -309,7 +309,6 @@ def _select_row(ROW, L, W, vf, OUT_ROW, RAW_ROW, PT_ROW, pt_cols, pt_regs, page_
                 PTB: tl.constexpr, HAS_RAW: tl.constexpr):
     """D + E straight from the row (more than CAP candidates): same selection, same order."""
     G: tl.constexpr = 2 * K
-    T: tl.constexpr = G * RT
     lo, w = _radix_start(tl.full([], 0, tl.int64), tl.full([], 0xFFFFFFFF, tl.int64))
     need = tl.full([], K, tl.int32)
     go = tl.full([], 1, tl.int1)

@@ -1,7 +1,7 @@
 """Host side of the indexer top-K transform: configs, the shape-only planner, the drop-in entry.
 
-`topk_transform_512` replaces sglang 0.5.13.post1's `jit_kernel/dsv4/topk.py::topk_transform_512`
-(the JIT `topk_v1.cuh`, what `layers/attention/dsv4/indexer.py` calls on sm_120, where
+`topk_transform_512` replaces sglang 0.5.13.post1's `sglang.jit_kernel.dsv4.topk_transform_512`
+(the JIT `topk_v1.cuh`; what `layers/attention/dsv4/indexer.py` calls on sm_120, where
 `SGLANG_OPT_USE_TOPK_V2` is forced off): same positional signature and defaults, the same checks,
 the same outputs written in place (`out_page_indices` and, if given, `out_raw_indices`, both
 `[B, K]` int32 with K = out_page_indices.shape[1] in {512, 1024}).
@@ -11,30 +11,36 @@ What a row gets (upstream's contract, read from `topk_v1.cuh`):
   NaN score inside the length is still a valid position).
 - `seq_len > K`: the K positions of the first seq_len scores with the largest keys, all valid:
   no -inf filtering (a -inf score is a position like any other), the key being upstream's
-  `convert_to_uint32` of the fp32 bits (so -0.0 ranks below +0.0 and a positive NaN above +inf).
+  `convert_to_uint32` of the fp32 bits (so -0.0 ranks below +0.0, a NaN with the sign bit clear
+  above +inf).
 - page form: `(page_table[p >> log2(page_size)] << log2(page_size)) | (p & (page_size - 1))`.
 
-Where upstream leaves something unspecified, this op fixes it (documented, deterministic):
+What upstream leaves unspecified, this op fixes (deterministic, the same at any batch size):
 - order: upstream writes the selected positions in shared-memory atomic arrival order (it changes
-  run to run); here always ascending position. Nothing downstream depends on the order (the
-  sparse attention reduces over the set; hisparse swaps in the set).
-- ties at the K-th key: upstream keeps whichever tied positions arrive first; here the lowest.
+  run to run). Here: column-major over rows of 2K positions, i.e. by (p % 2K, p // 2K) — ascending
+  position whenever seq_len <= 2K (every row of the default 8K-token benchmark, most prefill
+  rows). Nothing downstream depends on the order: the sparse attention reduces over the set,
+  hisparse and the indexer capturer take the set.
+- ties at the K-th key: upstream keeps whichever tied positions arrive first; here the first in
+  the output order.
 - upstream's refinement keeps at most 8192 scores of its first 8-bit bin, so a row with more than
   8192 scores in the bin of the K-th can lose some of the true top K; here the select is exact.
-- NaN: upstream's first pass bins by the half-precision value, where every NaN (either sign)
-  lands above +inf; here the fp32 key alone decides, so a NaN with the sign bit set ranks below
-  -inf. Indexer logits are never NaN for finite inputs.
-- scores past the row's width (seq_len > scores.shape[1], which SGLang never passes: the logits
-  are `page_table.shape[1] * c4_page_size` wide) are never read: the row selects among the first
-  `scores.shape[1]` (upstream reads past the row); page-table columns past the table read as 0;
-  a negative seq_len is an empty row; B = 0 is a no-op (upstream launches an empty grid).
+- NaN: upstream's first pass bins by the half-precision conversion of the score (CUDA's NaN
+  encoding there decides where a NaN with the sign bit set lands); here the fp32 key alone
+  decides, so such a NaN ranks below -inf. Indexer logits are not NaN for finite inputs.
+- inputs upstream does not define: a row's scores past `scores.shape[1]` (seq_len > the width,
+  which SGLang never passes: its logits are `page_table.shape[1] * c4_page_size` wide) are not
+  read, the row selects among the first `scores.shape[1]` (upstream reads past the row);
+  page-table columns past the table read as 0 (upstream reads past it); a negative seq_len is an
+  empty row (upstream takes it as a huge unsigned length); B = 0 is a no-op (upstream launches an
+  empty grid).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -70,7 +76,7 @@ SWEEP = tuple(
     for p in (1, 2)
 )
 SPEC_MAX_ROWS = 64  # decode-sized batches: load each row's first 2K scores before its seq_len
-PT_PREFETCH = 1024  # page-table columns prefetched per row when the scores need no more
+PT_PREFETCH = 1024  # most page-table columns a row prefetches (1024 x 64 = 64K positions)
 
 
 def programs(batch: int, num_sms: int, cfg: TopkConfig) -> int:
@@ -101,13 +107,14 @@ def _require(cond: bool, msg: str) -> None:
         raise RuntimeError(msg)
 
 
-def _matrix(t: torch.Tensor, name: str, rows: int, cols: Optional[int] = None, contiguous: bool = False) -> None:
+def _int32_matrix(t: torch.Tensor, name: str, rows: int, cols: int | None = None) -> None:
+    """[rows, cols or any] int32, contiguous in its last dim (and in full when `cols` is given)."""
+    want = f"[{rows}, {cols if cols is not None else '*'}]"
     _require(t.dim() == 2 and t.shape[0] == rows and (cols is None or t.shape[1] == cols),
-             f"{name} must be [{rows}, {cols if cols is not None else '*'}], got {tuple(t.shape)}")
-    _require(t.dtype == torch.int32 or name == "scores", f"{name} must be int32, got {t.dtype}")
-    _require(t.shape[1] <= 1 or t.stride(1) == 1, f"{name} must be contiguous in its last dim")
-    if contiguous:
-        _require(t.is_contiguous(), f"{name} must be contiguous")
+             f"{name} must be {want}, got {tuple(t.shape)}")
+    _require(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
+    _require(t.is_contiguous() if cols is not None else t.stride(1) == 1 or t.shape[1] <= 1,
+             f"{name} must be contiguous" + ("" if cols is not None else " in its last dim"))
 
 
 def check_args(
@@ -116,25 +123,25 @@ def check_args(
     page_tables: torch.Tensor,
     out_page_indices: torch.Tensor,
     page_size: int,
-    out_raw_indices: Optional[torch.Tensor],
+    out_raw_indices: torch.Tensor | None,
 ) -> Tuple[int, int]:
     """Upstream's checks, in its order; returns (K, log2(page_size))."""
-    _ = scores, seq_lens, page_tables
     k = out_page_indices.shape[1] if out_page_indices.dim() == 2 else -1
     assert k in TOPKS, "Only support topk=512 or 1024"  # the wrapper's assert (before any JIT)
     _require(scores.dim() == 2, f"scores must be [B, *], got {tuple(scores.shape)}")
     B = scores.shape[0]
     _require(scores.dtype == torch.float32, f"scores must be float32, got {scores.dtype}")
-    _matrix(scores, "scores", B)
+    _require(scores.stride(1) == 1 or scores.shape[1] <= 1, "scores must be contiguous in its last dim")
     _require(seq_lens.dim() == 1 and seq_lens.shape[0] == B, f"seq_lens must be [{B}], got {tuple(seq_lens.shape)}")
     _require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
-    _matrix(page_tables, "page_table", B)
-    _matrix(out_page_indices, "page_indices", B, k, contiguous=True)
+    _int32_matrix(page_tables, "page_table", B)
+    _int32_matrix(out_page_indices, "page_indices", B, k)
     if out_raw_indices is not None:
-        _matrix(out_raw_indices, "raw_indices", B, k, contiguous=True)
-    tensors = [scores, seq_lens, page_tables, out_page_indices] + ([out_raw_indices] if out_raw_indices is not None
-                                                                   else [])
+        _int32_matrix(out_raw_indices, "raw_indices", B, k)
+    tensors = [scores, seq_lens, page_tables, out_page_indices]
+    if out_raw_indices is not None:
+        tensors.append(out_raw_indices)
     dev = scores.device
     _require(all(t.device == dev for t in tensors), "all tensors must be on one device")
     _require(dev.type == "cuda" or _interpreting(), f"tensors must be on a CUDA device, got {dev}")
@@ -143,15 +150,22 @@ def check_args(
     return k, page_size.bit_length() - 1
 
 
+def table_prefetch(width: int, k: int, page_bits: int) -> int:
+    """Page-table columns each row prefetches (a power of two covering every column a position
+    below max(width, K) can name), or 0 to read the table at the end instead."""
+    cols = -(-max(width, k) >> page_bits)
+    return 0 if cols > PT_PREFETCH else max(32, 1 << (cols - 1).bit_length())
+
+
 def run(
     scores: torch.Tensor,
     seq_lens: torch.Tensor,
     page_tables: torch.Tensor,
     out_page_indices: torch.Tensor,
     page_size: int,
-    out_raw_indices: Optional[torch.Tensor] = None,
-    config: Optional[TopkConfig] = None,
-    nprog: Optional[int] = None,
+    out_raw_indices: torch.Tensor | None = None,
+    config: TopkConfig | None = None,
+    nprog: int | None = None,
 ) -> None:
     """The transform with an optional explicit config / program count (benchmark and tests)."""
     k, page_bits = check_args(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
@@ -169,8 +183,6 @@ def run(
     tile = 2 * k * 8
     ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
     aux = torch.empty((nprog, max(1, 2 * -(-W // tile) * 2 * k)), dtype=torch.int32, device=dev)
-    pages_needed = min(page_tables.shape[1], -(-W >> page_bits) if W else 0)
-    ptb = 0 if pages_needed > PT_PREFETCH else max(16, 1 << max(pages_needed - 1, 0).bit_length())
     raw = out_raw_indices if out_raw_indices is not None else out_page_indices
     _k.topk_transform_kernel[(nprog,)](
         scores, scores.stride(0),
@@ -182,7 +194,7 @@ def run(
         CAP=cap,
         SMALL=cfg.small,
         SPEC=B <= SPEC_MAX_ROWS,
-        PTB=ptb,
+        PTB=table_prefetch(W, k, page_bits),
         HAS_RAW=out_raw_indices is not None,
         num_warps=cfg.num_warps,
     )
@@ -194,7 +206,7 @@ def topk_transform_512(
     page_tables: torch.Tensor,
     out_page_indices: torch.Tensor,
     page_size: int,
-    out_raw_indices: Optional[torch.Tensor] = None,
+    out_raw_indices: torch.Tensor | None = None,
 ) -> None:
     """Top-K (K = out_page_indices.shape[1]) of each row's first seq_len scores, as page indices.
 

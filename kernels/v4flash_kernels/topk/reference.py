@@ -15,7 +15,7 @@ The ranking is done with exact integers: one int64 sort key per position.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -92,7 +92,7 @@ class TopkCase:
     k: int = 512
     page_size: int = 64
     pattern: str = "normal"  # see make_scores
-    table_cols: Optional[int] = None  # default: enough pages for `width`
+    table_cols: int | None = None  # default: enough pages for `width`
     score_pad: int = 0  # extra columns of the scores' storage (row stride = width + score_pad)
     table_pad: int = 0  # extra columns of the page table's storage (row stride > table_cols)
     specials: Tuple[Tuple[int, int, float], ...] = field(default_factory=tuple)  # (row, pos, value)
