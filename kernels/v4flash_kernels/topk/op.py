@@ -18,9 +18,9 @@ What a row gets (upstream's contract, read from `topk_v1.cuh`):
 What upstream leaves unspecified, this op fixes (deterministic, the same at any batch size):
 - order: upstream writes the selected positions in shared-memory atomic arrival order (it changes
   run to run). Here: column-major over rows of 2K positions, i.e. by (p % 2K, p // 2K) — ascending
-  position whenever seq_len <= 2K (every row of the default 8K-token benchmark, most prefill
-  rows). Nothing downstream depends on the order: the sparse attention reduces over the set,
-  hisparse and the indexer capturer take the set.
+  position whenever seq_len <= 2K (1024 c4 positions, 4K tokens, at K = 512). Nothing downstream
+  depends on the order: the sparse attention reduces over the set, hisparse and the indexer
+  capturer take the set.
 - ties at the K-th key: upstream keeps whichever tied positions arrive first; here the first in
   the output order.
 - upstream's refinement keeps at most 8192 scores of its first 8-bit bin, so a row with more than

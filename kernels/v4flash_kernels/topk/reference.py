@@ -1,15 +1,16 @@
 """Exact reference of the indexer top-K transform, from its definition, plus test inputs.
 
-Definition (per row b, K = out.shape[1], n = seq_lens[b], W = scores.shape[1]):
+Definition (per row b, K = out.shape[1], n = seq_lens[b], W = scores.shape[1], G = 2K):
 - n <= K: positions 0 .. n-1, then -1 (empty for n <= 0); the scores are not consulted.
 - otherwise, over the first L = min(n, W) scores (L <= K: as above with L): rank positions by
   score in the total order of fp32 bit patterns (-0.0 below +0.0, -inf below every finite value
-  and +inf above, a NaN with the sign bit clear above +inf and one with it set below -inf), ties
-  to the lower position; keep the best K, listed in ascending position.
+  and +inf above, a NaN with the sign bit clear above +inf and one with it set below -inf), equal
+  scores by the output order below; keep the best K, listed in the output order: by
+  (p % G, p // G), column-major over rows of G positions (ascending position when L <= G).
 - each position p becomes `(page_table[b, p >> s] << s) | (p & (2^s - 1))`, s = log2(page_size),
   in int32 (two's-complement wrap); a column past the table reads as 0.
 
-The ranking is done with exact integers: one int64 sort key per position.
+The ranking is done with exact integers (int64 keys and stable sorts), no floating point.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def output_rank(pos: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def select_positions(scores_row: torch.Tensor, n: int, k: int) -> List[int]:
-    """The selected positions of one row (ascending), or the sequential ones of a short row."""
+    """The selected positions of one row in output order, or the sequential ones of a short row."""
     w = scores_row.shape[0]
     if n <= k:
         return list(range(max(n, 0)))
