@@ -79,6 +79,19 @@ SPEC_MAX_ROWS = 64  # decode-sized batches: load each row's first 2K scores befo
 PT_PREFETCH = 1024  # most page-table columns a row prefetches (1024 x 64 = 64K positions)
 
 
+def speculate(batch: int, k: int) -> bool:
+    """Load each row's first 2K scores together with its seq_len: decode-sized batches at K = 512
+    (at K = 1024 the extra [2K, 2] tile would spill on sm_120; prefill rows are mostly short)."""
+    return k == 512 and batch <= SPEC_MAX_ROWS
+
+
+def launch_variants() -> Tuple[Tuple[int, bool, int], ...]:
+    """(K, SPEC, PTB) of every binary the planner can launch, at the largest PTB of each kind
+    (a smaller prefetch only shrinks the tile): what check_sm120 compiles."""
+    return tuple((k, spec, ptb) for k in TOPKS for spec in sorted({speculate(1, k), False})
+                 for ptb in (PT_PREFETCH, 0))
+
+
 def programs(batch: int, num_sms: int, cfg: TopkConfig) -> int:
     """Persistent programs: one per row up to `ctas_per_sm` per SM (from shapes only: graph-safe)."""
     return max(1, min(batch, num_sms * cfg.ctas_per_sm))
@@ -193,7 +206,7 @@ def run(
         K=k,
         CAP=cap,
         SMALL=cfg.small,
-        SPEC=B <= SPEC_MAX_ROWS,
+        SPEC=speculate(B, k),
         PTB=table_prefetch(W, k, page_bits),
         HAS_RAW=out_raw_indices is not None,
         num_warps=cfg.num_warps,
