@@ -41,7 +41,8 @@ import triton.language as tl
 
 DIGIT = tl.constexpr(5)  # bits resolved per radix pass: 32 bins, one a lane, reductions stay in a warp
 NBINS = tl.constexpr(32)
-RT = tl.constexpr(4)  # rows of G positions per tile of a long row (any value gives the same output)
+TILE_ROWS = 4  # rows of G positions per tile of a long row (any value gives the same output)
+RT = tl.constexpr(TILE_ROWS)
 NTB = tl.constexpr(4)  # tiles listed per step of a long row's (column, tile) list
 KEY_POS_INF = tl.constexpr(0xFF800000)  # _keys(+inf)
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)  # _keys(-inf)

@@ -92,6 +92,13 @@ def launch_variants() -> Tuple[Tuple[int, bool, int], ...]:
                  for ptb in (PT_PREFETCH, 0))
 
 
+def aux_words(width: int, k: int) -> int:
+    """int32 words of a program's long-row workspace: the max of every (tile, column) of the
+    widest row and as many (column, tile) pair slots (the kernel's AUX layout)."""
+    g = 2 * k
+    return max(1, 2 * -(-width // (g * _k.TILE_ROWS)) * g)
+
+
 def programs(batch: int, num_sms: int, cfg: TopkConfig) -> int:
     """Persistent programs: one per row up to `ctas_per_sm` per SM (from shapes only: graph-safe)."""
     return max(1, min(batch, num_sms * cfg.ctas_per_sm))
@@ -193,9 +200,8 @@ def run(
     if nprog is None:
         nprog = programs(B, _num_sms(dev), cfg)
     W = scores.shape[1]
-    tile = 2 * k * 8
     ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
-    aux = torch.empty((nprog, max(1, 2 * -(-W // tile) * 2 * k)), dtype=torch.int32, device=dev)
+    aux = torch.empty((nprog, aux_words(W, k)), dtype=torch.int32, device=dev)
     raw = out_raw_indices if out_raw_indices is not None else out_page_indices
     _k.topk_transform_kernel[(nprog,)](
         scores, scores.stride(0),
