@@ -53,14 +53,13 @@ def select_positions(scores_row: torch.Tensor, n: int, k: int) -> List[int]:
 
 
 def translate(page_row: torch.Tensor, positions: Sequence[int], page_bits: int) -> List[int]:
-    cols = page_row.shape[0]
-    out = []
-    for p in positions:
-        c = p >> page_bits
-        page = int(page_row[c]) if c < cols else 0
-        v = ((page << page_bits) | (p & ((1 << page_bits) - 1))) & MASK32
-        out.append(v - (1 << 32) if v >= 1 << 31 else v)
-    return out
+    """Page indices of `positions` (int32 wrap; a column past the table reads as 0)."""
+    pos = torch.tensor(list(positions), dtype=torch.int64)
+    cols = pos >> page_bits
+    inside = cols < page_row.shape[0]
+    page = torch.where(inside, page_row.to(torch.int64)[cols.clamp(max=max(page_row.shape[0] - 1, 0))], 0)
+    v = ((page << page_bits) | (pos & ((1 << page_bits) - 1))) & MASK32
+    return torch.where(v >= 1 << 31, v - (1 << 32), v).tolist()
 
 
 def topk_transform_ref(
