@@ -21,11 +21,17 @@ def switch_env_of(switch: str) -> str:
 
 @dataclass(frozen=True)
 class Switch:
-    """One user-facing on/off for a kernel; on unless the user says off."""
+    """One user-facing on/off for a kernel; on unless the user says off.
+
+    `selfcheck` names the module whose `cases(target)` check this switch's kernels against their
+    fp64 reference and upstream on each GPU before workers start (`python -m v4flash_kernels.selfcheck`,
+    docs/selfcheck.md); None = no self-check yet, and the launcher says so instead of vouching for it.
+    """
 
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
+    selfcheck: Optional[str] = None
 
     @property
     def env(self) -> str:
@@ -70,9 +76,14 @@ class PatchSpec:
 
 SWITCHES: Tuple[Switch, ...] = (
     Switch("sparse_decode", "sparse-MLA decode",
-           "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off)."),
-    Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off)."),
-    Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off)."),
+           "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.attention.selfcheck"),
+    Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.moe.selfcheck"),
+    Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.indexer.selfcheck"),
+    Switch("fp8_gemm", "block-FP8 linear",
+           "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -107,7 +118,19 @@ INDEXER = PatchSpec(
     ours_attr="fp8_paged_mqa_logits",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER)
+# What SGLang's sm_120 FP8 dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend) hands every
+# block-FP8 linear, looked up in the module at dispatch time: the quant + GEMM pair is replaced whole.
+FP8_GEMM = PatchSpec(
+    name="fp8_gemm",
+    title="block-FP8 linear",
+    switch="fp8_gemm",
+    target_module="sglang.srt.layers.quantization.fp8_utils",
+    target_attr="triton_w8a8_block_fp8_linear",
+    ours_module="v4flash_kernels.fp8_gemm.op",
+    ours_attr="w8a8_block_fp8_linear",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
 
 
 def by_name(name: str) -> PatchSpec:
