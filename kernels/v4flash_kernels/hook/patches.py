@@ -84,6 +84,9 @@ SWITCHES: Tuple[Switch, ...] = (
            selfcheck="v4flash_kernels.indexer.selfcheck"),
     Switch("fp8_gemm", "block-FP8 linear",
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+    Switch("topk", "top-512 transform",
+           "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
+           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -130,7 +133,20 @@ FP8_GEMM = PatchSpec(
     ours_attr="w8a8_block_fp8_linear",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
+# The c4 indexer's top-K of the logits, page-translated: the indexer module imports the JIT wrapper
+# by name (`from sglang.jit_kernel.dsv4 import topk_transform_512`) and calls that global at call
+# time, so the name is replaced where it is resolved, in the indexer module.
+TOPK = PatchSpec(
+    name="topk",
+    title="top-512 transform",
+    switch="topk",
+    target_module="sglang.srt.layers.attention.dsv4.indexer",
+    target_attr="topk_transform_512",
+    ours_module="v4flash_kernels.topk.op",
+    ours_attr="topk_transform_512",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM, TOPK)
 
 
 def by_name(name: str) -> PatchSpec:
