@@ -270,3 +270,20 @@ def test_shipped_configs_fit_sm120(tmp_path):
     assert {r["config"].split("/")[0] for r in rows} == {c.name for c in topk.CONFIGS}
     for r in rows:
         assert r["ok"] and r["shared_bytes"] <= 101376 and r["spill_stores"] == 0 and r["registers"] > 0, r
+
+
+def test_bench_shapes_and_one_row_under_the_interpreter(upstream):
+    """The benchmark's shapes (SGLang's c4 widths and lengths) and one checked row, timer stubbed."""
+    from v4flash_kernels.topk import bench
+
+    labels = [s.label for s in bench.shapes_for([1, 64], ["128K"], ["8K", "full"], ["8K"])]
+    assert labels == ["B=1 ctx=128K actual=8K", "B=1 ctx=128K actual=full", "B=64 ctx=128K actual=8K",
+                      "B=64 ctx=128K actual=full", "prefill T=8192"]
+    sh = bench.Shape("decode", 2, "16K", "8K")
+    assert (sh.width, sh.lengths()) == (4096, [2048, 2048])
+    assert bench.Shape("prefill", 1024, "1K", "-").width == 256
+    row = bench.run_shape(sh, upstream.topk_transform_512_pytorch_vectorized, None, "unavailable", 3, device="cpu",
+                          timer=lambda fn: (fn(), 1.0)[1])
+    assert {n: v["ok"] for n, v in row["variants"].items()} == {"ours": True, "proxy": True, "torch": True,
+                                                                "jit": True}
+    assert row["variants"]["ours"]["exact"] and not row["variants"]["torch"]["exact"]
