@@ -87,6 +87,9 @@ SWITCHES: Tuple[Switch, ...] = (
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
            "upstream's sm_120 torch + TileLang path (off)."),
+    Switch("topk", "top-512 transform",
+           "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
+           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -153,8 +156,21 @@ MHC_FUSED_ON = PatchSpec(name="mhc_fused_on", title="mHC fused path enable", swi
                          target_attr="_is_fused_mhc_post_pre_enabled", ours_module="v4flash_kernels.mhc.op",
                          ours_attr="fused_post_pre_enabled")
 
+# The c4 indexer's top-K of the logits, page-translated: the indexer module imports the JIT wrapper
+# by name (`from sglang.jit_kernel.dsv4 import topk_transform_512`) and calls that global at call
+# time, so the name is replaced where it is resolved, in the indexer module.
+TOPK = PatchSpec(
+    name="topk",
+    title="top-512 transform",
+    switch="topk",
+    target_module="sglang.srt.layers.attention.dsv4.indexer",
+    target_attr="topk_transform_512",
+    ours_module="v4flash_kernels.topk.op",
+    ours_attr="topk_transform_512",
+)
+
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST, MHC_FUSED,
-                                  MHC_FUSED_ON)
+                                  MHC_FUSED_ON, TOPK)
 
 
 def by_name(name: str) -> PatchSpec:
