@@ -50,6 +50,9 @@ class PatchSpec:
     returns the function actually installed, for patches that need per-process facts the upstream
     call does not pass (e.g. the attention-TP rank); it must keep upstream's signature.
     `target_attr` is a module attribute (`"f"`) or a class attribute of one (`"Cls.method"`).
+    `detail` ("module:function") returns a JSON-able dict added to the patch's status record while
+    it is active (e.g. what a load-time hook did to each layer); its "summary" string, if any, is
+    appended to the record's reason, which `status` prints.
     """
 
     name: str  # unique key of the status records
@@ -60,6 +63,7 @@ class PatchSpec:
     ours_module: str
     ours_attr: str
     adapter: Optional[str] = None
+    detail: Optional[str] = None
 
     @property
     def switch_env(self) -> str:
@@ -124,6 +128,31 @@ INDEXER = PatchSpec(
     ours_attr="fp8_paged_mqa_logits",
 )
 
+# The MoE switch also repacks the sm_120 layers' experts at load time and runs the decode kernel v2
+# on them (v4flash_kernels/moe/sglang_patch.py). Each of the three is correct without the others: a
+# repacked layer keeps the loader's weight bytes and exact e8m0 scales.
+MOE_REPACK = PatchSpec(
+    name="moe_repack",
+    title="MXFP4 MoE load-time repack",
+    switch="moe",
+    target_module="sglang.srt.layers.quantization.mxfp4_marlin_moe",
+    target_attr="Mxfp4MarlinMoEMethod.process_weights_after_loading",
+    ours_module="v4flash_kernels.moe.sglang_patch",
+    ours_attr="process_weights_after_loading",
+    detail="v4flash_kernels.moe.sglang_patch:status_detail",
+)
+
+MOE_APPLY = PatchSpec(
+    name="moe_apply",
+    title="MXFP4 MoE repacked-layer dispatch",
+    switch="moe",
+    target_module="sglang.srt.layers.quantization.mxfp4_marlin_moe",
+    target_attr="Mxfp4MarlinMoEMethod.apply",
+    ours_module="v4flash_kernels.moe.sglang_patch",
+    ours_attr="apply",
+)
+
+
 # What SGLang's sm_120 FP8 dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend) hands every
 # block-FP8 linear, looked up in the module at dispatch time: the quant + GEMM pair is replaced whole.
 FP8_GEMM = PatchSpec(
@@ -169,8 +198,8 @@ TOPK = PatchSpec(
     ours_attr="topk_transform_512",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST, MHC_FUSED,
-                                  MHC_FUSED_ON, TOPK)
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK)
 
 
 def by_name(name: str) -> PatchSpec:
