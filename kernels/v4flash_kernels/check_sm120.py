@@ -3,8 +3,8 @@
 Why: `triton.compile` does not fail when a config needs more shared memory than the target has
 (that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
 far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
-kernel) and fails on more than 101376 B of shared memory per block on sm_120 or any register
-spill, reading registers and spills from the bundled ptxas.
+kernel, the MoE, indexer and block-FP8 GEMM kernels) and fails on more than 101376 B of shared
+memory per block on sm_120 or any register spill, reading registers and spills from the bundled ptxas.
 
     python -m v4flash_kernels.check_sm120 [--arch 120 --arch 90] [--json PATH]
 """
@@ -255,6 +255,108 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
                          cfg.shared_bytes)
 
 
+def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
+    """The mHC kernels as `mhc.op` launches them: every mix plan (pre and fused), the finish kernel for
+    every partial count the planner can produce (with and without the norm), the post kernel."""
+    import triton
+
+    from v4flash_kernels.mhc import kernel as k
+    from v4flash_kernels.mhc import op as mhc
+
+    out = []
+    mix_sig = {"X": "*bf16", "XIN": "*bf16", "POST_IN": "*fp32", "COMB_IN": "*fp32", "R_OUT": "*bf16",
+               "FN": "*fp32", "PART": "*fp32", "n_tokens": "i32", "h_per_split": "i32"}
+    for plan in mhc.launchable(hidden):
+        for fused in (False, True):
+            const = {"H": hidden, "BLOCK_T": plan.block_t, "BLOCK_H": plan.block_h, "FUSED": fused,
+                     "INTERPRET": False}
+            hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
+            ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
+            regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+            out.append(CompileResult("mhc_mix", f"{'fused/' if fused else 'pre/'}t{plan.block_t}_h{plan.block_h}"
+                                     f"_w{plan.num_warps}", arch, int(ck.metadata.shared), regs, st, ld,
+                                     SMEM_LIMIT[arch]))
+    fin_sig = {"PART": "*fp32", "n_tokens": "i32", "n_splits": "i32", "X": "*bf16", "SCALE": "*fp32",
+               "BASE": "*fp32", "POST": "*fp32", "COMB": "*fp32", "Y": "*bf16", "NORM_W": "*bf16",
+               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32"}
+    warps = {p.finish_warps for p in mhc.launchable(hidden)}
+    s_pads = sorted({triton.next_power_of_2(s) for s in mhc.launchable_splits(hidden)})
+    for w in sorted(warps):
+        for s_pad in s_pads:
+            for norm in (False, True):
+                const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad, "ITERS": 20,
+                         "HAS_NORM": norm, "INTERPRET": False}
+                ck = _compile(k.finish_kernel, fin_sig, const, [n for n, t in fin_sig.items() if t.startswith("*")],
+                              arch, w, 1)
+                regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+                out.append(CompileResult("mhc_finish", f"s{s_pad}{'_norm' if norm else ''}_w{w}", arch,
+                                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
+    post_sig = {"XIN": "*bf16", "RES": "*bf16", "POST": "*fp32", "COMB": "*fp32", "OUT": "*bf16"}
+    const = {"H": hidden, "BLOCK_H": min(mhc.POST_BLOCK_H, triton.next_power_of_2(hidden)), "INTERPRET": False}
+    ck = _compile(k.post_kernel, post_sig, const, list(post_sig), arch, mhc.POST_NUM_WARPS, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    out.append(CompileResult("mhc_post", f"h{const['BLOCK_H']}_w{mhc.POST_NUM_WARPS}", arch, int(ck.metadata.shared),
+                             regs, st, ld, SMEM_LIMIT[arch]))
+    return out
+
+
+def compile_fp8_gemm(binary, arch: int) -> CompileResult:
+    """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it (K % 128 == 0)."""
+    from v4flash_kernels.fp8_gemm import kernel as k
+
+    cfg, split, quant_a = binary.config, binary.split, binary.a_dtype != "fp8"
+    ptr = {"bf16": "*bf16", "fp32": "*fp32", "fp8": "*fp8e4nv"}
+    sig = {"A": ptr[binary.a_dtype], "stride_am": "i32", "AS": "*fp32", "stride_asm": "i32",
+           "stride_ask": "i32", "B": "*fp8e4nv", "stride_bn": "i32", "BS": "*fp32", "stride_bsn": "i32",
+           "stride_bsk": "i32", "C": ptr[binary.c_dtype], "stride_cm": "i32",
+           "WS": "*fp32" if split else ptr[binary.c_dtype], "CNT": "*i32" if split else ptr[binary.c_dtype],
+           "M": "i32", "N": "i32", "K": "i32", "groups_per_split": "i32"}
+    const = {"QUANT_A": quant_a, "SWAP": cfg.swap, "SPLIT": split, "EVEN_K": True, "BLOCK_M": cfg.block_m,
+             "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_bn", "stride_cm", "N", "K"]
+    ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("fp8_gemm", binary.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_fp8_gemm(arch: int) -> List[CompileResult]:
+    """Every block-FP8 GEMM binary the entries can launch, plus the standalone activation quant."""
+    from v4flash_kernels.fp8_gemm import kernel as k
+    from v4flash_kernels.fp8_gemm.op import QUANT_BLOCK_R, QUANT_NUM_WARPS, launchable
+
+    results = [compile_fp8_gemm(b, arch) for b in launchable()]
+    for x in ("bf16", "fp32"):
+        sig = {"X": f"*{x}", "stride_xm": "i32", "Q": "*fp8e4nv", "stride_qm": "i32", "S": "*fp32",
+               "stride_sm": "i32", "M": "i32"}
+        hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_xm", "stride_qm"]
+        ck = _compile(k.act_quant_kernel, sig, {"BLOCK_R": QUANT_BLOCK_R}, hinted, arch, QUANT_NUM_WARPS, 1)
+        regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+        results.append(CompileResult("fp8_act_quant", f"r{QUANT_BLOCK_R}_w{QUANT_NUM_WARPS}/{x}", arch,
+                                     int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
+    return results
+
+
+def compile_topk(cfg, k: int, spec: bool, ptb: int, arch: int) -> CompileResult:
+    """One top-K transform binary as `topk.run` launches it (raw indices written too)."""
+    from v4flash_kernels.topk import kernel as tk
+
+    sig = {"SC": "*fp32", "stride_sb": "i32", "SEQ": "*i32", "PT": "*i32", "stride_pb": "i32", "pt_cols": "i32",
+           "OUT": "*i32", "RAW": "*i32", "WS": "*i64", "AUX": "*i32", "B": "i32", "W": "i32", "page_bits": "i32"}
+    const = {"K": k, "CAP": cfg.cap * k // 512, "SMALL": cfg.small, "SPEC": spec, "PTB": ptb, "HAS_RAW": True}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_sb", "stride_pb"]
+    ck = _compile(tk.topk_transform_kernel, sig, const, hinted, arch, cfg.num_warps, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    name = f"{cfg.name}/k{k}{'_spec' if spec else ''}_pt{ptb}"
+    return CompileResult("topk_transform", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_topk(arch: int) -> List[CompileResult]:
+    """Every top-K binary the planner can launch (`topk.op.launch_variants` of each config)."""
+    from v4flash_kernels.topk.op import CONFIGS, launch_variants
+
+    return [compile_topk(cfg, k, spec, ptb, arch) for cfg in CONFIGS for k, spec, ptb in launch_variants()]
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
@@ -271,6 +373,9 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             from v4flash_kernels.indexer.op import CONFIGS as INDEXER_CONFIGS
 
             results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
+            results += check_mhc(arch)
+            results += check_fp8_gemm(arch)
+            results += check_topk(arch)
     return results
 
 

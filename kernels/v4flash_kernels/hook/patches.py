@@ -21,11 +21,17 @@ def switch_env_of(switch: str) -> str:
 
 @dataclass(frozen=True)
 class Switch:
-    """One user-facing on/off for a kernel; on unless the user says off."""
+    """One user-facing on/off for a kernel; on unless the user says off.
+
+    `selfcheck` names the module whose `cases(target)` check this switch's kernels against their
+    fp64 reference and upstream on each GPU before workers start (`python -m v4flash_kernels.selfcheck`,
+    docs/selfcheck.md); None = no self-check yet, and the launcher says so instead of vouching for it.
+    """
 
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
+    selfcheck: Optional[str] = None
 
     @property
     def env(self) -> str:
@@ -74,9 +80,20 @@ class PatchSpec:
 
 SWITCHES: Tuple[Switch, ...] = (
     Switch("sparse_decode", "sparse-MLA decode",
-           "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off)."),
-    Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off)."),
-    Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off)."),
+           "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.attention.selfcheck"),
+    Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.moe.selfcheck"),
+    Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.indexer.selfcheck"),
+    Switch("fp8_gemm", "block-FP8 linear",
+           "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+    Switch("mhc", "mHC pre/post",
+           "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
+           "upstream's sm_120 torch + TileLang path (off)."),
+    Switch("topk", "top-512 transform",
+           "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
+           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -135,7 +152,54 @@ MOE_APPLY = PatchSpec(
     ours_attr="apply",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER)
+
+# What SGLang's sm_120 FP8 dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend) hands every
+# block-FP8 linear, looked up in the module at dispatch time: the quant + GEMM pair is replaced whole.
+FP8_GEMM = PatchSpec(
+    name="fp8_gemm",
+    title="block-FP8 linear",
+    switch="fp8_gemm",
+    target_module="sglang.srt.layers.quantization.fp8_utils",
+    target_attr="triton_w8a8_block_fp8_linear",
+    ours_module="v4flash_kernels.fp8_gemm.op",
+    ours_attr="w8a8_block_fp8_linear",
+)
+
+
+# DeepSeek-V4's hyper-connections (mHC). On sm_120 upstream runs `hc_pre` as torch + the TileLang
+# Sinkhorn + torch (then its RMSNorm as a separate kernel) and `hc_post` as TileLang, and keeps its
+# fused post+pre unreachable. The switch installs our two methods and our fused op, and then lets the
+# model take its own fused structure (the enable check says yes only while our fused op is the one
+# `deepseek_v4` calls, so a refused fused patch leaves the model unfused).
+_DSV4 = "sglang.srt.models.deepseek_v4"
+MHC_PRE = PatchSpec(name="mhc_pre", title="mHC pre", switch="mhc", target_module=_DSV4,
+                    target_attr="DeepseekV4DecoderLayer.hc_pre", ours_module="v4flash_kernels.mhc.op",
+                    ours_attr="hc_pre")
+MHC_POST = PatchSpec(name="mhc_post", title="mHC post", switch="mhc", target_module=_DSV4,
+                     target_attr="DeepseekV4DecoderLayer.hc_post", ours_module="v4flash_kernels.mhc.op",
+                     ours_attr="hc_post")
+MHC_FUSED = PatchSpec(name="mhc_fused", title="mHC fused post+pre", switch="mhc", target_module=_DSV4,
+                      target_attr="mhc_fused_post_pre", ours_module="v4flash_kernels.mhc.op",
+                      ours_attr="mhc_fused_post_pre")
+MHC_FUSED_ON = PatchSpec(name="mhc_fused_on", title="mHC fused path enable", switch="mhc", target_module=_DSV4,
+                         target_attr="_is_fused_mhc_post_pre_enabled", ours_module="v4flash_kernels.mhc.op",
+                         ours_attr="fused_post_pre_enabled")
+
+# The c4 indexer's top-K of the logits, page-translated: the indexer module imports the JIT wrapper
+# by name (`from sglang.jit_kernel.dsv4 import topk_transform_512`) and calls that global at call
+# time, so the name is replaced where it is resolved, in the indexer module.
+TOPK = PatchSpec(
+    name="topk",
+    title="top-512 transform",
+    switch="topk",
+    target_module="sglang.srt.layers.attention.dsv4.indexer",
+    target_attr="topk_transform_512",
+    ours_module="v4flash_kernels.topk.op",
+    ours_attr="topk_transform_512",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK)
 
 
 def by_name(name: str) -> PatchSpec:

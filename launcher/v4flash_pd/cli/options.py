@@ -110,6 +110,10 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      envvar="V4FLASH_EVAL_MIN_ACCURACY", help="Fraction the gate needs right (0-1)."),
         click.option("--verify-model", type=click.Choice(["size", "full", "off"]), default="size", show_default=True,
                      envvar="V4FLASH_VERIFY_MODEL", help="Check the model dir against its bundle manifest before start."),
+        click.option("--no-selfcheck", is_flag=True, envvar="V4FLASH_NO_SELFCHECK",
+                     help="Skip the kernel self-check before the workers start (the patches then run unverified)."),
+        click.option("--strict-selfcheck", is_flag=True, envvar="V4FLASH_STRICT_SELFCHECK",
+                     help="Refuse to start when a kernel patch fails its self-check (default: switch it off and go on)."),
     ]
     return _stack(fn, opts)
 
