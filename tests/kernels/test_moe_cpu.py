@@ -469,3 +469,17 @@ def test_bench_sweep_candidates_and_tables():
            "floor_h200_us": 4.6, "floor_rtx6000_us": 11.0, "plan_v2": "v2-inline/...",
            "variants": {"v1": dict(v, us=40.0), "v2": v, "upstream": dict(v, us=250.0)}}
     assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])
+
+
+def test_selfcheck_covers_the_repacked_path():
+    """The moe switch's self-check runs every shape twice: the drop-in and the repacked layer's v2
+    forward (what sglang_patch.apply calls), graph-replayed at the largest batch."""
+    from v4flash_kernels.moe import selfcheck
+    from v4flash_kernels.selfcheck.case import Target
+
+    t = Target(device="cpu", batches=(1, 32), prefill_rows=8192, tp_size=4)
+    m = {c.name: c for c in selfcheck.cases(t)}
+    for base in ("decode M=1", "decode M=32", "prefill M=8192", "small M=5 holes+clamp"):
+        assert base in m and f"{base} repacked (v2)" in m
+    assert m["decode M=32 repacked (v2)"].graph and not m["decode M=1 repacked (v2)"].graph
+    assert m["decode M=1 repacked (v2)"].ours is not m["decode M=1"].ours

@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_kernels.provenance import measured_commit
 
@@ -148,14 +148,14 @@ def _mma(bt, bn, bk, w, s, sk=1):
     return MmaConfig(bt, bn, bk, w, s, sk)
 
 
-def v2_candidates(shape: Shape) -> Dict[str, object]:
+def v2_candidates(shape: Shape) -> Dict[str, Any]:
     """Plans to sweep at this size: one GEMM varied at a time around the planner's plan."""
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe import op_v2
 
     inter = INTER[shape.tp]
     base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
-    plans: List[object] = [base]
+    plans: List[Any] = [base]
     if isinstance(base, op_v2.PlanV2):
         t = base.gemm1.block_t
         g1s = [_mma(t, 64, 256, 4, 3), _mma(t, 64, 128, 4, 4), _mma(t, 64, 512, 4, 2), _mma(t, 32, 256, 2, 4),
@@ -179,7 +179,7 @@ def v2_candidates(shape: Shape) -> Dict[str, object]:
     else:  # a v1 plan (fast scales): the v2 tiles with the most tokens per MMA against it
         for t in (16, 32):
             plans.append(op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)))
-    out: Dict[str, object] = {}
+    out: Dict[str, Any] = {}
     for p in plans:
         out.setdefault(p.name, p)
     return out

@@ -65,14 +65,12 @@ Plan = PlanV2 | _v1.Plan  # a v1 Plan runs v1's GEMMs with the fast scale decode
 # Config table. 16 W rows per warp (the MMA's M); shared memory at 3-4 stages stays far below
 # sm_120's 99 KB (check_sm120 proves each entry). Chosen from the generated code (no spills, the
 # FP4 decode in the MMA fragments) before any GPU run; `bench --quick` sweeps the alternatives
-# (bench.V2_SWEEP) so the table can follow the measurement.
+# (bench.v2_candidates) so the table can follow the measurement.
 G1_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T8_SK4 = MmaConfig(8, 64, 256, 4, 3, split_k=4)  # M=1: 6 experts x 16 row blocks is 96 programs; x4
 G2_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T16 = MmaConfig(16, 64, 256, 4, 3)
 G2_T16 = MmaConfig(16, 64, 256, 4, 3)
-MMA_G1_CONFIGS: Tuple[MmaConfig, ...] = (G1_T8, G1_T8_SK4, G1_T16)
-MMA_G2_CONFIGS: Tuple[MmaConfig, ...] = (G2_T8, G2_T16)
 
 INLINE_MAX_SLOTS = 12  # as v1: the inline grouping's O(slots) scan per program stays cheap
 SPLIT_MAX_SLOTS = 8  # up to here (M=1 at top-6) GEMM1 splits K: too few row blocks to fill the GPU
@@ -189,6 +187,8 @@ def run_repacked(
     if sk > 1:
         if plan.inline and M > g1.block_t:  # a program must own a single row chunk (see the kernel)
             raise ValueError(f"split-K GEMM1 with inline grouping needs tokens <= block_t ({M} > {g1.block_t})")
+        if K % (32 * sk):
+            raise ValueError(f"split-K {sk} needs the hidden size {K} to split into whole 32-weight groups")
         ws = torch.empty((sk, S, 2 * I), dtype=torch.float32, device=dev)
         cnt = arrival_counters(dev, grid1[0] * grid1[1])
     w13, w2 = experts.w13.view(torch.int32), experts.w2.view(torch.int32)  # the kernel reads PAIR_SPLIT words
