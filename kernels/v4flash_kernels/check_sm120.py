@@ -171,7 +171,10 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     from v4flash_kernels.moe import op as moe
 
     e_p2 = triton.next_power_of_2(256)
-    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline})
+    from v4flash_kernels.moe import op_v2
+
+    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
+                 | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
              dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
     for bm in bms:
