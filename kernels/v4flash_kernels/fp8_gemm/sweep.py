@@ -133,6 +133,8 @@ def format_sweep(rows: List[dict]) -> str:
         for name, x in sorted(v.items(), key=lambda kv: kv[1]["us"] if kv[1]["us"] == kv[1]["us"] else math.inf):
             flag = "" if x.get("ok", True) else ("  FAIL " + x.get("error", f"excess {x.get('excess', 0):.3g}"))[:160]
             extra = f" excess {x['excess']:.3g}" if "excess" in x else ""
+            if x.get("within_bound") is False:
+                extra += " (upstream: outside ours' strict bound, reported only)"
             lines.append(f"   {x['us']:8.2f} us {x.get('pct_h200_floor', float('nan')):5.1f}%  {name}{extra}{flag}")
     return "\n".join(lines)
 
