@@ -17,14 +17,16 @@ one thread's registers (per-column work needs no shuffles).
   B. ``bound``: 5-bit radix passes (32-bin histograms) over the G maxima narrow the bin holding
      the K-th largest until it holds <= SMALL of them: its lower edge v is the bound.
   C. every position with score >= v (or NaN) goes to this program's workspace as (fp32 bits << 32
-     | position), in output order. A row of one tile (<= 4G) does this from registers; a longer
-     row keeps the max of every (tile of 8 rows, column) in pass A, lists the pairs whose max
-     reaches v and re-reads only those.
+     | position), in output order. A row of one tile (<= 4G, read in one go, the first 2G of a
+     decode row together with its seq_len) does this from registers; a longer row keeps the max
+     of every (tile of 4 rows, column) in pass A (16 rows, 64 KB, in flight per step), lists the
+     (column, tile) pairs whose max reaches v and re-reads only those columns.
   D. the same radix passes over the candidates find the bin of the K-th largest key exactly:
      either its count is what is still needed (take the whole bin) or it is one tied key (take its
      first `need` candidates in order).
   E. a packed prefix sum gives each selected candidate its output slot (its rank in the order),
-     then the page translation and the stores.
+     then the page translation (from the row's page-table entries, prefetched at the start when
+     they fit PTB) and the stores.
 
   More than CAP candidates (heavy ties, adversarial rows): D and E read the row itself instead —
   slower, same result.
