@@ -129,8 +129,8 @@ INDEXER = PatchSpec(
 )
 
 # The MoE switch also repacks the sm_120 layers' experts at load time and runs the decode kernel v2
-# on them (v4flash_kernels/moe/sglang_patch.py). Each of the three is correct without the others: a
-# repacked layer keeps the loader's weight bytes and exact e8m0 scales.
+# on them (v4flash_kernels/moe/sglang_patch.py). A layer is repacked only while moe_apply is installed
+# (nothing else reads the repacked order); moe_apply sends every other layer to upstream's apply.
 MOE_REPACK = PatchSpec(
     name="moe_repack",
     title="MXFP4 MoE load-time repack",
