@@ -90,7 +90,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
-           "upstream's sm_120 torch + TileLang path (off)."),
+           "upstream's sm_120 torch + TileLang path (off).",
+           selfcheck="v4flash_kernels.mhc.selfcheck"),
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
