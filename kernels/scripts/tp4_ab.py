@@ -84,8 +84,8 @@ def probe_split_only(kw, plan, heads):
             q, q.stride(0), q.stride(2), k8a, ksa, kbfa, ia, la, ia.shape[1], psa, pba, ia.stride(0),
             k8b, ksb, kbfb, ib, lb, ib.shape[1], psb, pbb, ib.stride(0), ws_o, ws_l, H, plan.splits_main, ns,
             plan.chunk, 0.0625, out, out.stride(0), out.stride(2), lse, lse.stride(0), sink, ws_l,
-            HAS_LEN_A=True, HAS_LEN_B=True, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t, PREFETCH=cfg.prefetch,
-            KSPLIT=cfg.ksplit, DSPLIT=cfg.dsplit, DOT_DTYPE=decode._dot_dtype(cfg), EPILOGUE=0, HAS_SINK=True,
+            HAS_LEN_A=True, HAS_LEN_B=True, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t,
+            KSPLIT=cfg.ksplit, DOT_DTYPE=decode._dot_dtype(cfg), EPILOGUE=0, HAS_SINK=True,
             MERGE_SB=decode.merge_splits_per_load(cfg), MERGE_COLS=decode.MERGE_COLS,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 

@@ -101,8 +101,8 @@ def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
     from v4flash_kernels.attention.op import MERGE_COLS, merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
-             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
-             "KSPLIT": cfg.ksplit, "DSPLIT": cfg.dsplit,
+             "BLOCK_T": cfg.block_t,
+             "KSPLIT": cfg.ksplit,
              "DOT_DTYPE": tl.float16 if getattr(cfg, "f16", False) else tl.bfloat16, "EPILOGUE": epilogue,
              "HAS_SINK": True,
              "MERGE_SB": merge_splits_per_load(cfg), "MERGE_COLS": MERGE_COLS}
@@ -249,8 +249,7 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
            "stride_kp8": "i32", "stride_kps": "i32", "W": "*fp32", "stride_wb": "i32", "stride_wh": "i32",
            "SEQ": "*i32", "stride_sb": "i32", "PT": "*i32", "stride_pb": "i32", "OUT": "*fp32", "stride_ob": "i32",
            "H": "i32", "max_seq_len": "i32", "num_pages": "i32"}
-    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True, "WRITE_TAIL": True,
-             "PREFETCH": cfg.prefetch}
+    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True}
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "stride_kp8", "stride_kps"]
     ck = _compile(k.indexer_logits_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)

@@ -486,3 +486,27 @@ def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     bench.poison_other_heads(q, slice(16, 32))
     assert torch.isfinite(q[:, :, 16:32]).all() and not torch.isfinite(q[:, :, :16]).all()
     assert torch.isnan(q[:, :, 32]).all() and (q[:, :, 35] == 3.0e38).all()
+
+
+def _load_script(name):
+    """A module of kernels/scripts/ (not a package) by path."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "kernels" / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_v4flash_script_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve their module while it runs
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dropped_variants_outside_the_shipped_kernel_still_match_reference():
+    """The register-prefetch and latent-across-warps paths moved to kernels/scripts/attention_variants.py:
+    they still build on the shipped kernel's helpers and give the reference's result."""
+    av = _load_script("attention_variants")
+    case = Case(batch=2, heads=8, width=64, page_size=64, extra_width=96, extra_page_size=2, extra_dense=True)
+    res = av.run_shape(make_inputs(case), av.VARIANTS)
+    assert set(res) == {v.name for v in av.VARIANTS} and {v.mode for v in av.VARIANTS} == set(av.MODES)
+    assert all(r["ok"] for r in res.values()), res

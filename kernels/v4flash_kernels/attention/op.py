@@ -34,17 +34,15 @@ class KernelConfig:
     block_t: int
     num_warps: int
     num_stages: int = 1
-    prefetch: bool = False  # double-buffer the next tile's gather in registers
     ksplit: int = 1  # 4: the latent as four 128-wide parts with q re-read per tile (wide head blocks)
-    dsplit: bool = False  # the latent split across 4 warps with batched dots (16-head blocks)
     f16: bool = False  # fp16 dot operands instead of bf16 (16-head path; see _dequant_tile)
     shared_bytes: int = 0  # compiled shared memory on sm_120 (and sm_90 unless given below); check_sm120 verifies it
     shared_bytes_sm90: int = 0  # sm_90's value where it differs (Hopper lowers wide-block dots to wgmma)
 
     @property
     def name(self) -> str:
-        return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
-                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}{'_f16' if self.f16 else ''}")
+        return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}"
+                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_f16' if self.f16 else ''}")
 
 
 # The 16-head configs the dispatcher launches. fp16 dot operands: fp8 -> fp16 is one instruction per
@@ -59,8 +57,9 @@ WIDE = KernelConfig(block_h=64, block_t=32, num_warps=8, ksplit=4, shared_bytes=
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
 # (every epilogue it can take) for sm_120 and sm_90 and fails if one exceeds sm_120's shared
-# memory or spills. Variants measured and dropped (bf16 operands, 8 warps, register prefetch, q
-# re-read, latent across warps) stay constructible for the A/B scripts.
+# memory or spills. Variants measured and dropped: bf16 operands and 8 warps stay constructible
+# here for the A/B scripts; register prefetch and the latent across warps, which needed their own
+# kernel paths, live in kernels/scripts/attention_variants.py.
 SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (T32, T16, WIDE)
 # Dispatcher preference, best first (H200 measurements); the first one that fits two CTAs per SM
 # in the device's shared memory is used.
@@ -358,9 +357,7 @@ def run(
         HAS_LEN_B=len_b is not None,
         BLOCK_H=cfg.block_h,
         BLOCK_T=cfg.block_t,
-        PREFETCH=cfg.prefetch,
         KSPLIT=cfg.ksplit,
-        DSPLIT=cfg.dsplit,
         DOT_DTYPE=_dot_dtype(cfg),
         EPILOGUE=epilogue,
         HAS_SINK=sink is not None,
