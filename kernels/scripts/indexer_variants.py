@@ -165,7 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from v4flash_kernels.indexer.bench import Shape
     from v4flash_kernels.indexer.reference import IndexerCase, make_indexer_inputs, reference_for
-    from v4flash_kernels.attention.bench import time_graph
+    from v4flash_kernels.timing import time_graph
 
     t0 = time.time()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -29,6 +29,7 @@ from v4flash_kernels.attention import bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
 from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
+from v4flash_kernels.timing import time_graph
 
 SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
           ("c128@128K", 16), ("c4", 16), ("c128@256K", 1), ("c4", 4), ("swa", 64)]
@@ -94,7 +95,7 @@ def probe_split_only(kw, plan, heads):
                                  HAS_SINK=True, SPLIT_BLOCK=decode.COMBINE_SPLIT_BLOCK,
                                  num_warps=decode.COMBINE_NUM_WARPS)
     split()
-    return dict(split_only_us=bench.time_graph(split), combine_only_us=bench.time_graph(combine))
+    return dict(split_only_us=time_graph(split), combine_only_us=time_graph(combine))
 
 
 def main() -> int:
@@ -114,7 +115,7 @@ def main() -> int:
             json.dump(res, f, indent=1)
 
     x = torch.zeros(1, device="cuda")
-    res["empty_kernel_us"] = bench.time_graph(lambda: _empty[(1,)](x))
+    res["empty_kernel_us"] = time_graph(lambda: _empty[(1,)](x))
     print("empty kernel graph", round(res["empty_kernel_us"], 2), flush=True)
 
     # 1. correctness of the production call, every rank, vs fp64 and upstream on the rank's heads
@@ -202,7 +203,7 @@ def main() -> int:
                 desc = f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra} fused={p.fused}"
                 try:
                     chk = bench.check_call(fn, kw, ref_o, ref_l, poison=True, heads=keep if heads else None)
-                    us = bench.time_graph(lambda: fn(**kw)) if chk["ok"] else float("nan")
+                    us = time_graph(lambda: fn(**kw)) if chk["ok"] else float("nan")
                     v = dict(ok=chk["ok"], rel_err=chk["rel_err"], us=round(us, 2), plan=desc)
                 except Exception as exc:
                     v = dict(error=repr(exc)[:300], plan=desc)

@@ -8,6 +8,7 @@ import torch
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention import bench
 from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
+from v4flash_kernels.timing import time_graph
 OLD = decode.KernelConfig(block_h=16, block_t=32, num_warps=4)  # the 16-head bf16 default of 2026-11-29
 SHAPES = [("c4", 64, 64), ("c128@256K", 64, 64), ("c128@128K", 64, 64), ("c4", 16, 64),
           ("c128@256K", 16, 64), ("c128@128K", 16, 64), ("swa", 64, 64), ("swa", 16, 64),
@@ -32,7 +33,7 @@ for i, (kind, B, H) in enumerate(SHAPES):
         fn = bench.bind_plan(p)
         try:
             chk = bench.check_call(fn, kw, ref_out, ref_lse, poison=True)
-            us = bench.time_graph(lambda: fn(**kw))
+            us = time_graph(lambda: fn(**kw))
             row["variants"][name] = dict(ok=chk["ok"], rel_err=chk["rel_err"], us=round(us, 1),
                                          plan=f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}")
         except Exception as e:

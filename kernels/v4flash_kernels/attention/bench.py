@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from v4flash_kernels.provenance import measured_commit
+from v4flash_kernels.timing import time_graph, variant_summary  # also imported from here by other benches
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -127,27 +128,6 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: Op
     ok = (not nan) and err <= REL_TOL and lse_err <= 1e-2 and lse_inf_ok and empty_zero and untouched
     return dict(ok=ok, rel_err=err, lse_abs_err=lse_err, nan=nan, lse_inf_ok=lse_inf_ok,
                 empty_rows_zero=empty_zero, other_heads_untouched=untouched)
-
-
-def time_graph(fn: Callable, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median µs per replay of a CUDA graph holding one call of `fn` (L2 flushed by do_bench)."""
-    import torch
-    import triton
-
-    fn()  # compile / autotune outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    del g
-    return ms * 1e3
 
 
 def cache_widths(kw: dict) -> tuple:
@@ -286,20 +266,6 @@ def _upstream_kwargs(kw: dict) -> dict:
         extra_k_cache=kw.get("extra_k_cache"), extra_indices=kw.get("extra_indices"),
         extra_topk_length=kw.get("extra_topk_length"),
     )
-
-
-
-def variant_summary(v: Dict[str, dict]) -> Tuple[float, str, float, float, float, str]:
-    """(ours µs, fastest correct variant of ours, its µs, upstream µs, worst rel. err, "  FAIL:..." or "")
-    of one row's variants: the columns every kernel bench's table shares."""
-    ours = v["ours"]["us"]
-    mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
-    best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
-    best = mine[best_name]["us"] if mine else float("nan")
-    up = v.get("upstream", {}).get("us", float("nan"))
-    err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
-    bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
-    return ours, best_name, best, up, err, bad
 
 
 def format_table(rows: List[dict]) -> str:

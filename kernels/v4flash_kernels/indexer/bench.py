@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
-from v4flash_kernels.attention.bench import time_graph
 from v4flash_kernels.provenance import measured_commit
+from v4flash_kernels.timing import time_graph
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
