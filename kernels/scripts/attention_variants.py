@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import triton
@@ -308,7 +308,7 @@ def cpu_check() -> int:
 GPU_SHAPES = (("c4", 1), ("c4", 16), ("c128@128K", 1), ("c128@128K", 16), ("swa", 1), ("c4", 64))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="check every variant on tiny shapes (TRITON_INTERPRET=1)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "attention_variants.json"))
@@ -331,7 +331,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             break
         # 16 heads: the TP4 rank's share, which is what the 16-head paths serve.
         kw = make_inputs(Case(batch=batch, heads=16, hole_frac=0.01, **KINDS[kind]), device="cuda", seed=600 + i)
-        row = {"kind": kind, "batch": batch, "heads": 16, "variants": run_shape(kw, VARIANTS, time_graph)}
+        row: dict = {"kind": kind, "batch": batch, "heads": 16, "variants": run_shape(kw, VARIANTS, time_graph)}
         res["rows"].append(row)
         for name, rec in row["variants"].items():
             print(f"[{time.time() - t0:5.1f}s] {kind} B={batch} {name}: ok={rec['ok']} err={rec['rel_err']:.1e} "

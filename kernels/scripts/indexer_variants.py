@@ -17,11 +17,12 @@ median):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import List
 
 import torch
 import triton
@@ -97,8 +98,8 @@ CONFIGS = (indexer.DEFAULT,) + tuple(
 )
 
 
-def run_prefetch(kw: dict, cfg: indexer.IndexerConfig, out: Optional[torch.Tensor] = None,
-                 nprog: Optional[int] = None) -> torch.Tensor:
+def run_prefetch(kw: dict, cfg: indexer.IndexerConfig, out: torch.Tensor | None = None,
+                 nprog: int | None = None) -> torch.Tensor:
     """The logits through the prefetch kernel, launched exactly as `indexer.run` launches the shipped one."""
     q, kv, weight, page_table = kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["page_table"]
     seq_lens = kw["seq_lens"].reshape(-1)
@@ -120,7 +121,7 @@ def run_prefetch(kw: dict, cfg: indexer.IndexerConfig, out: Optional[torch.Tenso
     return out
 
 
-def check(kw: dict, cfg: indexer.IndexerConfig, ref: torch.Tensor, nprog: Optional[int] = None) -> dict:
+def check(kw: dict, cfg: indexer.IndexerConfig, ref: torch.Tensor, nprog: int | None = None) -> dict:
     from v4flash_kernels.indexer.reference import logits_error
 
     poison = torch.full((kw["q_fp8"].shape[0], int(kw["max_seq_len"])), float("nan"), dtype=torch.float32,
@@ -152,7 +153,7 @@ def cpu_check() -> int:
 GPU_SHAPES = ((1, "128K", "4K"), (1, "1M", "128K"), (16, "128K", "128K"), (64, "128K", "128K"))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="check every config on tiny shapes (TRITON_INTERPRET=1)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "indexer_variants.json"))
@@ -179,11 +180,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         row: dict = {"batch": b, "context": ctx, "actual": actual, "variants": {}}
         for cfg in CONFIGS:
             rec = check(kw, cfg, ref)
-            rec["prefetch_us"] = time_graph(lambda cfg=cfg: run_prefetch(kw, cfg), rep_ms=40) if rec["ok"] \
-                else float("nan")
-            rec["shipped_us"] = time_graph(lambda cfg=cfg: indexer.run(
-                kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"], kw["page_table"], kw["max_seq_len"],
-                config=cfg), rep_ms=40)
+            prefetch = functools.partial(run_prefetch, kw, cfg)
+            shipped = functools.partial(indexer.run, kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
+                                        kw["page_table"], kw["max_seq_len"], config=cfg)
+            rec["prefetch_us"] = time_graph(prefetch, rep_ms=40) if rec["ok"] else float("nan")
+            rec["shipped_us"] = time_graph(shipped, rep_ms=40)
             row["variants"][cfg.name] = rec
             print(f"[{time.time() - t0:5.1f}s] B={b} ctx={ctx} actual={actual} {cfg.name}: ok={rec['ok']} "
                   f"prefetch {rec['prefetch_us']:.1f} us vs shipped {rec['shipped_us']:.1f} us", flush=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import triton
@@ -153,11 +153,11 @@ def make_plan(
     width_main: int,
     width_extra: int,
     num_sms: int,
-    config: Optional[KernelConfig] = None,
+    config: KernelConfig | None = None,
     min_tiles: int = MIN_TILES_PER_SPLIT,
-    ctas_per_sm: Optional[int] = None,
+    ctas_per_sm: int | None = None,
     smem_per_sm: int = 233472,
-    fused: Optional[bool] = None,
+    fused: bool | None = None,
 ) -> Plan:
     """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves.
 
@@ -259,7 +259,7 @@ def _flat_indices(indices: torch.Tensor, batch: int) -> torch.Tensor:
     return flat
 
 
-def _lengths(length: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _lengths(length: torch.Tensor | None) -> torch.Tensor | None:
     if length is None:
         return None
     length = length.reshape(-1)
@@ -270,16 +270,16 @@ def run(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-    attn_sink: Optional[torch.Tensor],
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
     softmax_scale: float,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
-    plan: Optional[Plan] = None,
-    out: Optional[torch.Tensor] = None,
-    lse: Optional[torch.Tensor] = None,
-    head_range: Optional[Tuple[int, int]] = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    plan: Plan | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    head_range: Tuple[int, int] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The decode with an optional explicit plan (the benchmark sweeps plans through this).
 
@@ -296,20 +296,19 @@ def run(
     if q.stride(3) != 1:
         q = q.contiguous()
     dev = q.device
-    use_extra = extra_k_cache is not None and extra_indices is not None
 
     k8_a, ks_a, kbf_a, ps_a, pb_a = _cache_views(k_cache)
     idx_a = _flat_indices(indices, B)
     len_a = _lengths(topk_length)
-    if use_extra:
+    if extra_k_cache is not None and extra_indices is not None:
         k8_b, ks_b, kbf_b, ps_b, pb_b = _cache_views(extra_k_cache)
         idx_b = _flat_indices(extra_indices, B)
         len_b = _lengths(extra_topk_length)
+        w_b = idx_b.shape[1]
     else:
         k8_b, ks_b, kbf_b, ps_b, pb_b = k8_a, ks_a, kbf_a, ps_a, pb_a
-        idx_b, len_b = idx_a, None
+        idx_b, len_b, w_b = idx_a, None, 0
     w_a = idx_a.shape[1]
-    w_b = idx_b.shape[1] if use_extra else 0
 
     if plan is None:
         sms, smem = _device_info(dev)
@@ -398,7 +397,7 @@ def launchable_epilogues(cfg: KernelConfig) -> Tuple[int, ...]:
     return (0, 1, 2) if cfg.ksplit == 1 else (0,)
 
 
-def check_head_range(heads: Optional[Tuple[int, int]], total: int) -> Tuple[int, int]:
+def check_head_range(heads: Tuple[int, int] | None, total: int) -> Tuple[int, int]:
     """Validate `head_range=(start, stop)` against q's head count; None = all heads."""
     if heads is None:
         return 0, total
@@ -440,15 +439,15 @@ def sparse_mla_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-    attn_sink: Optional[torch.Tensor],
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
     head_dim_v: int,
     softmax_scale: float,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     *,
-    head_range: Optional[Tuple[int, int]] = None,
+    head_range: Tuple[int, int] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over the SWA cache plus an optional extra (c4/c128) cache, one softmax.
 

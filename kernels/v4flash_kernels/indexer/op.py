@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
@@ -107,9 +107,9 @@ def run(
     seq_lens: torch.Tensor,
     page_table: torch.Tensor,
     max_seq_len: int,
-    config: Optional[IndexerConfig] = None,
-    nprog: Optional[int] = None,
-    out: Optional[torch.Tensor] = None,
+    config: IndexerConfig | None = None,
+    nprog: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The logits with an optional explicit config / programs per row (benchmark and tests).
 
