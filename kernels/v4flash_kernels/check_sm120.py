@@ -154,6 +154,8 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
                  DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode, NIBBLES=nibbles)
     sig = _moe_gemm_signature(scale_mode)
+    if nibbles == 1:
+        sig["W"] = "*i32"  # PAIR_SPLIT words
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
