@@ -533,6 +533,34 @@ def test_bench_sweep_candidates_and_tables():
     assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])
 
 
+def test_bench_prefill_candidates_and_verdict():
+    """`bench --prefill`'s pure parts: the planner's plan first, every repacked candidate one the
+    kernels accept (v1 plans on PAIR_SPLIT words: dot bodies, no split-K), the v2/v1 crossover
+    covered from both sides, and the verdict compares the planner with v1 (synthetic numbers)."""
+    from v4flash_kernels.moe import bench
+
+    for m in (256, 1024, 4096):
+        plans = bench.prefill_candidates(bench.Shape(4, m))
+        assert next(iter(plans.values())) == op_v2.make_plan(m, 6, 256, 4096, 512)
+        assert op_v2.prefill_plan(m, 6, 256, 4096, 512) in plans.values()
+        assert {c.mode for p in plans.values() if isinstance(p, moe.Plan) for c in (p.gemm1, p.gemm2)} == {0, 1}
+        for p in plans.values():
+            if isinstance(p, moe.Plan):
+                assert not p.inline and all(c.split_k == 1 and c.block_k <= 128 for c in (p.gemm1, p.gemm2))
+        assert any(isinstance(p, op_v2.PlanV2) for p in plans.values()) == (m <= 1024)
+        names = bench.prefill_variants(bench.Shape(4, m))
+        assert list(names)[:2] == [bench.V1_BASELINE, bench.PLANNER] and bench.LOADER_FAST in names
+        assert len(names) <= 16  # ~1 min for three sizes with compiles
+    v = {"ok": True, "rel_err": 3e-3, "nan": False}
+    row = {"tokens": 4096, "variants": {bench.V1_BASELINE: dict(v, us=2232.7), bench.PLANNER: dict(v, us=2000.0),
+                                        "repacked: sorted/x": dict(v, us=1900.0),
+                                        "repacked: sorted/y": dict(v, ok=False, us=10.0)}}
+    line = bench.prefill_verdict(row)
+    assert "planner 2000.0 us vs v1 2232.7 us (1.12x) OK" in line and line.endswith("1900.0 us: sorted/x")
+    row["variants"][bench.PLANNER]["us"] = 2300.0
+    assert "SLOWER" in bench.prefill_verdict(row)
+
+
 def test_selfcheck_covers_the_repacked_path():
     """The moe switch's self-check runs every shape twice: the drop-in and the repacked layer's v2
     forward (what sglang_patch.apply calls), graph-replayed at the largest batch."""
