@@ -243,7 +243,7 @@ def prefill_candidates(shape: Shape) -> Dict[str, Any]:
     if bm >= 64:
         g1s.append(v1.GemmConfig(128, 32, 64, 4, 3, mode=1))  # 4 warps: several programs per SM
     g2s = [op_v2.PF_G2, v1.GemmConfig(128, 64, 64, 8, 3, mode=1)]
-    plans.append(v1.Plan(False, replace(pf.gemm1, mode=0), replace(pf.gemm2, mode=0)))  # the other operand order
+    plans.append(v1.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode)))
     for mode in (1, 0):
         plans += [v1.Plan(False, replace(g, mode=mode), pf.gemm2) for g in g1s]
         plans += [v1.Plan(False, pf.gemm1, replace(g, mode=mode)) for g in g2s]

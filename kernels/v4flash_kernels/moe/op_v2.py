@@ -74,16 +74,19 @@ G1_T16 = MmaConfig(16, 64, 256, 4, 3)
 G2_T16 = MmaConfig(16, 64, 256, 4, 3)
 
 # Prefill (v1's GEMM on PAIR_SPLIT words, `nibbles=1`): the drop-in's row-block tiles (`op.make_plan`
-# picks them by mean rows per expert, measured on the H200 for the loader's order), with W as the
-# MMA's left operand (mode 1). Why mode 1: the decoded W tile then never goes through shared memory
-# for the MMA: on sm_90 it is wgmma's register operand (issued asynchronously, one CTA barrier per
-# k-step instead of three, and 32-row token tiles get wgmma too), on sm_120 mma.sync takes it
-# from the same registers either way (the generated k-loops of both modes are within 10 %).
-# `bench --quick --quick-sizes 256,1024,4096` times both modes of every tile against v1.
-PF_G1_SMALL = _v1.GemmConfig(32, 64, 128, 4, 3, mode=1)
-PF_G1 = _v1.GemmConfig(64, 64, 64, 4, 3, mode=1)
+# picks them by mean rows per expert, measured on the H200 for the loader's order). Operand order
+# per tile, from the generated code (not yet measured; `bench --prefill` times both for each tile):
+# the 8-warp 128-row tile runs one CTA per SM, so there W is the MMA's left operand (mode 1): on
+# sm_90 the decoded tile is then wgmma's register operand, issued asynchronously (the next k-step's
+# decode overlaps it) with one CTA barrier per k-step instead of three. The 4-warp tiles keep
+# several CTAs per SM, which overlap each other anyway; there mode 0 keeps the leaner k-step on
+# sm_90 (32-row: mma.sync as v1 was measured with, 637 instructions and 2 CTA barriers per k-step
+# against 604 and 4 for mode 1, whose scales take a trip through shared memory; 64-row: 271
+# against 335 instructions).
+PF_G1_SMALL = _v1.GemmConfig(32, 64, 128, 4, 3)
+PF_G1 = _v1.GemmConfig(64, 64, 64, 4, 3)
 PF_G1_LARGE = _v1.GemmConfig(128, 64, 64, 8, 3, mode=1)
-PF_G2 = _v1.GemmConfig(64, 64, 64, 4, 3, mode=1)
+PF_G2 = _v1.GemmConfig(64, 64, 64, 4, 3)
 PF_SMALL_MAX_ROWS = 32  # mean rows per expert up to which GEMM1 uses 32-row tiles (as op.make_plan)
 PF_MEDIUM_MAX_ROWS = 64  # ... 64-row tiles; above, 128-row tiles
 
