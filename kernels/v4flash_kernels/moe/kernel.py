@@ -33,6 +33,12 @@ tensor and the weight layout):
   scales; upstream multiplies in fp32 too). This is what the drop-in runs for its inputs: an fp32
   scale that is not a power of two must not be read by its exponent alone.
 
+``NIBBLES=1`` (layers repacked at load time, `moe.repack`): W is read as int32 ``PAIR_SPLIT`` words
+and decoded into k order with v2's word decode (`pairsplit.decode_word_groups`), so the activation
+tile is contracted as loaded; the loader's byte order (``NIBBLES=0``) splits the activation into
+its even and odd columns instead. Permuting the activation to match the words was tried first: its
+shared-memory reads became 2-byte loads and the prefill GEMMs twice as slow on the H200.
+
 ``DEQ_ASM`` is True on the GPU; under ``TRITON_INTERPRET=1`` (no inline asm) the same bit pattern
 is widened to fp32 and multiplied there, and ``DOT_DTYPE`` is fp32 (the interpreter computes bf16
 on raw bits).
