@@ -84,6 +84,8 @@ SWITCHES: Tuple[Switch, ...] = (
            selfcheck="v4flash_kernels.indexer.selfcheck"),
     Switch("fp8_gemm", "block-FP8 linear",
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+    Switch("allreduce", "IPC all-reduce",
+           "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -130,7 +132,19 @@ FP8_GEMM = PatchSpec(
     ours_attr="w8a8_block_fp8_linear",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
+# Where SGLang's all-reduce lands when no custom all-reduce takes it (NCCL: PyNccl in graphs,
+# torch.distributed eagerly), found through the class at call time: the in-place method replaced whole.
+ALLREDUCE = PatchSpec(
+    name="allreduce",
+    title="IPC all-reduce",
+    switch="allreduce",
+    target_module="sglang.srt.distributed.parallel_state",
+    target_attr="GroupCoordinator._all_reduce_in_place",
+    ours_module="v4flash_kernels.allreduce.op",
+    ours_attr="group_all_reduce_in_place",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM, ALLREDUCE)
 
 
 def by_name(name: str) -> PatchSpec:
