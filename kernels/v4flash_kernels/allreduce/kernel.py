@@ -99,7 +99,8 @@ def _finish(own, epoch):
         tl.atomic_xchg(state, epoch, sem="release", scope="gpu")
 
 
-@triton.jit
+# `rank` is not specialised (rank 1 would compile a binary of its own); `n` is (16-divisible sizes vectorise).
+@triton.jit(do_not_specialize=["rank"])
 def one_shot_kernel(X, OUT, P0, P1, P2, P3, P4, P5, P6, P7, rank, n, slot, span,
                     WORLD: tl.constexpr, BLOCK: tl.constexpr, DATA_OFF: tl.constexpr, HALF_BYTES: tl.constexpr,
                     FLAGS1_OFF: tl.constexpr, MAX_CTAS: tl.constexpr, SPIN_LIMIT: tl.constexpr):
@@ -137,7 +138,7 @@ def one_shot_kernel(X, OUT, P0, P1, P2, P3, P4, P5, P6, P7, rank, n, slot, span,
     _finish(own, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])
 def two_shot_kernel(X, OUT, P0, P1, P2, P3, P4, P5, P6, P7, rank, n, slot, span,
                     WORLD: tl.constexpr, BLOCK: tl.constexpr, DATA_OFF: tl.constexpr, HALF_BYTES: tl.constexpr,
                     FLAGS1_OFF: tl.constexpr, FLAGS2_OFF: tl.constexpr, MAX_CTAS: tl.constexpr,

@@ -8,7 +8,7 @@ decode all-reduce lands here. The contract is upstream's exactly: reduce `input_
 over the group, return None; the one method, looked up on the class at call time.
 
 What is ours: an input the communicator computes exactly (`IpcAllReduce.should`: CUDA, this
-group's device, bf16/fp16/fp32, contiguous, 1 B .. 8 MiB) in a group `policy.group_eligible`
+group's device, bf16/fp32, contiguous, 1 B .. 8 MiB) in a group `policy.group_eligible`
 admits, once the group's communicator set up and its probe passed. Everything else, and every
 call of a group whose set-up fell back, runs upstream's method unchanged.
 
@@ -113,7 +113,7 @@ def communicator(group: Any) -> Any | None:
     if comm.disabled:
         _announce(group, f"IPC all-reduce falls back to NCCL: {comm.reason}", True)
         return None
-    _announce(group, f"IPC one-/two-shot all-reduce ACTIVE for bf16/fp16/fp32 messages up to "
+    _announce(group, f"IPC one-/two-shot all-reduce ACTIVE for bf16/fp32 messages up to "
                      f"{comm.layout.max_bytes >> 20} MiB ({comm.probe_result or comm.reason})", False)
     return comm
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 MAX_RANKS = 8
 MAX_CTAS = 32  # flag slots per sender; also the largest grid (every CTA of all ranks co-resident)
 ALIGN_BYTES = 128  # slot / chunk alignment in a half (16-byte vectors, whole cache lines)
-BLOCK_BYTES = 8192  # bytes one CTA moves per loop step
+BLOCK_BYTES = 4096  # bytes one CTA moves per loop step (one 16-byte vector per thread)
 NUM_WARPS = 8
 ONE_SHOT_CTA_BYTES = 16 * 1024  # message bytes per CTA (one-shot pushes them to N-1 peers)
 TWO_SHOT_CTA_BYTES = 32 * 1024  # chunk bytes per CTA (two-shot)
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024  # SGLang's custom all-reduce stops at 8 MiB too
-ELEMENT_SIZES = (2, 4)  # bf16 / fp16, fp32
+ELEMENT_SIZES = (2, 4)  # bf16, fp32
 
 # One-shot up to this many bytes per world size, two-shot above. One-shot moves (N-1) x S per rank
 # in one flag round; two-shot 2 (N-1)/N x S in two rounds: with a flag round of L and a per-GPU
@@ -130,7 +130,7 @@ def plan(numel: int, element_size: int, world: int, layout: Layout = Layout(),
         raise ValueError(f"all-reduce over {world} ranks: supported are 2..{MAX_RANKS}")
     if not fits(nbytes, element_size, layout):
         raise ValueError(f"all-reduce of {nbytes} B ({element_size}-byte elements) is outside "
-                         f"1..{layout.max_bytes} B or not bf16/fp16/fp32")
+                         f"1..{layout.max_bytes} B or not 2/4-byte elements")
     if two_shot is None:
         two_shot = nbytes > ONE_SHOT_MAX[world]
     block = BLOCK_BYTES // element_size
