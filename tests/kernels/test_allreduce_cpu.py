@@ -360,3 +360,30 @@ def test_drop_in_has_upstreams_signature():
 
     params = list(inspect.signature(op.group_all_reduce_in_place).parameters)
     assert params == ["self", "input_"]
+
+
+# ----------------------------------------------------------------------------- the PTX gate
+
+
+_GOOD_PTX = """
+bar.sync 0;
+@%p9 atom.global.sys.release.exch.b64 %rd48, [ %rd49 + 0 ], %rd117;
+@%p13 ld.global.sys.acquire.b64 %rd62, [ %rd67 + 0 ];
+atom.global.gpu.acq_rel.add.u64 %rd1, [ %rd2 + 0 ], 1;
+atom.global.gpu.release.exch.b64 %rd3, [ %rd4 + 0 ], %rd5;
+ld.global.cg.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd6 + 0 ];
+st.global.v4.b32 [ %rd7 + 0 ], { %r1, %r2, %r3, %r4 };
+"""
+
+
+def test_ptx_gate_accepts_the_protocols_scopes_and_names_what_is_wrong():
+    from v4flash_kernels.check_sm120 import allreduce_ptx_problem
+
+    assert allreduce_ptx_problem(_GOOD_PTX) == ""
+    gpu_flags = _GOOD_PTX.replace("atom.global.sys.release.exch", "atom.global.gpu.release.exch")
+    assert "missing flag raise" in allreduce_ptx_problem(gpu_flags)  # a .gpu flag is not seen by a peer GPU in order
+    relaxed = _GOOD_PTX + "atom.global.sys.relaxed.exch.b64 %rd1, [ %rd2 + 0 ], %rd3;\n"
+    assert "relaxed system-scope" in allreduce_ptx_problem(relaxed)
+    scalar = _GOOD_PTX.replace("st.global.v4.b32", "st.global.b16")
+    assert "16-byte stores" in allreduce_ptx_problem(scalar)
+    assert "CTA-scoped" in allreduce_ptx_problem(_GOOD_PTX + "atom.global.cta.acquire.b32 %r1, [ %rd1 ], 0;\n")

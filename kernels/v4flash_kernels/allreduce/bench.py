@@ -4,10 +4,10 @@
         [--dtype bf16] [--calls 20] [--reps 7]
     python -m v4flash_kernels.allreduce.bench --simulate [--json out.json]      # one GPU, N ranks on N streams
 
-Multi-GPU (the default; needs >= 2 GPUs): for each world size (default 2..GPUs) it spawns one process
-per GPU, sets up torch.distributed (NCCL) plus a gloo group and the communicator exactly as SGLang's
-hook does (IPC set-up and the start-up probe included; a fall-back is reported, not hidden), then per
-message size
+Multi-GPU (the default where >= 2 GPUs are visible; with one GPU it runs `--simulate` and says so):
+for each world size (default 2..GPUs) it spawns one process per GPU, sets up torch.distributed
+(NCCL) plus a gloo group and the communicator exactly as SGLang's hook does (IPC set-up and the
+start-up probe included; a fall-back is reported, not hidden), then per message size
 * checks ours, eagerly and replayed from a CUDA graph, against NCCL and the exact sum (integer-valued
   inputs: every sum is exact, so ours, NCCL and the fp64 reference must agree bit for bit, on every rank),
 * times ours in a CUDA graph (`calls` all-reduces per replay, median of `reps` replays; the auto plan and,
@@ -348,13 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = torch.cuda.device_count()
     sizes = _ints(args.sizes)
     t0 = time.time()
-    if args.simulate:
+    if args.simulate or n < 2:
+        if not args.simulate:
+            print("one GPU here: simulating N ranks on it (protocol cost, no link); a multi-GPU machine "
+                  "measures the all-reduce itself", file=sys.stderr)
         results = simulate(_ints(args.worlds) or (2, 4, 8), sizes, args.calls, args.reps)
         mode, link = "simulated on one GPU", torch.cuda.get_device_name(0)
     else:
-        if n < 2:
-            print(f"{n} GPU(s) here: the all-reduce needs >= 2 (or pass --simulate)", file=sys.stderr)
-            return 2
         worlds = _ints(args.worlds) or list(range(2, min(n, 8) + 1))
         results = [run_world(w, sizes, args.dtype, args.calls, args.reps, not args.no_timing) for w in worlds]
         mode, link = "multi-process", link_label(max(w.world for w in results))
