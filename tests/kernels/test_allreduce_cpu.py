@@ -387,3 +387,62 @@ def test_ptx_gate_accepts_the_protocols_scopes_and_names_what_is_wrong():
     scalar = _GOOD_PTX.replace("st.global.v4.b32", "st.global.b16")
     assert "16-byte stores" in allreduce_ptx_problem(scalar)
     assert "CTA-scoped" in allreduce_ptx_problem(_GOOD_PTX + "atom.global.cta.acquire.b32 %r1, [ %rd1 ], 0;\n")
+
+
+# ----------------------------------------------------------------------------- bench bookkeeping and CLI
+
+
+def _rank(rank, ok=True, digest="d", us=10.0, extra=None):
+    size = {"nbytes": 65536, "plan": "one-shot/n2/c4", "ok": ok, "digest": digest, "ours_us": us, "nccl_us": 20.0,
+            "one_shot_us": us}
+    size.update(extra or {})
+    return {"rank": rank, "active": True, "reason": "ok", "probe": "8 us vs 15 us", "sizes": [size]}
+
+
+def test_bench_merge_takes_the_slowest_rank_and_demands_agreement():
+    from v4flash_kernels.allreduce.bench import format_table, merge_ranks
+
+    wr = merge_ranks(2, [_rank(1, us=12.0), _rank(0, us=9.0)])
+    s = wr.sizes[0]
+    assert s.correct and s.ours_us == 12.0 and s.nccl_us == 20.0 and s.two_shot_us is None
+    assert "1.67x" in format_table([wr])
+    assert merge_ranks(2, [_rank(0), _rank(1, digest="other")]).sizes[0].correct is False  # bitwise disagreement
+    bad = merge_ranks(2, [_rank(0), _rank(1, ok=False, extra={"detail": "graph==exact False"})]).sizes[0]
+    assert bad.correct is False and "graph==exact False" in bad.detail
+    assert merge_ranks(2, [_rank(0), _rank(1, extra={"ours_us": None})]).sizes[0].ours_us is None
+    err = merge_ranks(2, [_rank(0), {"rank": 1, "error": "Traceback ..."}])
+    assert err.error.startswith("rank 1") and "ERROR" in format_table([err])
+
+
+def _cli(argv, capsys):
+    from v4flash_pd.cli.main import main as pd_main
+
+    with pytest.raises(SystemExit) as exc:
+        pd_main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out + out.err
+
+
+def test_launcher_bench_allreduce_needs_two_gpus(monkeypatch, capsys):
+    from v4flash_pd.cli import cmd_bench
+
+    monkeypatch.setattr(cmd_bench.shutil, "which", lambda name: None)
+    code, text = _cli(["bench", "--allreduce"], capsys)
+    assert code == 1 and "at least 2 NVIDIA GPUs" in text and "fix:" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("rc,code,word", [(0, 0, ""), (1, 1, "p2p"), (2, 2, "refused")])
+def test_launcher_bench_allreduce_runs_the_kernel_bench_with_the_options(monkeypatch, capsys, rc, code, word):
+    from v4flash_pd.cli import cmd_bench
+
+    class _Done:
+        returncode, stdout = 0, "GPU 0: a\nGPU 1: b\nGPU 2: c\nGPU 3: d\n"
+
+    calls = []
+    monkeypatch.setattr(cmd_bench.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(cmd_bench.subprocess, "run", lambda *a, **k: _Done())
+    monkeypatch.setattr(cmd_bench.subprocess, "call", lambda argv: calls.append(argv) or rc)
+    got, text = _cli(["bench", "--allreduce", "--allreduce-args", "--worlds 4 --json 'a b.json'"], capsys)
+    assert got == code and word in text
+    assert calls == [[sys.executable, "-m", "v4flash_kernels.allreduce.bench", "--worlds", "4", "--json", "a b.json"]]

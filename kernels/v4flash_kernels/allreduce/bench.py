@@ -213,10 +213,16 @@ def run_world(world: int, sizes: Sequence[int] = SIZES, dtype: str = "bfloat16",
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    return merge_ranks(world, results)
+
+
+def merge_ranks(world: int, results: Sequence[Dict[str, Any]]) -> WorldResult:
+    """Every rank's report -> one row per size: correct only if every rank was right and all agree bit
+    for bit; a time only if every rank timed it, and then the slowest rank's."""
     errors = [r for r in results if "error" in r]
     if errors:
         return WorldResult(world, error=f"rank {errors[0]['rank']}: {errors[0]['error']}")
-    results.sort(key=lambda r: r["rank"])
+    results = sorted(results, key=lambda r: r["rank"])
     head = results[0]
     wr = WorldResult(world, active=head["active"], reason=head["reason"], probe=head["probe"])
     for i, s0 in enumerate(head["sizes"]):
