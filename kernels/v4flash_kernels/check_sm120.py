@@ -383,8 +383,9 @@ def allreduce_ptx_problem(ptx: str) -> str:
     return "; ".join([f"missing {m}" for m in missing] + [f"has {w}" for w in wrong])
 
 
-def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int) -> CompileResult:
-    """One all-reduce binary as `allreduce.launch.launch` passes it (production: unbounded waits)."""
+def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int, spin_limit: int = 0) -> CompileResult:
+    """One all-reduce binary as `allreduce.launch.launch` passes it (spin_limit 0: production's unbounded
+    waits; the start-up probe's bounded ones otherwise)."""
     from v4flash_kernels.allreduce import kernel as k
     from v4flash_kernels.allreduce import plan as P
 
@@ -393,7 +394,7 @@ def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int) -> Comp
            "rank": "i32", "n": "i32", "slot": "i32", "span": "i32"}
     const = {"WORLD": world, "BLOCK": P.BLOCK_BYTES // esize, "DATA_OFF": P.DATA_OFF,
              "HALF_BYTES": P.Layout().half_bytes, "FLAGS1_OFF": P.FLAGS1_OFF, "MAX_CTAS": P.MAX_CTAS,
-             "SPIN_LIMIT": 0}
+             "SPIN_LIMIT": spin_limit}
     if two_shot:
         const["FLAGS2_OFF"] = P.FLAGS2_OFF
     # what Triton's specialisation gives a real call: 16-byte aligned tensors and IPC addresses,
@@ -403,16 +404,21 @@ def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int) -> Comp
     ck = _compile(fn, sig, const, hinted, arch, P.NUM_WARPS, 1)
     ptx = ck.asm["ptx"]
     regs, st, ld = _ptxas_stats(ptx, arch)
-    return CompileResult("allreduce", f"{'two' if two_shot else 'one'}_shot/n{world}/{dtype}", arch,
+    name = f"{'two' if two_shot else 'one'}_shot/n{world}/{dtype}" + ("/probe" if spin_limit else "")
+    return CompileResult("allreduce", name, arch,
                          int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch], ptx_problem=allreduce_ptx_problem(ptx))
 
 
 def check_allreduce(arch: int) -> List[CompileResult]:
-    """Every all-reduce binary `launch` can start: both algorithms, 2..8 ranks, bf16 and fp32."""
+    """Every all-reduce binary `launch` can start: both algorithms, 2..8 ranks, bf16 and fp32, and the
+    start-up probe's bf16 binaries with bounded waits."""
     from v4flash_kernels.allreduce import plan as P
+    from v4flash_kernels.allreduce.comm import PROBE_SPINS
 
-    return [compile_allreduce(two, world, dt, arch)
-            for two in (False, True) for world in range(2, P.MAX_RANKS + 1) for dt in ("bf16", "fp32")]
+    worlds = range(2, P.MAX_RANKS + 1)
+    return ([compile_allreduce(two, world, dt, arch) for two in (False, True) for world in worlds
+             for dt in ("bf16", "fp32")]
+            + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])
 
 
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:

@@ -211,6 +211,20 @@ def test_kernels_in_processes_random_floats_within_one_ulp():
     _check(calls, xs, got, 2, exact=False)
 
 
+def test_compile_only_starts_nothing():
+    """The probe compiles on every rank before any rank launches: a warm-up must not run the kernel
+    (with a missing peer it would wait for ever)."""
+    from v4flash_kernels.allreduce.launch import launch
+
+    lay = P.Layout(64 * 1024)
+    bufs = [torch.zeros(lay.total_bytes, dtype=torch.uint8) for _ in range(2)]
+    x = torch.ones(1024, dtype=torch.bfloat16)
+    out = torch.zeros_like(x)
+    for two_shot in (False, True):
+        launch(x, out, [b.data_ptr() for b in bufs], 0, lay, two_shot=two_shot, compile_only=True)
+    assert not out.any() and not bufs[0].any() and not bufs[1].any()
+
+
 # ----------------------------------------------------------------------------- fallback decisions
 
 

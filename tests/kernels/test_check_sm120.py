@@ -48,8 +48,8 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
     ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
-    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9) for dt in ("bf16", "fp32")
-                  for a in (120, 90)}
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+                  for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
     assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0

@@ -25,7 +25,7 @@ from v4flash_kernels.allreduce.launch import DTYPES, launch
 
 PROBE_BYTES = 64 * 1024
 PROBE_CALLS = 16  # per timed graph replay
-PROBE_SPINS = 1 << 22  # bounded flag waits in the correctness probe (seconds, not for ever)
+PROBE_SPINS = 1 << 21  # bounded flag waits in the probe (about a second per kernel, not for ever)
 
 
 def probe_input(numel: int, rank: int, device: Any) -> torch.Tensor:
@@ -92,7 +92,7 @@ class IpcAllReduce:
                 handle = self._rt.ipc_handle(self._own)
 
         ok = _step(prepare)
-        infos = self._gather((ok, socket.gethostname(), self._uuid(self.device), handle, self._visible_uuids()))
+        infos = self._gather((ok, socket.gethostname(), self._uuid(self.device), handle))
         v = policy.agree([i[0] for i in infos])
         if not v.ok:
             return v
@@ -158,48 +158,73 @@ class IpcAllReduce:
         return int(struct.unpack("<q", raw)[0])
 
     def _probe(self, device_group: Any) -> policy.Verdict:
-        """Exact results for one- and two-shot in both buffer halves (bounded waits), then timing."""
+        """Exact results for one- and two-shot in both buffer halves, then ours vs NCCL at 64 KB.
+
+        Every kernel here waits a bounded time (`PROBE_SPINS`), so a rank that fails or never sees its
+        peers' writes costs its peers seconds, not a hang. Ranks compile first and meet at a barrier
+        before the first launch: one rank's slower compile must not look like a missing peer.
+        """
         n = PROBE_BYTES // 2
         with torch.cuda.device(self.device):
             x = probe_input(n, self.rank, self.device)
             want = probe_expected(n, self.world, self.device)
 
+            def run(out: torch.Tensor, two_shot: bool | None, compile_only: bool = False) -> None:
+                launch(x, out, self.peers, self.rank, self.layout, two_shot=two_shot, spin_limit=PROBE_SPINS,
+                       compile_only=compile_only)
+
+            v = self._agree(_step(lambda: [run(torch.empty_like(x), t, True) for t in (False, True, None)]))
+            if not v.ok:
+                return v
+            dist.barrier(group=self.group)
+
             def check() -> None:
-                wrong = []  # every rank launches all four calls whatever it sees: peers wait for each
+                wrong = []
                 for two_shot in (False, True, False, True):
                     out = torch.empty_like(x)
-                    launch(x, out, self.peers, self.rank, self.layout, two_shot=two_shot, spin_limit=PROBE_SPINS)
+                    run(out, two_shot)
                     torch.cuda.synchronize(self.device)
+                    if self._error_word() != 0:
+                        raise RuntimeError("a peer's flag never arrived (bounded wait timed out)")
                     if not torch.equal(out, want):
                         wrong.append("two-shot" if two_shot else "one-shot")
-                if self._error_word() != 0:
-                    raise RuntimeError("a peer's flag never arrived (bounded wait timed out)")
                 if wrong:
                     raise RuntimeError(f"wrong sums: {', '.join(wrong)}")
 
-            ok, why = _step(check)
-            correct = self._gather((ok, why))
-            v = policy.agree(correct)
-            if not v.ok:
+            correct = self._gather(_step(check))
+            if not all(c[0] for c in correct):
                 return policy.probe_verdict([c[0] for c in correct], [0.0], None, PROBE_BYTES)
-            ours = self._time_ours(x)
-            nccl = self._time_nccl(x, device_group) if device_group is not None else None
-            times = self._gather((ours, nccl))
+
+            def timed() -> Tuple[float, float | None]:
+                ours = self._time_ours(lambda out: run(out, None), x)
+                if self._error_word() != 0:
+                    raise RuntimeError("a peer's flag never arrived while timing")
+                return ours, (self._time_nccl(x, device_group) if device_group is not None else None)
+
+            try:
+                mine: Tuple[Any, ...] = (*timed(), "")
+            except Exception as exc:
+                mine = (None, None, f"{type(exc).__name__}: {exc}")
+            times = self._gather(mine)
+        failed = [(r, t[2]) for r, t in enumerate(times) if t[2]]
+        if failed:
+            return policy.Verdict(False, f"probe timing failed on rank {failed[0][0]}: {failed[0][1]}")
         ncc = [t[1] for t in times]
         v = policy.probe_verdict([True] * self.world, [t[0] for t in times],
                                  None if any(t is None for t in ncc) else ncc, PROBE_BYTES)
         self.probe_result = v.reason
         return v
 
-    def _time_ours(self, x: torch.Tensor) -> float:
+    def _time_ours(self, call: Callable[[torch.Tensor], None], x: torch.Tensor) -> float:
+        """µs per call of `call(out)` replayed from a CUDA graph of PROBE_CALLS calls."""
         out = torch.empty_like(x)
-        for _ in range(3):  # compile the unbounded variant, warm up
-            self.all_reduce(x, out)
+        for _ in range(3):
+            call(out)
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(PROBE_CALLS):
-                self.all_reduce(x, out)
+                call(out)
         return _time_replays(lambda: g.replay(), PROBE_CALLS, self.device)
 
     @staticmethod

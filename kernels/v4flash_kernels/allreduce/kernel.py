@@ -68,15 +68,16 @@ def _wait(own, rank, epoch, FLAGS_OFF: tl.constexpr, WORLD: tl.constexpr, MAX_CT
           SPIN_LIMIT: tl.constexpr):
     """Until every peer raised this CTA's flag for `epoch` (or later) in the own buffer (acquire, system scope).
 
-    SPIN_LIMIT 0 waits for ever, like NCCL; the start-up probe bounds it and marks a time-out in the
-    state's third word, so a box whose peer writes never arrive (ACS) falls back instead of hanging.
+    SPIN_LIMIT 0 waits for ever, like NCCL; the start-up probe bounds it (one budget for all peers) and
+    marks a time-out in the state's third word, so a box whose peer writes never arrive (ACS) falls
+    back within seconds instead of hanging.
     """
+    spins = 0
     for s in tl.static_range(WORLD):
         if s != rank:
             flag = (own + FLAGS_OFF + (s * MAX_CTAS + tl.program_id(0)) * 8).to(tl.pointer_type(tl.int64))
             seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
             if SPIN_LIMIT > 0:
-                spins = 0
                 while (seen < epoch) & (spins < SPIN_LIMIT):
                     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
                     spins += 1

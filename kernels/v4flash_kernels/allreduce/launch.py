@@ -17,13 +17,15 @@ DTYPES = (torch.bfloat16, torch.float32)  # what check_sm120 compiles; fp16 and 
 
 
 def launch(x: torch.Tensor, out: torch.Tensor, peers: Sequence[int], rank: int, layout: P.Layout,
-           two_shot: bool | None = None, ctas: int | None = None, spin_limit: int = 0) -> P.Plan:
+           two_shot: bool | None = None, ctas: int | None = None, spin_limit: int = 0,
+           compile_only: bool = False) -> P.Plan:
     """out = sum over ranks of x (same shape and dtype, contiguous; out may be x). Returns the plan used.
 
     `peers[r]` is rank r's buffer as addressed from this process (`peers[rank]` the own one). Every
     rank must launch the same sequence of calls with the same sizes: that is the collective's contract.
     `two_shot` / `ctas` force the algorithm / grid (tests, bench); `spin_limit` > 0 bounds the flag
-    waits (the start-up probe: a time-out sets the buffer's error word, `STATE_ERROR`).
+    waits (the start-up probe: a time-out sets the buffer's error word, `STATE_ERROR`). `compile_only`
+    builds the binary this call would run without starting it (so ranks can compile first, then meet).
     """
     world = len(peers)
     p = P.plan(x.numel(), x.element_size(), world, layout, two_shot, ctas)
@@ -31,9 +33,11 @@ def launch(x: torch.Tensor, out: torch.Tensor, peers: Sequence[int], rank: int, 
     common = {"WORLD": world, "BLOCK": p.block, "DATA_OFF": P.DATA_OFF, "HALF_BYTES": layout.half_bytes,
               "FLAGS1_OFF": P.FLAGS1_OFF, "MAX_CTAS": P.MAX_CTAS, "SPIN_LIMIT": spin_limit,
               "num_warps": P.NUM_WARPS, "num_stages": 1}
+    kernel = _k.two_shot_kernel if p.two_shot else _k.one_shot_kernel
     if p.two_shot:
-        _k.two_shot_kernel[(p.ctas,)](x, out, *args, rank, p.numel, p.slot, p.span, FLAGS2_OFF=P.FLAGS2_OFF,
-                                      **common)
+        common["FLAGS2_OFF"] = P.FLAGS2_OFF
+    if compile_only:
+        kernel.warmup(x, out, *args, rank, p.numel, p.slot, p.span, grid=(p.ctas,), **common)
     else:
-        _k.one_shot_kernel[(p.ctas,)](x, out, *args, rank, p.numel, p.slot, p.span, **common)
+        kernel[(p.ctas,)](x, out, *args, rank, p.numel, p.slot, p.span, **common)
     return p
