@@ -376,9 +376,11 @@ ALLREDUCE_PTX_FORBIDDEN = (
 )
 
 
-def allreduce_ptx_problem(ptx: str) -> str:
-    """'' when the PTX has every scope the all-reduce protocol needs and none it must not use."""
-    missing = [what for pat, what in ALLREDUCE_PTX_NEEDS if not re.search(pat, ptx)]
+def allreduce_ptx_problem(ptx: str, vectorised: bool = True) -> str:
+    """'' when the PTX has every scope the all-reduce protocol needs and none it must not use
+    (`vectorised=False`: a size that is not a multiple of 16 elements, whose accesses are scalar)."""
+    needs = ALLREDUCE_PTX_NEEDS if vectorised else [n for n in ALLREDUCE_PTX_NEEDS if "16-byte" not in n[1]]
+    missing = [what for pat, what in needs if not re.search(pat, ptx)]
     wrong = [what for pat, what in ALLREDUCE_PTX_FORBIDDEN if re.search(pat, ptx)]
     return "; ".join([f"missing {m}" for m in missing] + [f"has {w}" for w in wrong])
 

@@ -71,10 +71,10 @@ def test_layout_regions_do_not_overlap():
     assert lay.total_bytes == P.DATA_OFF + 2 * lay.half_bytes and lay.half_bytes % 4096 == 0
 
 
-@pytest.mark.parametrize("bad", [dict(world=1), dict(world=9), dict(numel=0), dict(numel=P.DEFAULT_MAX_BYTES),
-                                 dict(esize=1), dict(esize=8), dict(ctas=0), dict(ctas=P.MAX_CTAS + 1)])
+@pytest.mark.parametrize("bad", [{"world": 1}, {"world": 9}, {"numel": 0}, {"numel": P.DEFAULT_MAX_BYTES},
+                                 {"esize": 1}, {"esize": 8}, {"ctas": 0}, {"ctas": P.MAX_CTAS + 1}])
 def test_plan_refuses_what_it_cannot_compute(bad):
-    args = dict(numel=1024, esize=2, world=4, ctas=None)
+    args = {"numel": 1024, "esize": 2, "world": 4, "ctas": None}
     args.update(bad)
     with pytest.raises(ValueError):
         P.plan(args["numel"], args["esize"], args["world"], ctas=args["ctas"])
@@ -105,7 +105,7 @@ def _model(world: int, calls: int, two_shot: bool, halves: int, seed: int) -> Li
     rng = random.Random(seed)
     rounds = 2 if two_shot else 1
     stored = [0] * world
-    data: List[Dict[tuple, int]] = [dict() for _ in range(world)]  # (half, round, src) -> epoch tag
+    data: List[Dict[tuple, int]] = [{} for _ in range(world)]  # (half, round, src) -> epoch tag
     flags = [[[0] * world for _ in range(rounds)] for _ in range(world)]  # flags[receiver][round][src]
     bad: List[str] = []
 
@@ -334,8 +334,8 @@ def test_drop_in_falls_back_for_good_and_says_so_once(monkeypatch, upstream, cap
     assert len(lines) == 1 and "falls back to NCCL: probe said no" in lines[0] and "tp:0" in lines[0]
 
 
-@pytest.mark.parametrize("kw", [dict(use_custom_allreduce=False), dict(world_size=1), dict(device=torch.device("cpu")),
-                                dict(ca_comm=types.SimpleNamespace(disabled=False, original_disabled=False))])
+@pytest.mark.parametrize("kw", [{"use_custom_allreduce": False}, {"world_size": 1}, {"device": torch.device("cpu")},
+                                {"ca_comm": types.SimpleNamespace(disabled=False, original_disabled=False)}])
 def test_drop_in_never_sets_up_for_ineligible_groups(monkeypatch, upstream, kw):
     monkeypatch.setattr(op, "make_communicator", lambda g: pytest.fail("must not set up"))
     op.group_all_reduce_in_place(_group(**kw), torch.ones(8))
@@ -400,6 +400,7 @@ def test_ptx_gate_accepts_the_protocols_scopes_and_names_what_is_wrong():
     assert "relaxed system-scope" in allreduce_ptx_problem(relaxed)
     scalar = _GOOD_PTX.replace("st.global.v4.b32", "st.global.b16")
     assert "16-byte stores" in allreduce_ptx_problem(scalar)
+    assert allreduce_ptx_problem(scalar.replace("ld.global.cg.v4.b32", "ld.global.cg.b16"), vectorised=False) == ""
     assert "CTA-scoped" in allreduce_ptx_problem(_GOOD_PTX + "atom.global.cta.acquire.b32 %r1, [ %rd1 ], 0;\n")
 
 
