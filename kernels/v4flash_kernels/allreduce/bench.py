@@ -304,9 +304,13 @@ def link_label(world: int) -> str:
 
 
 def measure(world: int, sizes: Sequence[int], dtype: str = "bfloat16") -> Dict[str, Any]:
-    """For other benches: {"link": ..., "active": bool, "reason": ..., "us": {nbytes: (ours, nccl)}}."""
+    """For other benches (the step bench's all-reduce row), on GPUs 0..world-1 of this machine:
+    {"link": "<GPU> x N, NVLink (NV18)" | "..., PCIe (PIX)", "active": bool (False: fell back, see
+    "reason"), "correct": bool (every size bit-exact on every rank), "us": {nbytes: (ours, nccl)}} with
+    µs per all-reduce (ours replayed from a CUDA graph; NCCL in a graph where torch captures it, else eager)."""
     wr = run_world(world, sizes, dtype)
-    return {"link": link_label(world), "active": wr.active, "reason": wr.error or wr.reason,
+    return {"link": link_label(world), "active": wr.active and not wr.error, "reason": wr.error or wr.reason,
+            "correct": bool(wr.sizes) and all(s.correct for s in wr.sizes),
             "us": {s.nbytes: (s.ours_us, s.nccl_graph_us or s.nccl_us) for s in wr.sizes}}
 
 
