@@ -144,7 +144,7 @@ def _moe_gemm_signature(scale_mode: int) -> dict:
             "stride_ap": "i32"}
 
 
-def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int) -> CompileResult:
+def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int, nibbles: int = 0) -> CompileResult:
     """One MoE GEMM binary; inline grouping at its largest slot block (the most registers)."""
     import triton
     import triton.language as tl
@@ -155,13 +155,13 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int)
     const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
                  BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
-                 DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode)
+                 DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode, NIBBLES=nibbles)
     sig = _moe_gemm_signature(scale_mode)
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
-    scales = {k.SCALE_FAST: "fast", k.SCALE_F32: "f32", k.SCALE_E8M0: "e8m0"}[scale_mode]
+    scales = {k.SCALE_FAST: "fast", k.SCALE_F32: "f32", k.SCALE_E8M0: "e8m0"}[scale_mode] + ("/pairsplit" if nibbles else "")
     name = f"{'w13' if gated else 'w2'}/{'inline' if inline else 'sorted'}/{scales}/{cfg.name}"
     return CompileResult("moe_gemm", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
 
@@ -174,7 +174,10 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     from v4flash_kernels.moe import op as moe
 
     e_p2 = triton.next_power_of_2(256)
-    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline})
+    from v4flash_kernels.moe import op_v2
+
+    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
+                 | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
              dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
     for bm in bms:
@@ -213,6 +216,7 @@ def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
              "SPLIT_K": cfg.split_k if gated else 1}
     sig = _moe_gemm_signature(SCALE_FAST)
     sig.pop("stride_ap")
+    sig["W"] = "*i32"  # PAIR_SPLIT words
     if split:
         sig.update({"WS": "*fp32", "CNT": "*i32"})
     else:
@@ -227,14 +231,15 @@ def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
 
 def check_moe(arch: int) -> List[CompileResult]:
     """Every MoE binary the planners can launch plus the helper kernels: v1 in the drop-in's scale
-    modes, v1's prefill tiles and the v2 GEMMs in the repacked layers' fast mode."""
+    modes, v1's prefill tiles and the v2 GEMMs on the repacked layers (fast scales, PAIR_SPLIT)."""
     from v4flash_kernels.moe import op_v2
     from v4flash_kernels.moe.kernel import SCALE_E8M0, SCALE_F32, SCALE_FAST
     from v4flash_kernels.moe.op import launchable
 
     results = [compile_moe_gemm(cfg, gated, inline, mode, arch)
                for cfg, gated, inline in launchable() for mode in (SCALE_F32, SCALE_E8M0)]
-    results += [compile_moe_gemm(cfg, gated, inline, SCALE_FAST, arch) for cfg, gated, inline in op_v2.launchable_v1()]
+    results += [compile_moe_gemm(cfg, gated, inline, SCALE_FAST, arch, nibbles=1)
+                for cfg, gated, inline in op_v2.launchable_v1()]
     results += [compile_moe_v2(cfg, gated, inline, arch) for cfg, gated, inline in op_v2.launchable()]
     return results + compile_moe_aux(arch)
 

@@ -1,8 +1,8 @@
 """The mHC patch against the real pinned sglang 0.5.13.post1 wheel, each scenario in a fresh interpreter.
 
 `sglang.srt.models.deepseek_v4` imports TileLang's `sglang.srt.layers.mhc` at its top; this CPU box
-has no `tilelang`, so every probe puts a stand-in package first on its path: importable, and every
-TileLang kernel raises if launched (nothing here may silently run a fake kernel).
+has no `tilelang`: the hook envs' stubs layer (tests/hook/stubs/tilelang) makes it importable, and
+every TileLang kernel raises if launched (nothing here may silently run a fake kernel).
 
 The consumer scenario runs the model's own forward, `DeepseekV4Model.forward` over two real
 `DeepseekV4DecoderLayer`s built by their own `__init__`, on CPU under TRITON_INTERPRET=1, with
@@ -17,8 +17,6 @@ Both must enter only the functions they claim and give the same hidden states.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -28,42 +26,8 @@ from v4flash_kernels.mhc import reference as R
 DSV4 = "sglang.srt.models.deepseek_v4"
 SPECS = patches.patches_of("mhc")
 
-TILELANG_STUB = '''"""CPU stand-in for tilelang (tests only): importable; every kernel raises when launched."""
-import enum
-
-
-class PassConfigKey(enum.Enum):
-    TL_DISABLE_WARP_SPECIALIZED = "TL_DISABLE_WARP_SPECIALIZED"
-    TL_DISABLE_TMA_LOWER = "TL_DISABLE_TMA_LOWER"
-    TL_PTXAS_REGISTER_USAGE_LEVEL = "TL_PTXAS_REGISTER_USAGE_LEVEL"
-
-
-class JITKernel:
-    pass
-
-
-def set_log_level(level):
-    return None
-
-
-def _stub(fn):
-    def launch(*args, **kwargs):
-        raise RuntimeError(f"TileLang kernel {fn.__name__} launched on a CPU test box (tilelang stand-in)")
-    launch.__name__ = fn.__name__
-    return launch
-
-
-def jit(fn=None, **kwargs):
-    return _stub if fn is None else _stub(fn)
-'''
-
-PRELUDE = """
-import os, sys
-sys.path.insert(0, os.environ["PROBE_TILELANG_STUB"])
-"""
-
-IDENTITY = PRELUDE + """
-import importlib, json
+IDENTITY = """
+import importlib, json, sys
 mod = importlib.import_module("sglang.srt.models.deepseek_v4")
 from v4flash_kernels.hook import hook, patches
 from v4flash_kernels.mhc import op
@@ -79,8 +43,8 @@ st = {p.name: hook.patch_status(p.name) for p in patches.patches_of("mhc")}
 print("PROBE-JSON " + json.dumps({"seen": seen, "status": st}, default=str))
 """
 
-CONSUMER = PRELUDE + """
-import importlib, json
+CONSUMER = """
+import importlib, json, os, sys
 from types import SimpleNamespace
 
 from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
@@ -194,17 +158,8 @@ SM120_ENV = {"SGLANG_OPT_USE_TILELANG_MHC_PRE": "0", "SGLANG_OPT_DEEPGEMM_HC_PRE
              "SGLANG_OPT_USE_TILELANG_MHC_POST": "0"}
 
 
-@pytest.fixture(scope="module")
-def stub_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tilelang-stub")
-    (d / "tilelang").mkdir()
-    (d / "tilelang" / "__init__.py").write_text(TILELANG_STUB)
-    (d / "tilelang" / "language.py").write_text("")
-    return d
-
-
-def _probe(hook_env, code: str, *args: str, env: dict, stub: Path, timeout: int = 300):
-    r = hook_env.probe_code(code, *args, env={"PROBE_TILELANG_STUB": str(stub), **env}, timeout=timeout)
+def _probe(hook_env, code: str, *args: str, env: dict, timeout: int = 300):
+    r = hook_env.probe_code(code, *args, env=env, timeout=timeout)
     return r, r.result, r.hook_lines
 
 
@@ -215,8 +170,8 @@ def test_registry_covers_the_models_four_mhc_seams():
     assert {p.switch_env for p in SPECS} == {"V4FLASH_MHC"}
 
 
-def test_import_swaps_all_four_and_the_model_would_fuse(hook_env, stub_dir):
-    p, res, lines = _probe(hook_env, IDENTITY, env={}, stub=stub_dir)
+def test_import_swaps_all_four_and_the_model_would_fuse(hook_env):
+    p, res, lines = _probe(hook_env, IDENTITY, env={})
     assert p.rc == 0, p.stderr[-4000:]
     assert all(res["seen"].values()), res["seen"]
     assert all(st["active"] for st in res["status"].values()), res["status"]
@@ -224,8 +179,18 @@ def test_import_swaps_all_four_and_the_model_would_fuse(hook_env, stub_dir):
     assert len(active) == 4 and all("ACTIVE" in ln for ln in active), p.stderr
 
 
-def test_switch_off_leaves_all_four_upstream(hook_env, stub_dir):
-    p, res, lines = _probe(hook_env, IDENTITY, env={"V4FLASH_MHC": "0"}, stub=stub_dir)
+def test_status_cli_decides_the_mhc_patches(hook_env):
+    """`python -m v4flash_kernels.hook.hook` (what doctor runs) imports the model module and reports them."""
+    import json
+
+    p = hook_env.python_args("-m", "v4flash_kernels.hook.hook")
+    assert p.returncode == 0, p.stderr[-4000:]
+    st = json.loads(p.stdout)["patches"]
+    assert all(st[s.name]["active"] and st[s.name]["decided"] for s in SPECS), {s.name: st[s.name] for s in SPECS}
+
+
+def test_switch_off_leaves_all_four_upstream(hook_env):
+    p, res, lines = _probe(hook_env, IDENTITY, env={"V4FLASH_MHC": "0"})
     assert p.rc == 0, p.stderr[-4000:]
     assert not any(res["seen"].values()), res["seen"]
     assert not any(st["active"] for st in res["status"].values())
@@ -234,11 +199,11 @@ def test_switch_off_leaves_all_four_upstream(hook_env, stub_dir):
 
 
 @pytest.mark.timeout(900)
-def test_model_forward_reaches_ours_on_and_upstream_off_with_the_same_result(hook_env, stub_dir, tmp_path):
+def test_model_forward_reaches_ours_on_and_upstream_off_with_the_same_result(hook_env, tmp_path):
     runs = {}
     for mode, extra in (("on", {}), ("off", {"V4FLASH_MHC": "0"})):
         out = tmp_path / f"{mode}.pt"
-        p, res, _ = _probe(hook_env, CONSUMER, "128", "3", str(out), stub=stub_dir,
+        p, res, _ = _probe(hook_env, CONSUMER, "128", "3", str(out),
                            env={"TRITON_INTERPRET": "1", **SM120_ENV, **extra}, timeout=800)
         assert p.rc == 0, p.stderr[-4000:]
         runs[mode] = (res, torch.load(out, weights_only=False))

@@ -233,7 +233,7 @@ def test_import_swaps_the_repack_and_dispatch_methods(hook_env):
     assert res["repack"]["active"] is True and res["apply"]["active"] is True, res
     assert res["repack"]["switch_name"] == "moe" == res["apply"]["switch_name"]
     assert "no sm_120 MoE layer loaded yet" in res["repack"]["reason"]
-    assert sum("ACTIVE" in ln for ln in lines) == 2, lines
+    assert sum("ACTIVE" in ln and "MXFP4 MoE" in ln for ln in lines) == 2, lines  # other modules' patches may log too
 
 
 def test_moe_switch_off_leaves_the_layer_methods_alone(hook_env):
@@ -286,3 +286,25 @@ def test_sglang_sm120_layer_repacked_v2_and_fallback_agree(hook_env, tmp_path):
     assert res["entered"] == ["upstream"] and not res["repacked"]
     assert res["scale_dtypes"] == ["torch.float32"] * 2
     assert rel_err(data["out"], ref_of(data["kw"])) <= 3e-2  # upstream's own bf16 round trips
+
+
+@pytest.mark.slow  # a second venv over an edited sglang, and v1 under the Triton interpreter
+@pytest.mark.timeout(1200)
+def test_refused_dispatch_patch_means_no_repack(tmp_path, hook_wheel, sglang_layer):
+    """Only moe_apply reads the repacked order: when it is refused (upstream's apply changed), the
+    repack leaves every layer as loaded and says why, and SGLang's own path stays correct."""
+    rel = "sglang/srt/layers/quantization/mxfp4_marlin_moe.py"
+    old = "        dispatch_output: DispatchOutput,\n    ) -> CombineInput:"
+    new = "        dispatch_output: DispatchOutput,\n        extra=None,\n    ) -> CombineInput:"
+    overlay = sglang_overlay(tmp_path / "overlay", sglang_layer, edit=(rel, old, new))
+    env = build_hook_env(tmp_path / "venv", hook_wheel, sglang_layer, overlay)
+    out = tmp_path / "out.pt"
+    p, res, lines = _probe(env, REPACK_CONSUMER, "5", "pow2", str(out), timeout=900,
+                           extra_env={"TRITON_INTERPRET": "1"})
+    assert p.rc == 0, p.stderr[-4000:]
+    assert any("WARNING" in ln and "repacked-layer dispatch" in ln and "signature differs" in ln for ln in lines), lines
+    assert res["entered"] == ["v1"] and not res["repacked"]
+    assert res["scale_dtypes"] == ["torch.float32"] * 2
+    assert "moe_apply patch is not active" in res["repack_status"]["reason"]
+    data = torch.load(out, weights_only=False)
+    assert rel_err(data["out"], ref_of(data["kw"])) <= 1e-2

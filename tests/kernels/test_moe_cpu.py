@@ -404,8 +404,48 @@ def test_repack_refuses_integer_scales_and_bad_shapes():
     ex = _repacked(kw)
     with pytest.raises(ValueError, match="RepackedExperts.s2"):
         repack.RepackedExperts(ex.w13, ex.w2, ex.s13, ex.s13)
-    assert ex.w13.data_ptr() == kw["w13_packed"].data_ptr()  # weights are viewed, not copied
     assert (ex.experts, ex.hidden, ex.inter) == (8, 128, 64)
+
+
+def test_pair_split_layout_follows_its_definition():
+    """Word nibble j of a repacked row holds weight k0 + 2j (j < 4) or k0 + 2(j - 4) + 1 (j >= 4) of the
+    word's 8 weights; the loader's order has weight k0 + j in nibble j. Round trip is the identity."""
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    w = torch.randint(0, 256, (3, 5, 16), dtype=torch.uint8, generator=g)
+    old_words = w.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    new = repack.pair_split(w.view(torch.int32))
+    new_words = new.to(torch.int64) & 0xFFFFFFFF
+    for j in range(8):
+        k = 2 * j if j < 4 else 2 * (j - 4) + 1
+        assert torch.equal((new_words >> (4 * j)) & 0xF, (old_words >> (4 * k)) & 0xF)
+    assert torch.equal(repack.loader_order(new), w.view(torch.int32))
+    ones = torch.ones(3, 5, 1)
+    assert torch.equal(dequant(repack.loader_order(new).view(torch.uint8), ones), dequant(w, ones))
+
+
+def test_repack_in_place_rewrites_the_layer_and_copy_does_not():
+    kw = make_inputs(MoeCase(tokens=1))
+    w13 = kw["w13_packed"].clone()
+    ex = repack.repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"])
+    assert torch.equal(kw["w13_packed"], w13) and ex.w13.data_ptr() != w13.data_ptr()
+    ex2 = repack.repack_experts(w13, kw["w2_packed"].clone(), kw["w13_scale"], kw["w2_scale"], in_place=True)
+    assert ex2.w13.data_ptr() == w13.data_ptr() and torch.equal(ex2.w13, ex.w13)
+    assert not torch.equal(w13.view(torch.uint8), kw["w13_packed"].view(torch.uint8))
+    bad = kw["w2_scale"] * 1.5
+    w13b = kw["w13_packed"].clone()
+    with pytest.raises(repack.ScaleError):
+        repack.repack_experts(w13b, kw["w2_packed"].clone(), kw["w13_scale"], bad, in_place=True)
+    assert torch.equal(w13b, kw["w13_packed"])  # refused: the weights are not touched
+
+
+def test_v2_word_decode_slots_are_pinned():
+    """The asm (GPU) and the interpreter branch place pair i's halves in the same join slots: the
+    interpreter branch (tested above against fp64) hard-codes (0,4), (2,6), (1,5), (3,7)."""
+    from v4flash_kernels.moe import kernel_v2
+
+    assert kernel_v2.PAIR_SLOTS == ((0, 4), (2, 6), (1, 5), (3, 7))
+    for i, (lo, hi) in enumerate(kernel_v2.PAIR_SLOTS):
+        assert f"mul.rn.bf16x2 t, ${8 + i}, $12; mov.b32 {{${lo}, ${hi}}}, t;" in kernel_v2.WORD_ASM
 
 
 def test_bench_sweep_candidates_and_tables():
@@ -429,3 +469,17 @@ def test_bench_sweep_candidates_and_tables():
            "floor_h200_us": 4.6, "floor_rtx6000_us": 11.0, "plan_v2": "v2-inline/...",
            "variants": {"v1": dict(v, us=40.0), "v2": v, "upstream": dict(v, us=250.0)}}
     assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])
+
+
+def test_selfcheck_covers_the_repacked_path():
+    """The moe switch's self-check runs every shape twice: the drop-in and the repacked layer's v2
+    forward (what sglang_patch.apply calls), graph-replayed at the largest batch."""
+    from v4flash_kernels.moe import selfcheck
+    from v4flash_kernels.selfcheck.case import Target
+
+    t = Target(device="cpu", batches=(1, 32), prefill_rows=8192, tp_size=4)
+    m = {c.name: c for c in selfcheck.cases(t)}
+    for base in ("decode M=1", "decode M=32", "prefill M=8192", "small M=5 holes+clamp"):
+        assert base in m and f"{base} repacked (v2)" in m
+    assert m["decode M=32 repacked (v2)"].graph and not m["decode M=1 repacked (v2)"].graph
+    assert m["decode M=1 repacked (v2)"].ours is not m["decode M=1"].ours

@@ -244,7 +244,8 @@ def test_plan_depends_on_shapes_only():
     assert topk.programs(8192, 132, topk.TopkConfig(num_warps=4, ctas_per_sm=2)) == 264
     assert topk.table_prefetch(32768, 512, 6) == 512  # 128K context, c4 pages of 64
     assert topk.table_prefetch(2048, 512, 6) == 32
-    assert topk.table_prefetch(100, 1024, 6) == 32  # covers positions < K of short rows
+    assert topk.table_prefetch(100, 512, 6) == 32  # covers positions < K of short rows
+    assert topk.table_prefetch(2048, 1024, 6) == 0  # K = 1024 reads the table at the end
     assert topk.table_prefetch(32768, 512, 0) == 0  # 32768 columns: read at the end instead
 
 

@@ -90,7 +90,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
-           "upstream's sm_120 torch + TileLang path (off)."),
+           "upstream's sm_120 torch + TileLang path (off).",
+           selfcheck="v4flash_kernels.mhc.selfcheck"),
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
@@ -131,8 +132,8 @@ INDEXER = PatchSpec(
 )
 
 # The MoE switch also repacks the sm_120 layers' experts at load time and runs the decode kernel v2
-# on them (v4flash_kernels/moe/sglang_patch.py). Each of the three is correct without the others: a
-# repacked layer keeps the loader's weight bytes and exact e8m0 scales.
+# on them (v4flash_kernels/moe/sglang_patch.py). A layer is repacked only while moe_apply is installed
+# (nothing else reads the repacked order); moe_apply sends every other layer to upstream's apply.
 MOE_REPACK = PatchSpec(
     name="moe_repack",
     title="MXFP4 MoE load-time repack",

@@ -1,7 +1,7 @@
 """Benchmark of the MXFP4 MoE: ours v1 (drop-in) vs ours v2 (repacked experts) vs upstream.
 
     python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
-                                        [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 8]
+                                        [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 16]
     python -m v4flash_kernels.moe.bench --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
 
 Per TP (DeepSeek-V4-Flash routed experts per GPU: E=256, top-6, hidden 4096, intermediate 512 at
@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_kernels.provenance import measured_commit
 
@@ -147,14 +148,14 @@ def _mma(bt, bn, bk, w, s, sk=1):
     return MmaConfig(bt, bn, bk, w, s, sk)
 
 
-def v2_candidates(shape: Shape) -> Dict[str, object]:
+def v2_candidates(shape: Shape) -> Dict[str, Any]:
     """Plans to sweep at this size: one GEMM varied at a time around the planner's plan."""
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe import op_v2
 
     inter = INTER[shape.tp]
     base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
-    plans: List[object] = [base]
+    plans: List[Any] = [base]
     if isinstance(base, op_v2.PlanV2):
         t = base.gemm1.block_t
         g1s = [_mma(t, 64, 256, 4, 3), _mma(t, 64, 128, 4, 4), _mma(t, 64, 512, 4, 2), _mma(t, 32, 256, 2, 4),
@@ -178,10 +179,23 @@ def v2_candidates(shape: Shape) -> Dict[str, object]:
     else:  # a v1 plan (fast scales): the v2 tiles with the most tokens per MMA against it
         for t in (16, 32):
             plans.append(op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)))
-    out: Dict[str, object] = {}
+    out: Dict[str, Any] = {}
     for p in plans:
         out.setdefault(p.name, p)
     return out
+
+
+def v1_fast_loader_order_fn(plan) -> Callable:
+    """v1's tiles on the loader's nibble order with the repacked (fast, uint8) scales: isolates what
+    PAIR_SPLIT costs v1's prefill tiles (`nibbles=1` permutes the activation in registers)."""
+    from v4flash_kernels.moe import op as v1
+
+    def call(out=None, **kw):
+        ex = kw["experts"]
+        return v1.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], ex.s13, ex.s2, kw["topk_ids"],
+                      kw["topk_weights"], kw["intermediate_size"], kw["routed_scaling_factor"], kw["clamp_limit"],
+                      plan=plan, out=out, fast_scales=True, nibbles=0)
+    return call
 
 
 def sweep_variants(shape: Shape) -> Dict[str, Callable]:
@@ -190,8 +204,12 @@ def sweep_variants(shape: Shape) -> Dict[str, Callable]:
 
     plans = v2_candidates(shape)
     first = next(iter(plans))
-    return {("v2 (planner) " if name == first else "") + ("v1 tiles, fast scales " if isinstance(p, v1.Plan) else "")
-            + name: v2_fn(p) for name, p in plans.items()}
+    out = {("v2 (planner) " if name == first else "") + ("v1 tiles, fast scales " if isinstance(p, v1.Plan) else "")
+           + name: v2_fn(p) for name, p in plans.items()}
+    for name, p in plans.items():
+        if isinstance(p, v1.Plan):
+            out["v1 tiles, fast scales, loader order " + name] = v1_fast_loader_order_fn(p)
+    return out
 
 
 # ---------------------------------------------------------------- measurement
@@ -437,7 +455,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="sweep candidate v2 plans at a few sizes (TP4)")
     ap.add_argument("--quick-sizes", default=QUICK_SIZES)
     ap.add_argument("--no-upstream", action="store_true")
-    ap.add_argument("--prewarm", type=int, default=8, help="processes compiling kernels up front (0 = off)")
+    ap.add_argument("--prewarm", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes compiling kernels up front (0 = off)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     ap.add_argument("--seed", type=int, default=None)

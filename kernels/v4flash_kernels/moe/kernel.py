@@ -166,6 +166,7 @@ def gemm_kernel(
     SPLIT_K: tl.constexpr = 1,  # GATED only: K split over grid axis 2, raw partials out, no activation
     A_PARTS: tl.constexpr = 0,  # w2 only: A is GEMM1's A_PARTS partial planes, reduced and activated here
     MODE: tl.constexpr = 0,  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T) (w in the left operand); 2: FMA; 3: FMA + prefetch
+    NIBBLES: tl.constexpr = 0,  # weight nibble order: 0 the loader's, 1 repack.PAIR_SPLIT (repacked layers)
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -247,7 +248,13 @@ def gemm_kernel(
                 a = a.to(tl.float32)
             else:
                 a = a.to(DOT_DTYPE)
-            a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
+            if NIBBLES == 1:  # repack.PAIR_SPLIT: byte p of each 4-byte word holds k {0,4,1,5}[p], {2,6,3,7}[p]
+                a5 = tl.permute(tl.reshape(a, [BLOCK_M, BLOCK_K // 8, 2, 2, 2]), (0, 1, 4, 2, 3))
+                a_even, a_odd = tl.split(a5)
+                a_even = tl.reshape(a_even, [BLOCK_M, BLOCK_K // 2])
+                a_odd = tl.reshape(a_odd, [BLOCK_M, BLOCK_K // 2])
+            else:  # the loader's order: byte j holds k 2j (low nibble) and 2j + 1
+                a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
             if MODE >= 2:
                 lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, tl.float32)
                 lo = tl.reshape(lo, [NW, BLOCK_K // 2])

@@ -161,7 +161,7 @@ def _weight_view(w: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_gemm(cfg, grid, a, w, s, s_mode, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
-                 clamp, scaling, gated, inline, block_s, stride_ap=0, split_k=1, a_parts=0):
+                 clamp, scaling, gated, inline, block_s, stride_ap=0, split_k=1, a_parts=0, nibbles=0):
     bk = fit_block_k(cfg, kd // split_k)
     _k.gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1),
@@ -172,7 +172,7 @@ def _launch_gemm(cfg, grid, a, w, s, s_mode, out, ids, tw, sorted_, blk_e, blk_r
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_MODE=s_mode,
         DEQ_ASM=not _interpret(), DOT_DTYPE=tl.float32 if _interpret() else tl.bfloat16,
         stride_ap=stride_ap, SPLIT_K=split_k, A_PARTS=a_parts,
-        MODE=cfg.mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        MODE=cfg.mode, NIBBLES=nibbles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
@@ -190,12 +190,14 @@ def run(
     plan: Plan | None = None,
     out: torch.Tensor | None = None,
     fast_scales: bool = False,
+    nibbles: int = 0,
 ) -> torch.Tensor:
     """The MoE forward with an optional explicit plan (the benchmark sweeps plans through this).
 
     `out` ([M, hidden], input dtype) may be given so tests can poison it and prove every element
     is written. `fast_scales`: both scale tensors are uint8 e8m0 bytes that `repack.check_scales`
-    accepted (a `repack.RepackedExperts`), read with the exponent-only decode.
+    accepted (a `repack.RepackedExperts`), read with the exponent-only decode. `nibbles=1`: the
+    weights are in `repack.PAIR_SPLIT` order (a repacked layer), 0: the loader's.
     """
     M, K = hidden_states.shape
     E = w13_packed.shape[0]
@@ -252,10 +254,10 @@ def run(
     inter2d = inter[0] if sk > 1 else inter
     _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n), sk), x, w13, s13, m13, inter2d, ids, tw,
                  sorted1, blk_e1, blk_r1, S, I, K, topk, clamp, 1.0, True, plan.inline, block_s,
-                 stride_ap=S * 2 * I, split_k=sk)
+                 stride_ap=S * 2 * I, split_k=sk, nibbles=nibbles)
     _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter2d, w2, s2, m2, down, ids, tw,
                  sorted2, blk_e2, blk_r2, S, K, I, 1, clamp if sk > 1 else None, scaling, False, plan.inline,
-                 block_s, stride_ap=S * 2 * I, a_parts=sk if sk > 1 else 0)
+                 block_s, stride_ap=S * 2 * I, a_parts=sk if sk > 1 else 0, nibbles=nibbles)
     _k.combine_kernel[(M, triton.cdiv(K, COMBINE_BLOCK))](
         down, ids, out, out.stride(0), K, TOPK=topk, BLOCK=COMBINE_BLOCK, num_warps=COMBINE_NUM_WARPS,
     )

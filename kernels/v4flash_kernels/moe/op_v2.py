@@ -5,8 +5,9 @@ clamp_limit)` computes exactly what `op.mxfp4_moe_forward` (and upstream's
 `mxfp4_moe_forward_triton`) computes for the same layer, from a `repack.RepackedExperts`:
 
 * decode sizes (up to `V2_MAX_ROWS_PER_EXPERT` rows per expert on average) run the v2 GEMMs
-  (`kernel_v2.mma_gemm_kernel`: swap-AB MMA, FP4 decoded in the MMA fragments, uint8 scales);
-* larger calls run v1's prefill GEMMs (`op.run`) on the same bytes with the exponent-only scale
+  (`kernel_v2.mma_gemm_kernel`: swap-AB MMA, FP4 words decoded in the MMA fragments, uint8 scales);
+* larger calls run v1's prefill GEMMs (`op.run`) on the same words (`nibbles=1`: the activation
+  columns are permuted in registers to match `repack.PAIR_SPLIT`) with the exponent-only scale
   decode, which the repack's check made exact.
 
 Plans are pure functions of shapes (graph-safe: one captured graph replays correctly for any
@@ -64,14 +65,12 @@ Plan = PlanV2 | _v1.Plan  # a v1 Plan runs v1's GEMMs with the fast scale decode
 # Config table. 16 W rows per warp (the MMA's M); shared memory at 3-4 stages stays far below
 # sm_120's 99 KB (check_sm120 proves each entry). Chosen from the generated code (no spills, the
 # FP4 decode in the MMA fragments) before any GPU run; `bench --quick` sweeps the alternatives
-# (bench.V2_SWEEP) so the table can follow the measurement.
+# (bench.v2_candidates) so the table can follow the measurement.
 G1_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T8_SK4 = MmaConfig(8, 64, 256, 4, 3, split_k=4)  # M=1: 6 experts x 16 row blocks is 96 programs; x4
 G2_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T16 = MmaConfig(16, 64, 256, 4, 3)
 G2_T16 = MmaConfig(16, 64, 256, 4, 3)
-MMA_G1_CONFIGS: Tuple[MmaConfig, ...] = (G1_T8, G1_T8_SK4, G1_T16)
-MMA_G2_CONFIGS: Tuple[MmaConfig, ...] = (G2_T8, G2_T16)
 
 INLINE_MAX_SLOTS = 12  # as v1: the inline grouping's O(slots) scan per program stays cheap
 SPLIT_MAX_SLOTS = 8  # up to here (M=1 at top-6) GEMM1 splits K: too few row blocks to fill the GPU
@@ -155,7 +154,7 @@ def run_repacked(
         plan = make_plan(M, topk, E, K, I)
     if isinstance(plan, _v1.Plan):
         return _v1.run(hidden_states, experts.w13, experts.w2, experts.s13, experts.s2, topk_ids, topk_weights,
-                       I, routed_scaling_factor, clamp_limit, plan=plan, out=out, fast_scales=True)
+                       I, routed_scaling_factor, clamp_limit, plan=plan, out=out, fast_scales=True, nibbles=1)
     dev = hidden_states.device
     if out is None:
         out = torch.empty((M, K), dtype=hidden_states.dtype, device=dev)
@@ -188,11 +187,14 @@ def run_repacked(
     if sk > 1:
         if plan.inline and M > g1.block_t:  # a program must own a single row chunk (see the kernel)
             raise ValueError(f"split-K GEMM1 with inline grouping needs tokens <= block_t ({M} > {g1.block_t})")
+        if K % (32 * sk):
+            raise ValueError(f"split-K {sk} needs the hidden size {K} to split into whole 32-weight groups")
         ws = torch.empty((sk, S, 2 * I), dtype=torch.float32, device=dev)
         cnt = arrival_counters(dev, grid1[0] * grid1[1])
-    _launch(g1, grid1, x, experts.w13, experts.s13, h, ids, tw, sorted1, blk_e1, blk_r1, S, I, K, topk, clamp,
+    w13, w2 = experts.w13.view(torch.int32), experts.w2.view(torch.int32)  # the kernel reads PAIR_SPLIT words
+    _launch(g1, grid1, x, w13, experts.s13, h, ids, tw, sorted1, blk_e1, blk_r1, S, I, K, topk, clamp,
             1.0, True, plan.inline, block_s, ws=ws, cnt=cnt, split_k=sk)
-    _launch(g2, (nb2, triton.cdiv(K, g2.block_n)), h, experts.w2, experts.s2, down, ids, tw,
+    _launch(g2, (nb2, triton.cdiv(K, g2.block_n)), h, w2, experts.s2, down, ids, tw,
             sorted2, blk_e2, blk_r2, S, K, I, 1, None, scaling, False, plan.inline, block_s)
     _k.combine_kernel[(M, triton.cdiv(K, _v1.COMBINE_BLOCK))](
         down, ids, out, out.stride(0), K, TOPK=topk, BLOCK=_v1.COMBINE_BLOCK, num_warps=_v1.COMBINE_NUM_WARPS,

@@ -4,24 +4,24 @@ Targets (sglang 0.5.13.post1, `layers/quantization/mxfp4_marlin_moe.py`, class `
 registry entries `moe_repack` and `moe_apply` under the `moe` switch):
 
 * `process_weights_after_loading(self, layer)`: upstream's runs first, unchanged. On the sm_120
-  path it leaves (`layer._dsv4_mxfp4_backend == "sm120_triton"`) the layer's experts are then
-  repacked (`repack.py`): every scale checked to be an exact power of two in the fast decode's
-  range, the fp32 scale Parameters replaced by `float8_e8m0fnu` ones (a quarter of the memory and of
-  the scale bytes each forward reads), the weights left as they are, and `layer._v4flash_moe` set to
-  the `RepackedExperts` view. A layer that fails the check keeps its fp32 scales and upstream's path
-  (one warning naming the layer and the scales; `status_detail` reports it). Marlin (sm_90/100)
-  and other paths are not touched.
+  path it leaves (`layer._dsv4_mxfp4_backend == "sm120_triton"`), and only while our `apply` is the
+  class's (the repacked weights are in an order only v2 and v1 with `nibbles=1` read), the layer's
+  experts are then repacked in place (`repack.py`): every scale checked to be an exact power of two
+  in the fast decode's range, the weights rewritten in PAIR_SPLIT nibble order chunk by chunk, the
+  fp32 scale Parameters replaced by `float8_e8m0fnu` ones (a quarter of the memory and of the scale
+  bytes each forward reads), and `layer._v4flash_moe` set to the `RepackedExperts` view. A layer that
+  fails the check keeps its weights, its fp32 scales and SGLang's path (one warning naming the layer
+  and the scales; `status_detail` reports it). Marlin (sm_90/100) and other paths are not touched.
 * `apply(self, layer, dispatch_output)`: a repacked layer runs `op_v2.moe_forward_repacked` with
   the arguments upstream's sm_120 branch passes `mxfp4_moe_forward_triton` (the runner config's
   `routed_scaling_factor` and `swiglu_limit` when the runner has a config); every other layer goes
   to upstream's `apply`.
 
-Each patch is safe without the other: a repacked layer holds the loader's weight bytes and exact
-e8m0 scales, so upstream's `apply` (and upstream's or our drop-in function) still computes it
-correctly, only without v2; our `apply` on a layer that was not repacked is upstream's.
-Limit: weights written into a layer after load (online weight updates) must go through
-`process_weights_after_loading` again, which re-checks them; the scale Parameters the repack
-installs carry no `weight_loader`, as with upstream's own scale conversion on this path.
+Limits: anything else that reads a repacked layer's weight tensors sees PAIR_SPLIT order (nothing
+on SGLang's sm_120 serving path does: `apply` is the only consumer); weights written into a layer
+after load (online weight updates) must go through `process_weights_after_loading` again. The
+scale Parameters the repack installs carry no `weight_loader`, as with upstream's own scale
+conversion on this path.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
-from v4flash_kernels.moe.repack import LAYOUT, RepackedExperts, check_scales, e8m0_bytes
+from v4flash_kernels.moe.repack import LAYOUT, RepackedExperts, ScaleError, repack_experts
 
 REPACKED_ATTR = "_v4flash_moe"  # the layer attribute holding its RepackedExperts (None: not repacked)
 SM120_BACKEND = "sm120_triton"  # upstream's `layer._dsv4_mxfp4_backend` on its sm_120 path
@@ -59,19 +59,17 @@ def _upstream(patch_name: str) -> Callable[..., Any]:
 
 def repack_layer(layer: Any, prefix: str) -> RepackedExperts | None:
     """Repack one loaded layer in place (see the module doc); None when its scales fail the check."""
-    w13, w2 = layer.w13_weight.data, layer.w2_weight.data
-    s13, s2 = layer.w13_weight_scale_inv.data, layer.w2_weight_scale_inv.data
-    why = check_scales(s13, "w13_weight_scale_inv") or check_scales(s2, "w2_weight_scale_inv")
-    if why is not None:
+    try:
+        experts = repack_experts(layer.w13_weight.data, layer.w2_weight.data, layer.w13_weight_scale_inv.data,
+                                 layer.w2_weight_scale_inv.data, in_place=True,
+                                 names=("w13_weight_scale_inv", "w2_weight_scale_inv"))
+    except ScaleError as exc:
         setattr(layer, REPACKED_ATTR, None)
-        _record(prefix, why)
+        _record(prefix, str(exc))
         return None
-    b13, b2 = e8m0_bytes(s13), e8m0_bytes(s2)
-    del s13, s2
     # Same Parameter swap upstream does for byte scales on this path; frees the fp32 scales.
-    layer.w13_weight_scale_inv = torch.nn.Parameter(b13.view(torch.float8_e8m0fnu), requires_grad=False)
-    layer.w2_weight_scale_inv = torch.nn.Parameter(b2.view(torch.float8_e8m0fnu), requires_grad=False)
-    experts = RepackedExperts(w13.view(torch.uint8), w2.view(torch.uint8), b13, b2)
+    layer.w13_weight_scale_inv = torch.nn.Parameter(experts.s13.view(torch.float8_e8m0fnu), requires_grad=False)
+    layer.w2_weight_scale_inv = torch.nn.Parameter(experts.s2.view(torch.float8_e8m0fnu), requires_grad=False)
     setattr(layer, REPACKED_ATTR, experts)
     _record(prefix, None)
     return experts
@@ -113,8 +111,7 @@ def status_detail() -> Dict[str, Any]:
         summary = f"repacked {n_ok} of {total} sm_120 MoE layers ({LAYOUT})"
         if kept:
             first, why = next(iter(kept.items()))
-            summary += (f"; {len(kept)} kept SGLang's path (scales not exact powers of two in range), "
-                        f"e.g. {first}: {why}")
+            summary += f"; {len(kept)} kept SGLang's path, e.g. {first}: {why}"
     return {"layout": LAYOUT, "repacked_layers": n_ok, "kept_layers": kept, "summary": summary}
 
 
@@ -123,7 +120,12 @@ def process_weights_after_loading(self: Any, layer: Any) -> None:
     _upstream("moe_repack")(self, layer)
     if getattr(layer, "_dsv4_mxfp4_backend", None) != SM120_BACKEND:
         return
-    repack_layer(layer, str(getattr(self, "prefix", "?")))
+    prefix = str(getattr(self, "prefix", "?"))
+    if getattr(type(self), "apply", None) is not apply:  # nothing would read the repacked order
+        setattr(layer, REPACKED_ATTR, None)
+        _record(prefix, "the moe_apply patch is not active, so nothing would read the repacked layer")
+        return
+    repack_layer(layer, prefix)
 
 
 def apply(self: Any, layer: Any, dispatch_output: Any) -> Any:

@@ -17,14 +17,16 @@ one thread's registers (per-column work needs no shuffles).
   B. ``bound``: 5-bit radix passes (32-bin histograms) over the G maxima narrow the bin holding
      the K-th largest until it holds <= SMALL of them: its lower edge v is the bound.
   C. every position with score >= v (or NaN) goes to this program's workspace as (fp32 bits << 32
-     | position), in output order. A row of one tile (<= 4G) does this from registers; a longer
-     row keeps the max of every (tile of 8 rows, column) in pass A, lists the pairs whose max
-     reaches v and re-reads only those.
+     | position), in output order. A row of one tile (<= 4G, read in one go, the first 2G of a
+     decode row together with its seq_len) does this from registers; a longer row keeps the max
+     of every (tile of 4 rows, column) in pass A (16 rows, 64 KB, in flight per step), lists the
+     (column, tile) pairs whose max reaches v and re-reads only those columns.
   D. the same radix passes over the candidates find the bin of the K-th largest key exactly:
      either its count is what is still needed (take the whole bin) or it is one tied key (take its
      first `need` candidates in order).
   E. a packed prefix sum gives each selected candidate its output slot (its rank in the order),
-     then the page translation and the stores.
+     then the page translation (from the row's page-table entries, prefetched at the start when
+     they fit PTB) and the stores.
 
   More than CAP candidates (heavy ties, adversarial rows): D and E read the row itself instead —
   slower, same result.
@@ -44,6 +46,7 @@ NBINS = tl.constexpr(32)
 TILE_ROWS = 4  # rows of G positions per tile of a long row (any value gives the same output)
 RT = tl.constexpr(TILE_ROWS)
 NTB = tl.constexpr(4)  # tiles listed per step of a long row's (column, tile) list
+A_TILES_512 = tl.constexpr(4)  # tiles a step of a long row's first pass at K = 512 (64 KB in flight; 1 at K = 1024)
 KEY_POS_INF = tl.constexpr(0xFF800000)  # _keys(+inf)
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)  # _keys(-inf)
 
@@ -234,20 +237,26 @@ def _candidates_long(ROW, L, W, WS, AUX, K: tl.constexpr, SMALL: tl.constexpr, C
     PQ: tl.constexpr = G // 2
     TMAX = AUX
     PAIRS = AUX + tl.cdiv(W, T) * G
-    offs = _offsets(W, G, RT)
+    A_TILES: tl.constexpr = A_TILES_512 if K == 512 else 1
+    TA: tl.constexpr = T * A_TILES
+    offs = _offsets(W, G, RT * A_TILES)
     cidx = tl.arange(0, G) + (W >> 31)
+    ta = tl.arange(0, A_TILES)[None, :]
+    ntiles = tl.cdiv(L, T)
     gmax = tl.full([G], float("-inf"), tl.float32)
-    for base in range(0, L, T):
-        if base + T <= L:
-            tm = tl.max(_load_tile(ROW + base, offs, L - base, False), 1)
+    for base in range(0, L, TA):  # A_TILES tiles a step: their loads all in flight together
+        if base + TA <= L:
+            x = _load_tile(ROW + base, offs, L - base, False)
         else:
-            tm = tl.max(_load_tile(ROW + base, offs, L - base, True), 1)
-        tl.store(TMAX + (base // T) * G + cidx, tm.to(tl.int32, bitcast=True))
-        gmax = tl.maximum(gmax, tm)
+            x = _load_tile(ROW + base, offs, L - base, True)
+        tm = tl.max(tl.reshape(x, [G, A_TILES, RT]), 2)  # [G, A_TILES]: each tile's column maxima
+        t = base // T + ta
+        tl.store(TMAX + t * G + cidx[:, None], tm.to(tl.int32, bitcast=True), mask=t < ntiles)
+        gmax = tl.maximum(gmax, tl.max(tm, 1))
     v = _bound(gmax, L, K, SMALL)
     vf = _score_at_least(v)
     tl.debug_barrier()  # the tile maxima, before other threads read them back
-    m = _list_pairs(TMAX, tl.cdiv(L, T), vf, PAIRS, W, G)
+    m = _list_pairs(TMAX, ntiles, vf, PAIRS, W, G)
     tl.debug_barrier()  # the pair list, before it is read back
     q = tl.arange(0, PQ) + (W >> 31)
     rows = tl.arange(0, RT)[None, :] * G

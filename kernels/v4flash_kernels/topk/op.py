@@ -90,7 +90,7 @@ def launch_variants() -> Tuple[Tuple[int, bool, int], ...]:
     """(K, SPEC, PTB) of every binary the planner can launch, at the largest PTB of each kind
     (a smaller prefetch only shrinks the tile): what check_sm120 compiles."""
     return tuple((k, spec, ptb) for k in TOPKS for spec in sorted({speculate(1, k), False})
-                 for ptb in (PT_PREFETCH, 0))
+                 for ptb in ((PT_PREFETCH, 0) if k == 512 else (0,)))
 
 
 def aux_words(width: int, k: int) -> int:
@@ -173,9 +173,10 @@ def check_args(
 
 def table_prefetch(width: int, k: int, page_bits: int) -> int:
     """Page-table columns each row prefetches (a power of two covering every column a position
-    below max(width, K) can name), or 0 to read the table at the end instead."""
+    below max(width, K) can name), or 0 to read the table at the end instead (also at K = 1024,
+    where the prefetched row would spill on sm_120)."""
     cols = -(-max(width, k) >> page_bits)
-    return 0 if cols > PT_PREFETCH else max(32, 1 << (cols - 1).bit_length())
+    return 0 if cols > PT_PREFETCH or k != 512 else max(32, 1 << (cols - 1).bit_length())
 
 
 def run(
