@@ -367,17 +367,18 @@ def check_topk(arch: int) -> List[CompileResult]:
 # system scope after the CTA barrier, polled with acquire at system scope (peers write them over
 # PCIe/NVLink), the epoch bookkeeping at GPU scope, received data read through L2 (.cg), and the
 # pushes vectorised (16-byte stores: the alignment hints on the IPC pointers took effect).
-ALLREDUCE_PTX_NEEDS = (
-    (r"atom\.global\.sys\.release\.exch\.b64", "flag raise: atom.release.sys"),
-    (r"(ld\.global\.sys\.acquire\.b64|atom\.global\.sys\.acquire)", "flag wait: acquire at .sys"),
-    (r"atom\.global\.gpu\.acq_rel\.add", "CTA arrival: atom.acq_rel.gpu"),
-    (r"atom\.global\.gpu\.release\.exch\.b64", "epoch store: atom.release.gpu"),
+ALLREDUCE_PTX_NEEDS = (  # Triton prints scope and semantic in either order (exch: .sys.release, cas: .acquire.sys)
+    (r"atom\.global\.(sys\.release|release\.sys)\.exch\.b64", "flag raise: atom.release.sys"),
+    (r"atom\.global\.(sys\.acquire|acquire\.sys)\.cas\.b64", "flag wait: atom.acquire.sys (cas)"),
+    (r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", "CTA arrival: atom.acq_rel.gpu"),
+    (r"atom\.global\.(gpu\.release|release\.gpu)\.exch\.b64", "epoch store: atom.release.gpu"),
     (r"ld\.global\.cg\.v4", "received data: 16-byte ld.cg"),
     (r"st\.global\.v4", "pushes: 16-byte stores"),
 )
 ALLREDUCE_PTX_FORBIDDEN = (
-    (r"(atom|ld|st|red)\.global\.cta\.", "a CTA-scoped memory operation (flags cross GPUs)"),
-    (r"(atom|ld|st|red)\.global\.sys\.relaxed", "a relaxed system-scope operation (flags need release/acquire)"),
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.cta\.", "a CTA-scoped memory operation (flags cross GPUs)"),
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.(sys\.relaxed|relaxed\.sys)\.",
+     "a relaxed system-scope operation (flags need release/acquire)"),
 )
 
 

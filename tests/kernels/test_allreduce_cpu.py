@@ -382,7 +382,7 @@ def test_drop_in_has_upstreams_signature():
 _GOOD_PTX = """
 bar.sync 0;
 @%p9 atom.global.sys.release.exch.b64 %rd48, [ %rd49 + 0 ], %rd117;
-@%p13 ld.global.sys.acquire.b64 %rd62, [ %rd67 + 0 ];
+@%p17 atom.global.acquire.sys.cas.b64 %rd46, [ %rd45 + 0 ], %rd47, %rd47;
 atom.global.gpu.acq_rel.add.u64 %rd1, [ %rd2 + 0 ], 1;
 atom.global.gpu.release.exch.b64 %rd3, [ %rd4 + 0 ], %rd5;
 ld.global.cg.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd6 + 0 ];
@@ -398,6 +398,9 @@ def test_ptx_gate_accepts_the_protocols_scopes_and_names_what_is_wrong():
     assert "missing flag raise" in allreduce_ptx_problem(gpu_flags)  # a .gpu flag is not seen by a peer GPU in order
     relaxed = _GOOD_PTX + "atom.global.sys.relaxed.exch.b64 %rd1, [ %rd2 + 0 ], %rd3;\n"
     assert "relaxed system-scope" in allreduce_ptx_problem(relaxed)
+    assert "relaxed system-scope" in allreduce_ptx_problem(_GOOD_PTX + "atom.global.relaxed.sys.cas.b64 %rd1;\n")
+    no_wait = _GOOD_PTX.replace("atom.global.acquire.sys.cas", "ld.volatile.global")
+    assert "missing flag wait" in allreduce_ptx_problem(no_wait)  # polling alone orders nothing
     scalar = _GOOD_PTX.replace("st.global.v4.b32", "st.global.b16")
     assert "16-byte stores" in allreduce_ptx_problem(scalar)
     assert allreduce_ptx_problem(scalar.replace("ld.global.cg.v4.b32", "ld.global.cg.b16"), vectorised=False) == ""

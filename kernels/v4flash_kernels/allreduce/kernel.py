@@ -66,26 +66,33 @@ def _signal(P0, P1, P2, P3, P4, P5, P6, P7, rank, epoch, FLAGS_OFF: tl.constexpr
 @triton.jit
 def _wait(own, rank, epoch, FLAGS_OFF: tl.constexpr, WORLD: tl.constexpr, MAX_CTAS: tl.constexpr,
           SPIN_LIMIT: tl.constexpr):
-    """Until every peer raised this CTA's flag for `epoch` (or later) in the own buffer (acquire, system scope).
+    """Until every peer raised this CTA's flag for `epoch` (or later) in the own buffer.
 
-    SPIN_LIMIT 0 waits for ever, like NCCL; the start-up probe bounds it (one budget for all peers) and
-    marks a time-out in the state's third word, so a box whose peer writes never arrive (ACS) falls
-    back within seconds instead of hanging.
+    Every thread polls with plain volatile loads (no barrier per iteration); once the flag is seen,
+    one acquire RMW at system scope orders the CTA's later reads after the peer's release, and the barrier
+    after it hands that to every thread. SPIN_LIMIT 0 waits for ever, like NCCL; the start-up probe
+    bounds it (one budget for all peers) and marks a time-out in the state's third word, so a box
+    whose peer writes never arrive (ACS) falls back within seconds instead of hanging.
     """
     spins = 0
     for s in tl.static_range(WORLD):
         if s != rank:
             flag = (own + FLAGS_OFF + (s * MAX_CTAS + tl.program_id(0)) * 8).to(tl.pointer_type(tl.int64))
-            seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+            seen = tl.load(flag, volatile=True)
             if SPIN_LIMIT > 0:
                 while (seen < epoch) & (spins < SPIN_LIMIT):
-                    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                    seen = tl.load(flag, volatile=True)
                     spins += 1
-                if seen < epoch:
-                    tl.atomic_xchg(own.to(tl.pointer_type(tl.int64)) + 2, 1, sem="relaxed", scope="gpu")
             else:
                 while seen < epoch:
-                    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                    seen = tl.load(flag, volatile=True)
+            # a compare-and-swap that never swaps (flags are >= 0): an RMW the compiler cannot drop, unlike
+            # an acquire load whose value is unused
+            never = tl.full([], -1, tl.int64)
+            seen = tl.atomic_cas(flag, never, never, sem="acquire", scope="sys")
+            if SPIN_LIMIT > 0:
+                if seen < epoch:
+                    tl.atomic_xchg(own.to(tl.pointer_type(tl.int64)) + 2, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
 
 
