@@ -2,15 +2,16 @@
 
 Push, not pull: on PCIe a write to a peer is a posted transaction while a read waits a round trip,
 so each rank writes its data into its peers' buffers and then reads only its own memory. The peers'
-buffers arrive as int64 addresses (P0..P7, mapped into this process through CUDA IPC; integer
-arguments are specialised on 16-byte divisibility, which lets the stores vectorise) and are cast to
-pointers in the kernel. Layout, epochs and the two-halves argument: `plan.py`.
+buffers arrive as int64 addresses (P0..P7, mapped into this process through CUDA IPC) and are cast to
+pointers in the kernel; the cast hides their alignment, so `tl.multiple_of` restores it (slots,
+halves and tiles all start on 16-byte boundaries) and the pushes vectorise. Layout, epochs and the
+two-halves argument: `plan.py`.
 
 Memory ordering: a CTA's data stores are ordered before its flag by a CTA barrier followed by a
-release exchange at system scope (`atom.release.sys`), and a waiter polls with acquire loads at system
-scope (`atom.acquire.sys`) before a barrier lets the whole CTA read; received data is read with
-`.cg` (L2, which owns this GPU's memory) so no stale L1 line can be used. The epoch bookkeeping is
-local to the GPU (`.gpu` scope).
+release exchange at system scope (`atom.release.sys`); a waiter polls with volatile loads, then one
+acquire compare-and-swap at system scope and a barrier let the whole CTA read; received data is read
+with `.cg` (L2, which owns this GPU's memory) so no stale L1 line can be used. The epoch bookkeeping
+is local to the GPU (`.gpu` scope). check_sm120 checks all of it in the PTX.
 """
 
 from __future__ import annotations
