@@ -222,7 +222,8 @@ class IpcAllReduce:
             call(out)
         torch.cuda.synchronize(self.device)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # thread_local: the worker's other threads (scheduler, KV transfer) keep using CUDA meanwhile
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
             for _ in range(PROBE_CALLS):
                 call(out)
         return _time_replays(lambda: g.replay(), PROBE_CALLS, self.device)
