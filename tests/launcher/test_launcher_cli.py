@@ -119,9 +119,8 @@ def engine_args(argv: list[str]) -> list[str]:
 
 def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", "V4FLASH_SPARSE_DECODE": "off",
-           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MHC": "false", "V4FLASH_TOPK": "0",
-           "V4FLASH_ALLREDUCE": "off",
-           "V4FLASH_MODEL": str(tmp_path)}
+           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MHC": "false",
+           "V4FLASH_TOPK": "0", "V4FLASH_ALLREDUCE": "off", "V4FLASH_MODEL": str(tmp_path)}
     plan = plan_json(extra_env=env)
     p = plan["processes"][0]
     assert p["argv"][1:3] == ["-m", "sglang.launch_server"]  # numa off
