@@ -473,6 +473,19 @@ def test_prefill_on_pair_split_words_matches_fp64(name, plan):
     _assert_matches(kw, _call_v2(kw, PF_PLANS[plan]))
 
 
+@pytest.mark.parametrize("tokens", [40, 100])
+def test_public_entry_runs_the_shipped_prefill_plan(tokens):
+    """`moe_forward_repacked` (what the patched `apply` calls) at 30 and 75 rows per expert: the
+    planner's own prefill plan with the shipped tiles (32-row mode 0; 128-row mode 1) vs fp64."""
+    kw = make_inputs(MoeCase(tokens=tokens, hole_frac=0.05, clamp_limit=0.4, routed_scaling_factor=1.5))
+    plan = op_v2.make_plan(tokens, 6, 8, 128, 64)
+    assert plan == op_v2.prefill_plan(tokens, 6, 8, 128, 64)
+    assert plan.gemm1 == (op_v2.PF_G1_SMALL if tokens == 40 else op_v2.PF_G1_LARGE)
+    out = op_v2.moe_forward_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+                                     kw["routed_scaling_factor"], kw["clamp_limit"])
+    _assert_matches(kw, out)
+
+
 def test_prefill_on_pair_split_words_inline_grouping():
     kw = make_inputs(MoeCase(tokens=2, topk=4, hole_frac=0.2, routed_scaling_factor=1.5))
     _assert_matches(kw, _call_v2(kw, moe.Plan(True, PF_PLANS["mode1"].gemm1, PF_PLANS["mode1"].gemm2)))
