@@ -147,16 +147,19 @@ def test_gpu_cuda_graph_replay_follows_new_routing(tp4, impl, tokens):
 
 
 @pytest.mark.parametrize("tokens", [1024, 4096])
-def test_gpu_prefill_candidates_on_repacked_layout(tp4, tokens):
-    """Every plan `bench --prefill` may pick for the repacked prefill path (v1's GEMM on PAIR_SPLIT words,
-    both operand orders, each tile) is exact against fp64, with poisoned outputs."""
-    from v4flash_kernels.moe import bench, op_v2
+def test_gpu_prefill_both_operand_orders_on_repacked_layout(tp4, tokens):
+    """The repacked prefill path (v1's GEMM on PAIR_SPLIT words) in the planner's operand orders and
+    with both GEMMs flipped, so both bodies are checked on the GPU against fp64 with poisoned outputs
+    (`bench --prefill` checks every other candidate the same way before timing it)."""
+    from dataclasses import replace
+
     from v4flash_kernels.moe import op as moe
+    from v4flash_kernels.moe import op_v2
 
     kw = _call(tp4, tokens, "random", 0.05, seed=tokens + 1)
-    plans = [p for p in bench.prefill_candidates(bench.Shape(4, tokens)).values() if isinstance(p, moe.Plan)]
-    assert {c.mode for p in plans for c in (p.gemm1, p.gemm2)} == {0, 1}
-    for plan in plans:
+    pf = op_v2.prefill_plan(tokens, TOPK, E, HIDDEN, INTER)
+    flipped = moe.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode))
+    for plan in (pf, flipped):
         out = torch.full_like(kw["hidden_states"], float("nan"))
         op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                            kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
