@@ -15,6 +15,8 @@ import pytest
 
 from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 from v4flash_kernels.fp8_gemm.op import launchable as fp8_launchable
+from v4flash_kernels.fp8_gemm.op import launchable_gemv as fp8_launchable_gemv
+from v4flash_kernels.fp8_gemm.op import launchable_reduce as fp8_launchable_reduce
 
 
 def _env(tmp_path):
@@ -38,6 +40,9 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
     fp8 = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemm"}
     assert fp8 == {(b.name, a) for b in fp8_launchable() for a in (120, 90)}
+    gemv = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemv"}
+    assert gemv == {(b.name, a) for b in fp8_launchable_gemv() for a in (120, 90)}
+    assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
     from v4flash_kernels.mhc.op import launchable
