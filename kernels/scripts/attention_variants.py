@@ -237,7 +237,7 @@ def run_variant(kw: dict, variant: Variant, plan: decode.Plan, poison: bool = Tr
         k8_b, ks_b, kbf_b, idx_b, len_b if len_b is not None else idx_b, w_b, ps_b, pb_b, idx_b.stride(0),
         ws_o, ws_l, H, plan.splits_main, ns, plan.chunk, float(kw["softmax_scale"]) * decode.LOG2E,
         HAS_LEN_A=len_a is not None, HAS_LEN_B=len_b is not None, BLOCK_H=16, BLOCK_T=cfg.block_t,
-        DOT_DTYPE=decode._dot_dtype(cfg), MODE=MODES[variant.mode], num_warps=cfg.num_warps,
+        DOT_DTYPE=decode._dot_dtype(cfg), MODE=MODES[variant.mode], num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     combine_kernel[(H, B)](
         ws_o, ws_l, out, out.stride(0), out.stride(2), lse, lse.stride(0), sink if sink is not None else ws_l, H, ns,
