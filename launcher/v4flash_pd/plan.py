@@ -9,18 +9,15 @@ was rehearsed is what runs on the GPU box. Every fact about the machine comes fr
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from v4flash_pd.config import PATCH_SWITCHES, Config, WorkerSpec
+from v4flash_pd.config.keys import PATCH_SWITCHES
+from v4flash_pd.config.types import Config, WorkerSpec
 from v4flash_pd.errors import UserError
+from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import Binding, numactl_prefix
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
-
-if TYPE_CHECKING:
-    from v4flash_pd.host import Host
-
-__all__ = ["Binding", "Plan", "ProcessSpec", "build_plan", "config_port_uses", "numactl_prefix", "reach_host"]
 
 SGLANG_MODULE = "sglang.launch_server"
 REHEARSAL_MODULE = "v4flash_pd.rehearsal.engine"
@@ -125,19 +122,6 @@ def _overlap(a: set[str], b: set[str]) -> bool:
 def worker_url(w: WorkerSpec) -> str:
     """Where the router (and any other box) reaches a worker."""
     return f"http://{url_host(w.advertise) if w.advertise else reach_host(w.host)}:{w.port}"
-
-
-def config_port_uses(cfg: Config) -> tuple[PortUse, ...]:
-    """Every port the config's processes listen on here, in plan order (the Host probes exactly these)."""
-    uses: list[PortUse] = []
-    for w in cfg.local_workers():
-        uses += [PortUse(f"{w.name} http", w.host, w.port), PortUse(f"{w.name} nccl", w.host, w.nccl_port)]
-        if w.role == "prefill" and w.bootstrap_port is not None:
-            uses.append(PortUse(f"{w.name} bootstrap", w.host, w.bootstrap_port))
-    if cfg.router is not None:
-        r = cfg.router
-        uses += [PortUse("router http", r.host, r.port), PortUse("router metrics", r.metrics_host, r.metrics_port)]
-    return tuple(uses)
 
 
 class _Problems:
@@ -306,7 +290,7 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, py
     env["PYTHONUNBUFFERED"] = "1"
     if rehearse:
         env["V4FLASH_REHEARSAL"] = "1"
-    ports = tuple(u for u in config_port_uses(cfg) if u.owner.split(" ", 1)[0] == w.name)
+    ports = tuple(u for u in cfg.port_uses() if u.owner.split(" ", 1)[0] == w.name)
     return ProcessSpec(name=w.name, role=w.role, argv=argv, env=tuple(sorted(env.items())), gpus=w.gpus,
                        binding=binding, ports=ports, health_url=f"http://{reach_host(w.host)}:{w.port}/health",
                        index=w.index)
@@ -342,7 +326,7 @@ def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> Proce
     env["PYTHONUNBUFFERED"] = "1"
     return ProcessSpec(name="router", role="router", argv=tuple(argv), env=tuple(sorted(env.items())), gpus=(),
                        binding=Binding(None, "none", "router is CPU-light"),
-                       ports=tuple(u for u in config_port_uses(cfg) if u.owner.startswith("router ")),
+                       ports=tuple(u for u in cfg.port_uses() if u.owner.startswith("router ")),
                        health_url=f"http://{reach_host(r.host)}:{r.port}/readiness")
 
 
@@ -355,14 +339,14 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
         if not addrs:
             problems.add(f"host {name!r} in the config does not resolve on this machine",
                          "use an IP address (127.0.0.1 keeps a worker on this box) or fix the name in /etc/hosts or DNS")
-    busy = [(u, host.port(u.host, u.port)) for u in config_port_uses(cfg) if host.port(u.host, u.port)]
+    busy = [(u, host.port(u.host, u.port)) for u in cfg.port_uses() if host.port(u.host, u.port)]
     if busy:
         items = ", ".join(f"{u.port} ({u.owner} on {u.host}: {why})" for u, why in busy)
         fix = ("stop whatever holds them (`v4flash-pd down`, or `ss -ltnp` to find it), or move the role to free "
-               f"ports, e.g. --set {_port_key(busy[0][0], cfg)}={busy[0][0].port + 1}")
+               f"ports, e.g. --set {cfg.port_key(busy[0][0])}={busy[0][0].port + 1}")
         if any(why.startswith("permission denied") for _, why in busy):
             fix = ("use ports >= 1024 (or run with CAP_NET_BIND_SERVICE), e.g. "
-                   f"--set {_port_key(busy[0][0], cfg)}=8000; " + fix)
+                   f"--set {cfg.port_key(busy[0][0])}=8000; " + fix)
         if starting:
             problems.add(f"port(s) not available on this host: {items}", fix)
         else:
@@ -387,14 +371,6 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
             problems.add(msg, fix)
         else:
             warnings.append(msg + f" ({fix})")
-
-
-def _port_key(u: PortUse, cfg: Config) -> str:
-    owner, kind = u.owner.split(" ", 1)
-    if owner == "router":
-        return "router.port" if kind == "http" else "router.metrics_port"
-    role, idx = owner.rsplit("-", 1)
-    return f"{role}.{idx}." + {"http": "port", "nccl": "nccl_port", "bootstrap": "bootstrap_port"}[kind]
 
 
 def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus: bool | None = None,
@@ -461,7 +437,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             warnings.append(f"the router listens on {where} port {r.port} WITHOUT authentication: anyone who can "
                             "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
                             "router.host = \"127.0.0.1\" behind a reverse proxy")
-        exposed = [u for u in config_port_uses(cfg) if u.owner != "router http" and not _loopback(u.host)]
+        exposed = [u for u in cfg.port_uses() if u.owner != "router http" and not _loopback(u.host)]
         if exposed and cfg.cluster is None:
             warnings.append("listening beyond this box: " + ", ".join(f"{u.owner} on {u.host}:{u.port}" for u in exposed)
                             + "; workers, bootstrap, NCCL and router metrics need no outside access: keep them on "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import Config
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.table import format_table
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from v4flash_pd.errors import UserError
+from v4flash_pd.textfile import read_text_file
 
 UNKNOWN_NODE = -1
 _QUERY = "index,name,pci.bus_id,compute_cap,memory.total,driver_version,uuid"
@@ -209,8 +210,6 @@ def from_dict(data: Any, source: str = "") -> Topology:
 
 
 def load(path: Path | str) -> Topology:
-    from v4flash_pd.config import read_text_file
-
     path = Path(path)
     text = read_text_file(path, "topology file", "create one with `v4flash-pd topology --save FILE` on the target box")
     try:

@@ -127,7 +127,9 @@ def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"]) == ("0", "0", "0")
     assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False]]
     assert plan["model_path"] == str(tmp_path)
-    assert plan["config"]["sources"][-1] == "flags"  # click resolved the env vars as option values
+    # click resolved the env vars as option values: the layer below --set and the flags
+    want = "env:V4FLASH_MODEL,V4FLASH_NUMA,V4FLASH_SPARSE_DECODE,V4FLASH_MOE,V4FLASH_INDEXER"
+    assert plan["config"]["sources"][-1] == want
     assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"
 
 
@@ -147,7 +149,7 @@ def test_command_line_round_trips_through_the_shell() -> None:
     import shlex
 
     from v4flash_pd import topology as topo
-    from v4flash_pd.config import load_config
+    from v4flash_pd.config.load import load_config
     from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
     from v4flash_pd.render import command_line

@@ -14,7 +14,7 @@ import pytest
 from fakebox import BOX_8GPU_2NODE
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.hostprobe import NodeProbe, probe_node

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from v4flash_pd.errors import RuntimeFailure
+from v4flash_pd.hostprobe import Binding
 from v4flash_pd.httpclient import ERROR, OK, REFUSED, TIMEOUT, Reply
-from v4flash_pd.plan import Binding, Plan, ProcessSpec
+from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.poll import Clock, poll_until
 from v4flash_pd.procgroup import (
     Child,

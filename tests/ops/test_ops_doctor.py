@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ops_doctor_fixtures import make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi, make_sysfs, write_lock
 
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.doctor import (
     EXIT_ERROR,
     EXIT_OK,

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import config_from_params, pass_params, run_options, selected
-from v4flash_pd.doctor.result import Check
+from v4flash_pd.cli.options import Options, RunOptions, json_option, pass_options, prepare, resolve, run_options
+from v4flash_pd.doctor import (
+    FAMILIES,
+    Check,
+    DoctorInput,
+    exit_code,
+    expect_from_plan,
+    render_table,
+    run_checks,
+    system_probe,
+    to_json,
+)
+from v4flash_pd.errors import UserError
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
 _COVERED = ("WARNING ", "topology: ", "the plan uses GPUs", "port(s) not available", "the router listens",
@@ -30,9 +40,9 @@ def plan_row(warnings: tuple[str, ...]) -> Check:
 @run_options
 @click.option("--only", default="", envvar="V4FLASH_DOCTOR_ONLY",
               help="Comma-separated check families to run: gpu,numa,ports,model,storage,stack,transport,offline.")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_DOCTOR_JSON", help="Machine-readable output.")
-@pass_params
-def command(params: dict[str, Any]) -> None:
+@json_option("Machine-readable output.")
+@pass_options(run=True)
+def command(opts: Options, how: RunOptions, only: str, as_json: bool) -> None:
     """Check this box against the plan: driver/CUDA 13, GPUs, NUMA bindings (the plan's own numactl
     prefixes), ports, model files, disk, /dev/shm, pinned versions, each kernel patch, context length,
     NIXL/UCX, GPU peer access, offline env, router authentication.
@@ -41,45 +51,27 @@ def command(params: dict[str, Any]) -> None:
 
     Exit code: 0 all ok, 3 warnings, 4 errors (2 = the options or config themselves are wrong).
     """
-    from v4flash_pd import topology as topo_mod
-    from v4flash_pd.doctor import (
-        FAMILIES,
-        Check,
-        DoctorInput,
-        exit_code,
-        expect_from_plan,
-        render_table,
-        run_checks,
-        system_probe,
-        to_json,
-    )
-    from v4flash_pd.errors import UserError
-    from v4flash_pd.host import probe_host
-    from v4flash_pd.plan import build_plan
-
-    families = tuple(f.strip() for f in params["only"].split(",") if f.strip())
+    families = tuple(f.strip() for f in only.split(",") if f.strip())
     known = [n for n, _ in FAMILIES]
     bad = [f for f in families if f not in known]
     if bad:
         raise UserError(f"unknown check family {', '.join(bad)}", f"use some of: {', '.join(known)}")
-    cfg = selected(config_from_params(params), params)  # a cluster plan: the part this box starts
-    tfile = params.get("topology_file")
+    cfg, host = prepare(opts, "doctor")  # a cluster plan: the part this box starts
     probe = system_probe()
-    host = probe_host(cfg, env=probe.env, topology=topo_mod.load(tfile) if tfile else None)
     try:
-        plan = build_plan(cfg, host, rehearse=bool(params.get("rehearse")), require_gpus=False)
+        plan = resolve(opts, "doctor", (cfg, host)).plan
     except UserError as exc:  # the plan itself cannot be built here: that is the finding
         checks: tuple[Check, ...] = (Check("plan", "error", exc.message, exc.hint),)
     else:
         expect = expect_from_plan(plan, numa_mode=cfg.numa, tokenizer_path=cfg.tokenizer_path,
                                   transfer_backend=cfg.transfer_backend)
-        inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=tfile is None)
+        inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=opts.topology_file is None)
         # a cluster's router part starts no worker here: GPUs, NUMA, model and KV transport are the boxes'
-        only = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
-        checks = run_checks(inp, only=only)
+        chosen = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
+        checks = run_checks(inp, only=chosen)
         if not families:
             checks = (plan_row(plan.warnings),) + checks
-    if params["as_json"]:
+    if as_json:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:
         click.echo(f"doctor: profile {cfg.profile}, topology {host.topology.source}")

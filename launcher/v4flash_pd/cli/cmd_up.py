@@ -7,11 +7,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import Resolved, pass_params, resolve, run_options
+from v4flash_pd.cli.options import Options, Resolved, RunOptions, pass_options, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.fingerprint import fingerprint
 from v4flash_pd.plan import Plan
@@ -56,7 +55,7 @@ def check_writable(run: RunDir) -> None:
                         "pass a writable --run-dir, or set V4FLASH_RUNS_ROOT to a writable directory") from None
 
 
-def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str) -> None:
+def _detach(run: RunDir, ready_timeout: float, url: str) -> None:
     """Re-exec this same `up` in its own session with the run dir fixed, then wait for READY."""
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     if "--run-dir" not in argv:
@@ -122,16 +121,16 @@ def _eval_gate(questions: int, min_accuracy: float):
 
 @click.command("up", short_help="Start prefill + decode + router, gate on a real request, supervise.")
 @run_options
-@pass_params
-def command(params: dict[str, Any]) -> None:
+@pass_options(run=True)
+def command(opts: Options, how: RunOptions) -> None:
     """Start prefill + decode + router, wait until a real request works, supervise until stopped."""
-    r = resolve(params, "up")
+    r = resolve(opts, "up")
     cfg, plan = r.config, r.plan
-    preflight(r, params["verify_model"])
-    run = RunDir.create(params.get("run_dir"))
+    preflight(r, how.verify_model)
+    run = RunDir.create(how.run_dir)
     check_writable(run)
-    if params["detach"]:
-        _detach(params, run, cfg.ready_timeout, plan.probe_url)
+    if how.detach:
+        _detach(run, cfg.ready_timeout, plan.probe_url)
         return
     run.lock()  # held until this process exits: a second `up` on this run dir is refused
     run.write_json("config.json", cfg.to_dict())
@@ -139,8 +138,7 @@ def command(params: dict[str, Any]) -> None:
     run.write_json("fingerprint.json", fingerprint(r.topology))
     sup = Supervisor(plan, run, echo=lambda m: click.echo(m), grace=cfg.grace_period,
                      ready_timeout=cfg.ready_timeout, smoke_prompt=cfg.smoke_prompt, hang_timeout=cfg.hang_timeout,
-                     after_ready=(_eval_gate(params["eval_questions"], params["eval_min_accuracy"])
-                                  if params["eval_gate"] else None))
+                     after_ready=_eval_gate(how.eval_questions, how.eval_min_accuracy) if how.eval_gate else None)
     sup.install_signal_handlers()  # SIGTERM, SIGINT and SIGHUP
     sup.say(plan_text(plan, show_commands=False))  # say: a closed stdout stops the run, it never orphans it
     sup.say(f"run dir  {run.path}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from v4flash_pd.config import PATCH_SWITCHES
+from v4flash_pd.config.keys import PATCH_SWITCHES
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.errors import UserError
