@@ -79,7 +79,7 @@ def test_debug_env_var_shows_the_traceback(cli) -> None:
 
 def test_plan_json_shape(plan_json) -> None:
     plan = plan_json("--topology", T8)
-    assert plan["format"] == "v4flash-pd/plan/1" and plan["mode"] == "pd"
+    assert plan["format"] == "v4flash-pd/plan/2" and plan["mode"] == "pd"
     assert [p["name"] for p in plan["processes"]] == ["prefill-0", "decode-0", "router"]
     for p in plan["processes"]:
         assert isinstance(p["argv"], list) and p["argv"] and all(isinstance(a, str) for a in p["argv"])
@@ -130,7 +130,7 @@ def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     # click resolved the env vars as option values: the layer below --set and the flags
     want = "env:V4FLASH_MODEL,V4FLASH_NUMA,V4FLASH_SPARSE_DECODE,V4FLASH_MOE,V4FLASH_INDEXER"
     assert plan["config"]["sources"][-1] == want
-    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"
+    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/2"
 
 
 def test_version() -> None:

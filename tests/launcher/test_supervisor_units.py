@@ -164,7 +164,7 @@ def _spec(name: str, role: str, url: str, argv: tuple[str, ...] = ("true",)) -> 
 
 def _plan(*specs: ProcessSpec) -> Plan:
     return Plan(profile="t", mode="pd", rehearse=True, model_path="", processes=tuple(specs),
-                url="http://127.0.0.1:1", probe_url="http://127.0.0.1:1", expected=())
+                url="http://127.0.0.1:1", probe_url="http://127.0.0.1:1", expected=(), python=sys.executable)
 
 
 NO_SUCH_PID = 4_000_000  # above pid_max's usual 4194304? keep it unlikely; describe_state treats it as gone

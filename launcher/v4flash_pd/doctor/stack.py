@@ -96,7 +96,7 @@ def check_patches(inp: DoctorInput) -> list[Check]:
     names = [n for n, _ in e.patches] or list(PATCH_TITLES)
     switches = dict(e.patches)
     rows = [f"patch-{n}" for n in names]
-    python = e.python or sys.executable
+    python = e.python
     # The workers' interpreter and environment, as the plan starts them: the hook reports every patch.
     r = p.run([python, "-m", "v4flash_kernels.hook.hook"], 300.0, dict(e.worker_env))
     st = _status_json(r.out)
