@@ -374,6 +374,7 @@ class Supervisor:
 
         def tick() -> bool:
             self._guard(f"while waiting for {what}")
+            ok: bool
             ok, detail[0] = self._interruptible(check, f"while waiting for {what}")
             now = self.clock.now()
             if not ok and now - last[0] >= self.progress_every:

@@ -17,8 +17,7 @@ from typing import Any
 
 import fakebox
 import pytest
-
-from v4flash_pd.procs import group_alive
+from fakebox import group_alive
 
 pytestmark = pytest.mark.timeout(180)
 

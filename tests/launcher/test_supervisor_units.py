@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakebox import group_alive
 
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.hostprobe import Binding
@@ -32,7 +33,6 @@ from v4flash_pd.procgroup import (
     pid_file_text,
     verify,
 )
-from v4flash_pd.procs import group_alive
 from v4flash_pd.readiness import HealthGate, describe
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import Supervisor

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
 
 
@@ -30,8 +31,7 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               help="Seed for the generated prompts.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               envvar="V4FLASH_BENCH_TIMEOUT", help="Per-request timeout in seconds.")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_BENCH_JSON",
-              help="Print the machine-readable report (for comparing runs) instead of the table.")
+@json_option("Print the machine-readable report (for comparing runs) instead of the table.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_BENCH_API_KEY_FILE",
               help="File holding the router's API key (a router started with router.api_key_file).")
 @click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_BENCH_API_KEY_ENV",

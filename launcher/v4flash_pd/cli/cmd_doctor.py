@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from v4flash_pd.cli.options import Options, RunOptions, json_option, pass_options, prepare, resolve, run_options
+from v4flash_pd.cli.common import json_option
+from v4flash_pd.cli.options import Options, RunOptions, pass_options, prepare, resolve, run_options
 from v4flash_pd.doctor import (
     FAMILIES,
     Check,

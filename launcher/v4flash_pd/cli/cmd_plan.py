@@ -8,12 +8,12 @@ import click
 
 from v4flash_pd import docformat
 from v4flash_pd import topology as topo
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.cli.options import (
     Options,
     cluster_options,
     config_options,
     hosts_option,
-    json_option,
     load,
     pass_options,
     prepare,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from v4flash_pd.config.keys import PATCH_SWITCHES
 from v4flash_pd.doctor.context import DoctorInput
@@ -78,7 +79,7 @@ def _hook_note(st: object) -> str:
     return str(st)[:200]
 
 
-def _status_json(text: str) -> dict | None:
+def _status_json(text: str) -> dict[str, Any] | None:
     """The JSON object `python -m v4flash_kernels.hook.hook` prints (pretty-printed, possibly after log lines)."""
     start = text.find("{")
     if start < 0:
