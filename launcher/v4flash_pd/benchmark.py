@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
-from v4flash_pd.table import Progress
+from v4flash_pd.table import Progress, format_table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DONE = object()  # sentinel for `data: [DONE]`
@@ -215,8 +215,6 @@ def render_table(levels: Iterable[LevelStats]) -> str:
             "/".join(_fmt(v) for v in (s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99)),
             "/".join(_fmt(v) for v in (s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99)),
         ))
-    from v4flash_pd.table import format_table
-
     out = "\n".join(format_table(rows[0], rows[1:], right=range(len(header))))
     for s in levels:
         for e in s.error_samples:

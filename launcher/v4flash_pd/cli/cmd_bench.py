@@ -10,8 +10,10 @@ import sys
 
 import click
 
+from v4flash_pd import benchmark
 from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.routerauth import auth_headers
 
 
 @click.command("bench")
@@ -50,15 +52,12 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     if step:
         _run_step_bench(step_args)
         return
-    from v4flash_pd import benchmark
-
     try:
         levels = benchmark.parse_concurrency(concurrency)
     except ValueError as exc:
         raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
     if n_requests is not None and n_requests < 1:
         raise UserError(f"--requests must be >= 1, got {n_requests}")
-    from v4flash_pd.routerauth import auth_headers
 
     source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     spec = benchmark.BenchSpec(url=url, concurrency=levels, requests=n_requests, input_len=input_len,

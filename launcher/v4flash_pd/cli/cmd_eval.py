@@ -6,8 +6,10 @@ import json
 
 import click
 
+from v4flash_pd import evalgate
 from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.routerauth import auth_headers
 
 
 @click.command("eval")
@@ -42,9 +44,6 @@ def command(url: str, questions: int, min_accuracy: float, seed: int, shots: int
     Catches the failure class where serving looks healthy but answers are wrong (e.g. a KV
     transfer that silently drops state between prefill and decode).
     """
-    from v4flash_pd import evalgate
-    from v4flash_pd.routerauth import auth_headers
-
     source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     headers = auth_headers(source)
     try:

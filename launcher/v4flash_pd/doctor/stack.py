@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from v4flash_kernels.hook.patches import PATCHES, switch_by_name
+from v4flash_pd import stacklock
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.errors import UserError
@@ -31,8 +32,6 @@ def compare(locked: dict[str, str], installed: dict[str, str | None]) -> tuple[l
 
 
 def check_versions(inp: DoctorInput) -> Check:
-    from v4flash_pd import stacklock
-
     lock_env = inp.probe.env.get(stacklock.LOCK_ENV)
     try:
         lock = stacklock.load_lock(lock_env) if lock_env else stacklock.load_lock()
