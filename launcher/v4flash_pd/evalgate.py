@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from v4flash_pd import arith
 from v4flash_pd.httpclient import request
@@ -56,7 +56,7 @@ class EvalResult:
     def failures(self) -> tuple[Graded, ...]:
         return tuple(g for g in self.graded if not g.correct)
 
-    def to_dict(self, max_failures: int = 10) -> dict:
+    def to_dict(self, max_failures: int = 10) -> dict[str, Any]:
         d = asdict(self)
         d.pop("graded")
         d["schema"] = "v4flash-pd.eval/1"
@@ -81,7 +81,7 @@ def build_prompt(problem: arith.Problem, shots: int) -> str:
     return few_shot_prefix(shots) + arith.prompt_for(problem)
 
 
-def generate_payload(prompt: str, max_tokens: int) -> dict:
+def generate_payload(prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"text": prompt,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "stop": ["Question:"]}}
 
@@ -124,7 +124,8 @@ def _check_url(url: str) -> urllib.parse.SplitResult:
     return u
 
 
-def post_generate(url: str, payload: dict, timeout: float, headers: dict[str, str] | None = None) -> tuple[str, str]:
+def post_generate(url: str, payload: dict[str, Any], timeout: float,
+                  headers: dict[str, str] | None = None) -> tuple[str, str]:
     """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
     _check_url(url)
     rep = request(url.rstrip("/") + "/generate", payload, timeout=timeout, headers=headers)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4flash_pd import __version__
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import OFFLINE_ENV
 
@@ -62,19 +62,19 @@ def check_options(opts: K8sOptions) -> None:
                         "pass the model dir as every node has it, e.g. --model-host-path /data/DeepSeek-V4-Flash")
 
 
-def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
-    """The raw config of the pod layout: one slot per pod (4 GPUs, numbered 0-3 inside it), its own
-    network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names
-    (box i = prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
-    c = dict(raw.get("cluster") or {})
-    p, d = int(c.get("prefill", 1)), int(c.get("decode", 1))
-    tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
-    c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
-             hosts=[pod_dns(opts, "prefill", i) for i in range(p)] + [pod_dns(opts, "decode", j) for j in range(d)])
-    # each pod is its own network namespace: the router's metrics port must listen on the pod address to
-    # be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
-    router = {**(raw.get("router") or {}), "metrics_host": "0.0.0.0"}
-    return {**raw, "cluster": c, "router": router}
+def pod_layer(spec: ClusterSpec, tp: int, opts: K8sOptions) -> dict[str, Any]:
+    """The pod layout as a config layer (dotted keys), from the checked [cluster] table and the prefill
+    template's TP size: one slot per pod (`tp` GPUs, numbered from 0 inside it), its own network
+    namespace (no port offset), listening on every pod address, hosts = the pods' DNS names (box i =
+    prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
+    p, d = spec.prefill, spec.decode
+    return {"cluster.boxes": p + d, "cluster.slot_gpus": [list(range(tp))], "cluster.port_offset": 0,
+            "cluster.bind_host": "0.0.0.0",
+            "cluster.hosts": [pod_dns(opts, "prefill", i) for i in range(p)]
+            + [pod_dns(opts, "decode", j) for j in range(d)],
+            # each pod is its own network namespace: the router's metrics port must listen on the pod address
+            # to be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
+            "router.metrics_host": "0.0.0.0"}
 
 
 def pod_dns(opts: K8sOptions, role: str, index: int) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4flash_pd import __version__
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import Config
 from v4flash_pd.errors import UserError
 
 CONTAINERS = ("none", "pyxis", "apptainer")

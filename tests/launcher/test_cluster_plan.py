@@ -15,8 +15,12 @@ from typing import Any
 import pytest
 
 from v4flash_pd import topology as topo
-from v4flash_pd.cluster import PLAN_FORMAT, layout, part_plans, plan_document, read_plan, select
-from v4flash_pd.config import Config, build_config, load_config, merged_layers
+from v4flash_pd.cluster import PLAN_FORMAT, part_plans, plan_document, read_plan, select
+from v4flash_pd.config.build import build_config, cluster_spec
+from v4flash_pd.config.layers import merged_layers, set_keys
+from v4flash_pd.config.layout import expand, layout
+from v4flash_pd.config.load import load_config
+from v4flash_pd.config.types import Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.plan import Plan, build_plan
@@ -447,7 +451,7 @@ def test_part_plans_builds_every_box_and_the_router() -> None:
 def rendered(*sets: str, **cluster_keys: Any) -> tuple[dict[str, Any], str, Config]:
     overrides = {"cluster.boxes": 2, **{f"cluster.{k}": v for k, v in cluster_keys.items()}}
     raw, profile, sources = merged_layers(env={}, overrides=overrides, sets=sets)
-    return raw, profile, build_config(raw, profile, sources)
+    return raw, profile, expand(build_config(raw, profile, sources))
 
 
 def test_plan_document_round_trips_through_read_plan(tmp_path: Path) -> None:
@@ -530,10 +534,11 @@ def test_a_workers_own_ucx_tls_gets_the_network_transport_too() -> None:
 def test_a_pod_binds_the_numa_node_of_the_gpus_it_was_given() -> None:
     """A Kubernetes worker pod sees its 4 GPUs as 0-3 wherever they sit: the node comes from their
     topology (here node 1), never from the worker's index or role."""
-    from v4flash_pd.render_k8s import K8sOptions, pod_cluster
+    from v4flash_pd.render_k8s import K8sOptions, pod_layer
 
     raw, profile, sources = merged_layers(env={}, overrides={"cluster.prefill": 2, "cluster.decode": 1})
-    cfg = build_config(pod_cluster(raw, K8sOptions()), profile, sources)
+    set_keys(raw, pod_layer(cluster_spec(raw, "pd"), 4, K8sOptions()))
+    cfg = expand(build_config(raw, profile, sources))
     for role, index in (("prefill", 1), ("decode", 0)):
         plan = build_plan(select(cfg, role=role, index=index), remote(SWAPPED))
         (p,) = plan.workers()

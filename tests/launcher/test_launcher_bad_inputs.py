@@ -161,7 +161,7 @@ def test_up_reports_every_preflight_failure_at_once(tmp_path: Path) -> None:
 
 def test_ipv6_hosts_are_bracketed_in_urls() -> None:
     from v4flash_pd import topology as topo
-    from v4flash_pd.config import load_config
+    from v4flash_pd.config.load import load_config
     from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
 

@@ -79,7 +79,7 @@ def test_debug_env_var_shows_the_traceback(cli) -> None:
 
 def test_plan_json_shape(plan_json) -> None:
     plan = plan_json("--topology", T8)
-    assert plan["format"] == "v4flash-pd/plan/1" and plan["mode"] == "pd"
+    assert plan["format"] == "v4flash-pd/plan/2" and plan["mode"] == "pd"
     assert [p["name"] for p in plan["processes"]] == ["prefill-0", "decode-0", "router"]
     for p in plan["processes"]:
         assert isinstance(p["argv"], list) and p["argv"] and all(isinstance(a, str) for a in p["argv"])
@@ -128,8 +128,11 @@ def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
         "0", "0", "0", "0")
     assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False], ["fp8_gemm", False]]
     assert plan["model_path"] == str(tmp_path)
-    assert plan["config"]["sources"][-1] == "flags"  # click resolved the env vars as option values
-    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"
+    # click resolved the env vars as option values: the layer below --set and the flags
+    given = ("V4FLASH_MODEL", "V4FLASH_NUMA", "V4FLASH_SPARSE_DECODE", "V4FLASH_MOE", "V4FLASH_INDEXER",
+             "V4FLASH_FP8_GEMM")  # in the order the options are declared
+    assert plan["config"]["sources"][-1] == "env:" + ",".join(given)
+    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/2"
 
 
 def test_version() -> None:
@@ -148,7 +151,7 @@ def test_command_line_round_trips_through_the_shell() -> None:
     import shlex
 
     from v4flash_pd import topology as topo
-    from v4flash_pd.config import load_config
+    from v4flash_pd.config.load import load_config
     from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
     from v4flash_pd.render import command_line

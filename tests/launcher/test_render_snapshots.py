@@ -24,7 +24,7 @@ import yaml
 from cluster.k8s_schema import load_yaml_docs, validate
 from snapshot import check_snapshot
 from v4flash_pd.cluster import read_plan
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.render_k8s import K8sOptions, manifests, render, to_yaml
 
 SNAPSHOTS = Path(__file__).parent / "snapshots" / "render"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from v4flash_pd import config as cfgmod
+from v4flash_pd.config import keys as cfgmod
+from v4flash_pd.config.values import MAX_PREFILL_CHUNK
 
 BIN = Path(sys.executable).parent / "v4flash-pd"
 
@@ -78,7 +79,7 @@ def test_engine_argv_accepted_by_pinned_sglang_parser(default_plan, sglang_pytho
     assert (pre["port"], dec["port"], pre["nccl_port"], dec["nccl_port"]) == (30000, 30001, 30010, 30011)
     assert pre["trust_remote_code"] and pre["enable_metrics"]
     assert pre["context_length"] == dec["context_length"] == 131072
-    assert pre["chunked_prefill_size"] == 8192 <= cfgmod.MAX_PREFILL_CHUNK  # the profile's, under the sm_120 limit
+    assert pre["chunked_prefill_size"] == 8192 <= MAX_PREFILL_CHUNK  # the profile's, under the sm_120 limit
     assert dec["chunked_prefill_size"] is None
     # the choices `plan` checks in milliseconds are the pinned parser's, exactly
     assert got["choices"]["disaggregation_transfer_backend"] == list(cfgmod.TRANSFER_BACKENDS)

@@ -11,7 +11,7 @@ import urllib.request
 from typing import Iterator
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.host import Host
 from v4flash_pd.plan import build_plan
 from v4flash_pd.ports import free_port

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ops_doctor_fixtures import make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi, make_sysfs, write_lock
 
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.doctor import (
     EXIT_ERROR,
     EXIT_OK,
@@ -229,7 +229,7 @@ def _inp(box, **probe_over) -> DoctorInput:
     cfg = load_config(overrides={"model.path": str(box["model"])}, env=box["env"])
     host = probe_host(cfg, env=box["env"])
     plan = build_plan(cfg, host, require_gpus=False)
-    expect = expect_from_plan(plan, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
+    expect = expect_from_plan(plan, host, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
     return DoctorInput(expect=expect, topology=host.topology, probe=probe)
 
 

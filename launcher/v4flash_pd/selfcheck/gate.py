@@ -7,8 +7,7 @@ SGLang runs upstream's function for it. `--strict-selfcheck` refuses to start in
 `--no-selfcheck` skips the check (and says the patches run unverified).
 
 `up --detach` checks in the foreground (the operator sees the verdict, and a strict refusal,
-before the launcher detaches) and hands the result to the detached launcher through
-`V4FLASH_SELFCHECK_DONE`, which reuses it instead of checking twice.
+before the launcher detaches); the detached launcher gets the plan already decided.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from v4flash_pd.selfcheck.jobs import jobs_for
 
 Echo = Callable[[str], None]
 DEVICE_ENV = "V4FLASH_SELFCHECK_DEVICE"  # "cpu": the real kernels' small shapes on Triton's interpreter (CI)
-DONE_ENV = "V4FLASH_SELFCHECK_DONE"  # a detaching `up` tells its detached self where its result is
 
 
 def patches_on(plan: Plan) -> tuple[str, ...]:
@@ -73,22 +71,6 @@ def check_seams(env: Mapping[str, str]) -> str:
     return device
 
 
-def reuse(run_path: Path, plan: Plan, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The result a detaching `up` already wrote into this run dir for these GPUs and patches, if any."""
-    named = env.get(DONE_ENV, "")
-    path = run_path / result.FILE
-    if not named or Path(named).resolve() != path.resolve():
-        return None
-    try:
-        summary = result.load(path)
-    except ValueError:
-        return None
-    gpus = sorted({g["gpu"] for g in summary["gpus"] if isinstance(g, dict) and isinstance(g.get("gpu"), int)})
-    if gpus != plan_gpus(plan) or not set(patches_on(plan)) <= set(summary.get("requested") or []):
-        return None
-    return summary
-
-
 def refuse_if_in_use(run: Any) -> None:
     """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
     `up` checks first and its detached self takes the lock)."""
@@ -108,28 +90,21 @@ def refuse_if_in_use(run: Any) -> None:
     os.close(fd)
 
 
-def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
-    """`up`'s step between preflight and the first worker: returns the Resolved to start (a new one
-    when a patch had to be switched off); raises RuntimeFailure under --strict-selfcheck."""
-    plan: Plan = r.plan
+def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: Any, echo: Echo) -> tuple[str, ...]:
+    """`up`'s step between preflight and the first worker: the patches to switch off for this run
+    (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck."""
     names = patches_on(plan)
-    if params.get("no_selfcheck"):
+    if no_selfcheck:
         if names and plan.workers():
             echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(names)} run unverified on these GPUs")
-        return r
+        return ()
     if not names or not plan.workers():
-        return r
+        return ()
     check_seams(os.environ)
     refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
-    summary = reuse(run.path, plan, os.environ)
-    if summary is not None:
-        os.environ.pop(DONE_ENV, None)  # used: the workers need not inherit it
-        echo(f"kernel self-check: using the result the detaching launcher wrote ({run.path / result.FILE})")
-    else:
-        summary = run_check(plan, run.path, echo)
+    summary = run_check(plan, run.path, echo)
     bad = result.failed(summary)
-    strict = bool(params.get("strict_selfcheck"))
     summary["decision"] = "refused" if bad and strict else "switched_off" if bad else "ok"
     summary["switched_off"] = [] if strict else bad
     result.write(run.path, summary)
@@ -140,8 +115,6 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
               "switched OFF for this run: SGLang's own function is used for it")
     for line in result.warnings(summary, action):
         echo(line)
-    if params.get("detach"):
-        os.environ[DONE_ENV] = str(run.path / result.FILE)  # for the launcher `up --detach` starts next
     if bad and strict:
         first = summary["patches"][bad[0]]
         run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check failed: {', '.join(bad)}")
@@ -151,9 +124,4 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
             f"read {run.path / result.FILE} and the logs in {run.path / 'selfcheck'}; start without "
             "--strict-selfcheck to serve with the failing patch(es) switched off, and send us "
             "`v4flash-pd report`")
-    if not bad:
-        return r
-    from v4flash_pd.cli.options import resolve
-
-    off = {f"patch_{name}": "off" for name in bad}
-    return resolve({**params, **off}, "up")
+    return tuple(bad)

@@ -1,0 +1,232 @@
+"""Value checks: one function per kind of config value, each `(value, key) -> typed value` or a
+UserError that names the key, what it must be and an example (never a traceback).
+
+They know nothing of Config: `keys.py` attaches one to every key, and the builders call them.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any, Callable
+
+from v4flash_pd.errors import UserError
+
+Check = Callable[[Any, str], Any]
+
+# sglang 0.5.13.post1 on sm_120: an extend chunk of more than this many tokens goes to FlashMLA's
+# sparse prefill (`flash_mla_sparse_fwd`), whose sglang-kernel 0.4.3 binary has no sm_120 code
+# (dsv4/metadata.py `_LARGE_INDEXER_QUERY_THRESHOLD`, compared with `>`), so the worker crashes.
+MAX_PREFILL_CHUNK = 11673
+
+
+def want(value: Any, types: type | tuple[type, ...], key: str, what: str) -> Any:
+    """`value` itself when it is of `types` (a bool never passes for a number)."""
+    allowed = types if isinstance(types, tuple) else (types,)
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        raise UserError(f"config key {key} must be {what}, got {value!r}", f"set {key} to {what}")
+    return value
+
+
+def text(what: str) -> Check:
+    def check(value: Any, key: str) -> str:
+        return str(want(value, str, key, what))
+    return check
+
+
+def flag(value: Any, key: str) -> bool:
+    return bool(want(value, bool, key, "true or false"))
+
+
+def integer(what: str, minimum: int) -> Check:
+    def check(value: Any, key: str) -> int:
+        want(value, int, key, what)
+        if value < minimum:
+            raise UserError(f"config key {key} = {value} must be >= {minimum}", f"set {key} to {what}")
+        return int(value)
+    return check
+
+
+def seconds(strict: bool) -> Check:
+    """A finite number of seconds (> 0 when `strict`, else >= 0): nan and inf parse as TOML floats
+    but would hang or never stop."""
+    def check(value: Any, key: str) -> float:
+        want(value, (int, float), key, "a number of seconds")
+        v = float(value)
+        if not math.isfinite(v) or v < 0 or (strict and v == 0):
+            raise UserError(f"config key {key} = {value!r} must be a finite number of seconds {'> 0' if strict else '>= 0'}",
+                            "use e.g. ready_timeout = 3600, grace_period = 30")
+        return v
+    return check
+
+
+def choice(choices: tuple[str, ...]) -> Check:
+    def check(value: Any, key: str) -> str:
+        if value not in choices:
+            raise UserError(f"config key {key} = {value!r} is not accepted by sglang 0.5.13.post1",
+                            f"use one of: {', '.join(choices)}")
+        return str(value)
+    return check
+
+
+def on_off(value: Any, key: str) -> bool:
+    """A switch: true/false, or the words the CLI and env take (on/off/1/0)."""
+    if isinstance(value, str) and value.strip().lower() in ("on", "off", "1", "0", "true", "false"):
+        return value.strip().lower() in ("on", "1", "true")
+    return flag(value, key)
+
+
+def fraction(value: Any, key: str) -> float:
+    want(value, (int, float), key, "a fraction between 0 and 1")
+    if not 0 < float(value) < 1:
+        raise UserError(f"config key {key} = {value} is outside (0, 1)", f"use e.g. --set {key}=0.70")
+    return float(value)
+
+
+def port(value: Any, key: str) -> int:
+    want(value, int, key, "a port number (1-65535)")
+    if not 1 <= value <= 65535:
+        raise UserError(f"config key {key} = {value} is not a valid port", "use a port number between 1 and 65535")
+    return int(value)
+
+
+def host(value: Any, key: str) -> str:
+    """A host name or IP literal as a listener takes it; IPv6 may be written with brackets."""
+    want(value, str, key, "a host name or IP address")
+    name = value.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if not name:
+        raise UserError(f"config key {key} is empty, which would listen on every interface",
+                        f"set {key} = \"127.0.0.1\" (this box only) or \"0.0.0.0\" (every interface, on purpose)")
+    if any(c.isspace() for c in name) or "/" in name or "[" in name or "]" in name:
+        raise UserError(f"config key {key} = {value!r} is not a host name or IP address",
+                        f"write a bare host, e.g. {key} = \"127.0.0.1\" or \"::1\" (no scheme, port or path)")
+    return str(name)
+
+
+def hosts(value: Any, key: str) -> tuple[str, ...]:
+    """Host names, one per box: a list, or one comma-separated string (the --hosts flag)."""
+    items = want(value, (list, str), key, "a list of host names, one per box")
+    if isinstance(items, str):
+        items = [h for h in items.split(",") if h.strip()]
+    return tuple(host(h, f"{key}[{i}]") for i, h in enumerate(items))
+
+
+def env_name(name: str, key: str) -> str:
+    if not name or "=" in name or "\0" in name or any(c.isspace() for c in name):
+        raise UserError(f"environment variable name {name!r} in {key} is not valid",
+                        "names may not be empty or contain '=', NUL or whitespace; use NAME = \"value\"")
+    return name
+
+
+def optional_env_name(value: Any, key: str) -> str:
+    """An environment variable name, or "" for none."""
+    name = want(value, str, key, "an environment variable name")
+    return env_name(name, key) if name else ""
+
+
+def env_table(value: Any, key: str) -> tuple[tuple[str, str], ...]:
+    """NAME = "value" pairs, in the table's order (booleans become 1/0, numbers their text)."""
+    want(value, dict, key, "a table of NAME = \"value\" strings")
+    out = []
+    for name, val in value.items():
+        if isinstance(val, bool):
+            val = "1" if val else "0"
+        if not isinstance(val, (str, int, float)):
+            raise UserError(f"env value {key}.{name} must be a string, got {val!r}", f'write {name} = "..."')
+        if "\0" in str(val):
+            raise UserError(f"env value {key}.{name} contains a NUL byte",
+                            "remove it: the kernel cannot pass it to a process")
+        out.append((env_name(str(name), key), str(val)))
+    return tuple(out)
+
+
+def args(value: Any, key: str) -> tuple[str, ...]:
+    """Command-line words: a list, or one shell-quoted string."""
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise UserError(f"config key {key} = {value!r} cannot be split into arguments ({exc})",
+                            "close the quote, or write it as a list: extra_args = [\"--flag\", \"value\"]") from None
+    want(value, list, key, "a list of strings (or one shell-quoted string)")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise UserError(f"config key {key} has {v!r}, which is not a command-line word",
+                            "write each argument as a string, e.g. [\"--max-running-requests\", \"64\"]")
+    return tuple(str(v) for v in value)
+
+
+def gpu_list(value: Any, key: str) -> tuple[int, ...]:
+    """A non-empty list of distinct GPU indices."""
+    gpus = want(value, list, key, "a list of GPU indices")
+    if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+        raise UserError(f"config key {key} = {gpus!r} must be a non-empty list of GPU indices",
+                        f"e.g. --set {key}=[0,1,2,3]")
+    if len(set(gpus)) != len(gpus):
+        raise UserError(f"config key {key} = {gpus!r} lists a GPU twice", "list each GPU once")
+    return tuple(gpus)
+
+
+def slot_gpus(value: Any, key: str) -> tuple[tuple[int, ...], ...]:
+    """The GPUs of each NUMA slot of a box: non-empty lists, no GPU in two slots."""
+    slots = want(value, list, key, "a list of GPU lists, one per NUMA slot")
+    out: list[tuple[int, ...]] = []
+    for i, g in enumerate(slots):
+        if not isinstance(g, list) or not g or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                       for x in g):
+            raise UserError(f"config key {key}[{i}] = {g!r} must be a non-empty list of GPU indices",
+                            f"e.g. {key} = [[0, 1, 2, 3], [4, 5, 6, 7]] (one list per NUMA slot)")
+        out.append(tuple(g))
+    if not out:
+        raise UserError(f"config key {key} is empty", "list the GPUs of each slot of a box, e.g. "
+                        "[[0, 1, 2, 3], [4, 5, 6, 7]]")
+    flat = [g for s in out for g in s]
+    if len(set(flat)) != len(flat):
+        raise UserError(f"config key {key} = {slots!r} gives a GPU to two slots",
+                        "give every slot its own GPUs, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]")
+    return tuple(out)
+
+
+def prefill_chunk(value: Any, key: str) -> int:
+    """A prefill chunk size sm_120 workers survive (see MAX_PREFILL_CHUNK)."""
+    want(value, int, key, "a number of tokens, e.g. 8192")
+    check_prefill_chunk(int(value), key.rsplit(".", 1)[0] + ".")
+    return int(value)
+
+
+def check_prefill_chunk(size: int, where: str) -> None:
+    if size > MAX_PREFILL_CHUNK or size <= 0:
+        what = "disables chunking" if size <= 0 else f"is larger than {MAX_PREFILL_CHUNK}"
+        raise UserError(
+            f"{where} chunked_prefill_size = {size} {what}: on sm_120, SGLang 0.5.13.post1 hands prefill "
+            f"chunks of more than {MAX_PREFILL_CHUNK} tokens to FlashMLA's sparse prefill, which has no "
+            "sm_120 code in sglang-kernel 0.4.3, and the worker crashes on the first long prompt",
+            f"use --set engine.chunked_prefill_size=8192 (the profile's value; at most {MAX_PREFILL_CHUNK}) "
+            "and drop --chunked-prefill-size from extra_args",
+        )
+
+
+def arg_value(argv: tuple[str, ...], flag_name: str) -> str | None:
+    """The last value given for a flag in an argv tail (`--flag V` or `--flag=V`), as argparse takes it."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == flag_name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith(flag_name + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def check_extra_chunk(argv: tuple[str, ...], key: str) -> None:
+    """extra_args may not smuggle in the prefill chunk that `engine.chunked_prefill_size` refuses."""
+    given = arg_value(argv, "--chunked-prefill-size")
+    if given is None:
+        return
+    try:
+        size = int(given)
+    except ValueError:
+        raise UserError(f"{key} has --chunked-prefill-size {given!r}, which is not an integer",
+                        "use engine.chunked_prefill_size = 8192 instead of extra_args") from None
+    check_prefill_chunk(size, f"{key} (--chunked-prefill-size)")
