@@ -19,7 +19,7 @@ import pytest
 
 from v4flash_kernels.hook.patches import SWITCHES as REGISTRY
 from v4flash_pd import topology as topo
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.host import Host
 from v4flash_pd.plan import build_plan
 from v4flash_pd.selfcheck import result

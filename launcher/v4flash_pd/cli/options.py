@@ -29,7 +29,10 @@ from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
 
-Command = Literal["plan", "up", "doctor"]
+# What a command does with the plan decides how it is resolved (`resolve`): `plan` may plan another
+# box (--topology FILE); `up` starts it (what cannot start is refused); `doctor` and `selfcheck`
+# run on this box and start no server (what `up` would refuse, they report).
+Command = Literal["plan", "up", "doctor", "selfcheck"]
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 ON_OFF = click.Choice(["on", "off", "1", "0", "true", "false"], case_sensitive=False)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -270,8 +273,8 @@ class Resolved:
 def prepare(opts: Options, command: Command, cfg: Config | None = None) -> tuple[Config, Host]:
     """The part of the config this command plans (from `cfg` when it was loaded already) and the Host
     it is planned for. `plan --topology FILE` plans for that box (Host.remote: nothing of this
-    machine); `up` and `doctor` always run here, so they probe this host and take only the GPU list
-    from the file."""
+    machine); `up`, `doctor` and `selfcheck` always run here, so they probe this host and take only
+    the GPU list from the file."""
     cfg = selected(cfg if cfg is not None else load(opts), opts)
     topology = topo.load(opts.topology_file) if opts.topology_file else None
     if command == "plan" and topology is not None:
@@ -283,7 +286,8 @@ def resolve(opts: Options, command: Command, prepared: tuple[Config, Host] | Non
     """Options -> Config -> Host -> Plan, for `command` (`prepared`: what `prepare` gave already).
 
     Missing GPUs and unbindable NUMA nodes are errors only for a real `up`; busy ports, a missing
-    model dir and a missing router are errors for any `up` (plan and doctor report them).
+    model dir and a missing router are errors for any `up` (plan, doctor and selfcheck report them:
+    `selfcheck` needs only the plan's GPUs and interpreter, and checks that the GPUs are here itself).
     """
     cfg, host = prepared if prepared is not None else prepare(opts, command)
     starting = command == "up"

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.plan import Plan
+from v4flash_pd.rundir import RunDir
 from v4flash_pd.selfcheck import result
 from v4flash_pd.selfcheck.driver import case_timeout, run_jobs
 from v4flash_pd.selfcheck.jobs import jobs_for
@@ -71,7 +72,7 @@ def check_seams(env: Mapping[str, str]) -> str:
     return device
 
 
-def refuse_if_in_use(run: Any) -> None:
+def refuse_if_in_use(run: RunDir) -> None:
     """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
     `up` checks first and its detached self takes the lock)."""
     import fcntl
@@ -90,7 +91,7 @@ def refuse_if_in_use(run: Any) -> None:
     os.close(fd)
 
 
-def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: Any, echo: Echo) -> tuple[str, ...]:
+def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
     """`up`'s step between preflight and the first worker: the patches to switch off for this run
     (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck."""
     names = patches_on(plan)
