@@ -8,20 +8,25 @@ SGLang runs upstream's function for it. `--strict-selfcheck` refuses to start in
 
 `up --detach` checks in the foreground (the operator sees the verdict, and a strict refusal,
 before the launcher detaches); the detached launcher gets the plan already decided.
+
+A stop request during the check is answered as `up`'s supervisor answers it later: SIGTERM,
+SIGHUP or SIGINT (exit 0) and a closed stdout (exit 1) kill the check's processes, nothing starts,
+and the run dir says `stopped` and why.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.plan import Plan
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.driver import case_timeout, run_jobs
+from v4flash_pd.selfcheck.driver import Interrupted, case_timeout, run_jobs
 from v4flash_pd.selfcheck.jobs import jobs_for
 
 Echo = Callable[[str], None]
@@ -91,9 +96,51 @@ def refuse_if_in_use(run: RunDir) -> None:
     os.close(fd)
 
 
+class OutputClosed(Exception):
+    """`up`'s stdout went away during the check (the reader of `up | head` quit)."""
+
+
+def _closing(echo: Echo) -> Echo:
+    """`echo` that turns a closed stdout into OutputClosed: the check's children are killed on the way
+    out, and `up` stops the way its supervisor stops for a lost stdout."""
+    def say(msg: str) -> None:
+        try:
+            echo(msg)
+        except OSError as exc:
+            raise OutputClosed(exc.strerror or str(exc)) from None
+    return say
+
+
+def _stop(run: RunDir, why: str, exit_code: int, echo: Echo) -> NoReturn:
+    """A stop request during the check, as the supervisor answers one: nothing was started, the run
+    dir says stopped, exit 0 for a signal and 1 for a lost stdout (which then goes to /dev/null, so
+    the interpreter's last flush cannot fail too)."""
+    run.set_state(status="stopped", stopped=time.time(), reason=f"{why} during the kernel self-check")
+    if exit_code:
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, sys.stdout.fileno())
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+        try:
+            print(f"error: {why} during the kernel self-check; nothing was started ({run.path})", file=sys.stderr,
+                  flush=True)
+        except OSError:
+            pass
+    else:
+        try:
+            echo(f"received {why} during the kernel self-check; stopped, nothing was started")
+        except OSError:
+            pass
+    raise SystemExit(exit_code)
+
+
 def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
     """`up`'s step between preflight and the first worker: the patches to switch off for this run
-    (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck."""
+    (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck.
+    SIGTERM/SIGHUP/SIGINT or a closed stdout during the check stop `up` (SystemExit), as they would
+    stop its supervisor."""
     names = patches_on(plan)
     if no_selfcheck:
         if names and plan.workers():
@@ -104,6 +151,22 @@ def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) 
     check_seams(os.environ)
     refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
+    try:
+        return _checked(plan, strict, run, _closing(echo))
+    except OutputClosed as exc:
+        _stop(run, f"stdout closed ({exc})", 1, echo)
+    except Interrupted as exc:
+        _stop(run, str(exc), 0, echo)
+    except KeyboardInterrupt:
+        _stop(run, "SIGINT", 0, echo)
+    except RuntimeFailure:
+        raise  # --strict-selfcheck: the run dir says failed already
+    except BaseException as exc:
+        run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check: {exc!r}")
+        raise
+
+
+def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
     summary = run_check(plan, run.path, echo)
     bad = result.failed(summary)
     summary["decision"] = "refused" if bad and strict else "switched_off" if bad else "ok"
