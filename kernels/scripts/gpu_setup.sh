@@ -14,6 +14,12 @@ if [ -f "$V4FLASH_TL_TARBALL" ]; then
   if [ ! -d "$V4FLASH_TL_SITE/site/tilelang" ]; then
     mkdir -p "$V4FLASH_TL_SITE" && tar -C "$V4FLASH_TL_SITE" -xJf "$V4FLASH_TL_TARBALL"
   fi
+  # The carry holds only z3's libz3.so (TileLang's native code links it); without this the bare
+  # directory imports as a namespace package and torch.compile takes it for the z3 solver.
+  if [ -d "$V4FLASH_TL_SITE/site/z3" ] && [ ! -f "$V4FLASH_TL_SITE/site/z3/__init__.py" ]; then
+    echo 'raise ImportError("only libz3.so is carried here (for TileLang), not the z3 Python API")' \
+      > "$V4FLASH_TL_SITE/site/z3/__init__.py"
+  fi
   export PYTHONPATH="$V4FLASH_TL_SITE/site${PYTHONPATH:+:$PYTHONPATH}"
 else
   echo "gpu_setup: no $V4FLASH_TL_TARBALL (build it with kernels/scripts/gpu_carry_tilelang.sh and carry .gpu/tilelang)"

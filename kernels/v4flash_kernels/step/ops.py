@@ -10,11 +10,12 @@ does that under CUDA-graph replay.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -667,7 +668,25 @@ def moe_weights(seed: int, tp: int = M.TP):
     return w13, w2, s13, s2
 
 
-_moe_w: Dict[int, tuple] = {}
+_moe_w: Dict[Any, Any] = {}  # tp -> loader-layout experts; ("repacked", tp) -> their v2 form
+
+
+def _moe_repacked(tp: int):
+    """This TP's bench experts in the load-time repacked layout (None when the repack is absent)."""
+    if importlib.util.find_spec("v4flash_kernels.moe.repack") is None:
+        return None
+    key = ("repacked", tp)
+    if key not in _moe_w:
+        from v4flash_kernels.moe.repack import repack_experts
+
+        w13, w2, s13, s2 = _moe_w[tp]
+        _moe_w[key] = repack_experts(w13, w2, s13, s2)
+    return _moe_w[key]
+
+
+def _moe_v2_call(forward, experts, *, hidden_states, topk_ids, topk_weights, routed_scaling_factor, clamp_limit,
+                 **_upstream_only):
+    return forward(hidden_states, experts, topk_ids, topk_weights, routed_scaling_factor, clamp_limit)
 
 
 def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -692,6 +711,12 @@ def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         if fn is None:
             raise Unavailable(why)
         src = why
+        repacked = _moe_repacked(tp)
+        if repacked is not None:  # what the moe switch serves: experts repacked at load time, decode v2
+            from v4flash_kernels.moe.op_v2 import moe_forward_repacked
+
+            fn = functools.partial(_moe_v2_call, moe_forward_repacked, repacked)
+            src = "ours: v4flash_kernels.moe.op_v2.moe_forward_repacked on experts repacked at load time"
 
     def one(ids, wts):
         return fn(hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2, topk_ids=ids,
