@@ -11,6 +11,8 @@ from pathlib import Path
 import fakebox
 import pytest
 
+from v4flash_kernels.hook.patches import SWITCHES
+
 FIXTURES = Path(__file__).parent / "fixtures"
 T8 = str(FIXTURES / "topology-8gpu-2node.json")
 PARAGRAPH = re.compile(r"\Aerror: [^\n]+\n  fix: [^\n]+\n\Z")
@@ -118,21 +120,18 @@ def engine_args(argv: list[str]) -> list[str]:
 
 
 def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
-    env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", "V4FLASH_SPARSE_DECODE": "off",
-           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MHC": "false", "V4FLASH_TOPK": "0",
-           "V4FLASH_MODEL": str(tmp_path)}
+    spellings = ("off", "0", "false")  # every spelling of off a switch's variable accepts
+    switches = {s.env: spellings[i % len(spellings)] for i, s in enumerate(SWITCHES)}
+    env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", **switches, "V4FLASH_MODEL": str(tmp_path)}
     plan = plan_json(extra_env=env)
     p = plan["processes"][0]
     assert p["argv"][1:3] == ["-m", "sglang.launch_server"]  # numa off
     penv = dict(map(tuple, p["env"]))
-    assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"], penv["V4FLASH_FP8_GEMM"],
-            penv["V4FLASH_MHC"], penv["V4FLASH_TOPK"]) == ("0", "0", "0", "0", "0", "0")
-    assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False], ["fp8_gemm", False],
-                               ["mhc", False], ["topk", False]]
+    assert {k: penv[k] for k in switches} == dict.fromkeys(switches, "0")
+    assert plan["patches"] == [[s.name, False] for s in SWITCHES]
     assert plan["model_path"] == str(tmp_path)
     # click resolved the env vars as option values: the layer below --set and the flags
-    given = ("V4FLASH_MODEL", "V4FLASH_NUMA", "V4FLASH_SPARSE_DECODE", "V4FLASH_MOE", "V4FLASH_INDEXER",
-             "V4FLASH_FP8_GEMM")  # in the order the options are declared
+    given = ("V4FLASH_MODEL", "V4FLASH_NUMA", *switches)  # in the order the options are declared
     assert plan["config"]["sources"][-1] == "env:" + ",".join(given)
     assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/2"
 
