@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.config import values as v
 from v4flash_pd.config.values import Check
 
@@ -29,18 +30,9 @@ MODES = ("pd", "aggregated")
 # UCX transports that cross a box (cuda_ipc and sm only reach GPUs and memory of the same host).
 NETWORK_TRANSPORTS = ("tcp", "rc", "rc_x", "rc_v", "dc", "dc_x", "ud", "ud_x", "ud_v")
 ROLES = ("prefill", "decode", "server")
-# The kernel patches the import hook applies in every worker, each with its own switch (the env
-# variable the hook reads). Config key `patches.<name>`; `up --sparse-decode/--moe/--indexer`.
-PATCH_SWITCHES: tuple[tuple[str, str], ...] = (
-    ("sparse_decode", "V4FLASH_SPARSE_DECODE"),
-    ("moe", "V4FLASH_MOE"),
-    ("indexer", "V4FLASH_INDEXER"),
-)
-_PATCH_HELP = {
-    "sparse_decode": "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
-    "moe": "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
-    "indexer": "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
-}
+# The kernel switches the import hook reads in every worker, from the kernels' one registry (an
+# import-free table): (name, env variable). Config key `patches.<name>`; `up --<name>` on/off.
+PATCH_SWITCHES: tuple[tuple[str, str], ...] = tuple((s.name, s.env) for s in SWITCHES)
 
 
 @dataclass(frozen=True)
@@ -103,9 +95,9 @@ KEYS: tuple[Key, ...] = (
     _choice("numa", NUMA_MODES, "bind", "NUMA binding of each worker to its GPUs' node",
             flag=Flag("--numa", "V4FLASH_NUMA", "config",
                       "NUMA binding: membind (falls back to preferred when not permitted), preferred, off.")),
-    *(Key(f"patches.{name}", bool, True, v.on_off, _PATCH_HELP[name],
-          Flag(f"--{name.replace('_', '-')}", var, "config", _PATCH_HELP[name] + f" Workers get {var}=1/0."))
-      for name, var in PATCH_SWITCHES),
+    *(Key(f"patches.{sw.name}", bool, True, v.on_off, sw.help,
+          Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
+      for sw in SWITCHES),
     Key("sparse_decode", bool, None, v.on_off, "older spelling of patches.sparse_decode (wins over it)", optional=True),
     Key("python", str, "", v.text("an interpreter path"),
         "the workers' interpreter (\"\": the one running v4flash-pd here, python3 on another box)"),
