@@ -23,7 +23,7 @@ from v4flash_pd.errors import UserError
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
 _COVERED = ("WARNING ", "topology: ", "the plan uses GPUs", "port(s) not available", "the router listens",
-            "model ", "no model path")
+            "model ", "no model path", "memory: ")
 
 
 ROUTER_ONLY_FAMILIES = ("ports", "storage", "stack")
@@ -39,7 +39,7 @@ def plan_row(warnings: tuple[str, ...]) -> Check:
 @click.command("doctor", short_help="Check this box against the plan `up` would start (same options as up).")
 @run_options
 @click.option("--only", default="", envvar="V4FLASH_DOCTOR_ONLY",
-              help="Comma-separated check families to run: gpu,numa,ports,model,storage,stack,transport,offline.")
+              help="Comma-separated check families to run: gpu,numa,ports,model,memory,storage,stack,transport,offline.")
 @json_option("Machine-readable output.")
 @pass_options(run=True)
 def command(opts: Options, how: RunOptions, only: str, as_json: bool) -> None:
