@@ -21,9 +21,9 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
-from v4flash_pd.table import Progress
+from v4flash_pd.table import Progress, format_table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DONE = object()  # sentinel for `data: [DONE]`
@@ -39,7 +39,7 @@ _WORDS = (
 # ------------------------------------------------------------------------------------------ pure
 
 
-def parse_sse_line(line: bytes | str) -> dict | object | None:
+def parse_sse_line(line: bytes | str) -> dict[str, Any] | object | None:
     """One SSE line -> the JSON event, `DONE`, or None (blank lines, comments, other fields)."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", "replace")
@@ -56,21 +56,19 @@ def parse_sse_line(line: bytes | str) -> dict | object | None:
     return event if isinstance(event, dict) else None
 
 
-def spec_verify_ct(event: dict) -> int | None:
+def spec_verify_ct(event: dict[str, Any]) -> int | None:
     """Verify steps of a finished request, where the server decodes speculatively (SGLang writes
     `meta_info.spec_verify_ct` on a request's last event only, and only with speculation on)."""
     meta = event.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("spec_verify_ct"), int) and meta["spec_verify_ct"] > 0:
-        return meta["spec_verify_ct"]
-    return None
+    verify = meta.get("spec_verify_ct") if isinstance(meta, dict) else None
+    return verify if isinstance(verify, int) and verify > 0 else None
 
 
-def completion_tokens(event: dict) -> int | None:
+def completion_tokens(event: dict[str, Any]) -> int | None:
     """Cumulative generated-token count of one `/generate` event (None if it carries none)."""
     meta = event.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
-        return meta["completion_tokens"]
-    return None
+    tokens = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return tokens if isinstance(tokens, int) else None
 
 
 @dataclass(frozen=True)
@@ -194,7 +192,7 @@ def make_prompt(input_len: int, rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, input_len)))
 
 
-def generate_payload(prompt: str, output_len: int) -> dict:
+def generate_payload(prompt: str, output_len: int) -> dict[str, Any]:
     return {
         "text": prompt,
         "stream": True,
@@ -234,8 +232,6 @@ def render_table(levels: Iterable[LevelStats]) -> str:
             "/".join(_fmt(v) for v in (s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99)),
             "/".join(_fmt(v) for v in (s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99)),
         ) + ((_fmt(s.accept_length, 2),) if spec else ()))
-    from v4flash_pd.table import format_table
-
     out = "\n".join(format_table(rows[0], rows[1:], right=range(len(header))))
     for s in levels:
         for e in s.error_samples:
@@ -243,7 +239,7 @@ def render_table(levels: Iterable[LevelStats]) -> str:
     return out
 
 
-def report_dict(meta: dict, levels: Sequence[LevelStats]) -> dict:
+def report_dict(meta: dict[str, Any], levels: Sequence[LevelStats]) -> dict[str, Any]:
     """The JSON document `--json` prints: stable keys, meant to be diffed across runs."""
     return {"schema": "v4flash-pd.bench/1", **meta, "levels": [asdict(s) for s in levels]}
 
@@ -259,7 +255,7 @@ def _split_url(url: str) -> tuple[str, str, int, str]:
     return u.scheme, u.hostname, port, u.path.rstrip("/")
 
 
-def stream_generate(url: str, payload: dict, timeout: float = 600.0,
+def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
                     clock: Callable[[], float] = time.perf_counter,
                     headers: Mapping[str, str] | None = None) -> RequestResult:
     """POST one streaming `/generate` and time every SSE event as it arrives."""
@@ -349,10 +345,10 @@ def requests_for(spec: BenchSpec, concurrency: int) -> int:
 
 @dataclass(frozen=True)
 class BenchReport:
-    meta: dict
+    meta: dict[str, Any]
     levels: tuple[LevelStats, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return report_dict(self.meta, self.levels)
 
 

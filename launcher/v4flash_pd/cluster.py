@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from v4flash_pd import docformat
 from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
@@ -21,7 +22,7 @@ from v4flash_pd.plan import Plan, build_plan
 from v4flash_pd.textfile import read_text_file
 from v4flash_pd.topology import Gpu, NumaNode, Topology
 
-PLAN_FORMAT = "v4flash-pd/cluster-plan/1"
+PLAN_FORMAT = docformat.CLUSTER_PLAN
 CLUSTER_ROLES = ("router", "prefill", "decode")
 
 
@@ -79,7 +80,7 @@ def plan_document(raw: Mapping[str, Any], profile: str, cfg: Config) -> dict[str
               "bootstrap_port": w.bootstrap_port, "nccl_port": w.nccl_port, "host": w.advertise or None}
              for w in cfg.workers]
     keep = {k: v for k, v in raw.items() if k != "profile"}
-    return {"format": PLAN_FORMAT, "profile": profile, "boxes": spec.boxes, "slots": slots, "config": keep}
+    return docformat.stamp(PLAN_FORMAT, {"profile": profile, "boxes": spec.boxes, "slots": slots, "config": keep})
 
 
 def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any], str]:
@@ -94,7 +95,7 @@ def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any
     except ValueError as exc:
         raise UserError(f"{where} is not valid JSON ({exc})",
                         "render it again with `v4flash-pd render slurm|k8s`; do not edit it by hand") from None
-    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("config"), dict):
+    if docformat.marker_of(doc) != PLAN_FORMAT or not isinstance(doc.get("config"), dict):
         got = f"format {doc.get('format')!r}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, not an object"
         raise UserError(f"{where} is not a v4flash-pd cluster plan ({got}; want format {PLAN_FORMAT!r})",
                         "pass the cluster-plan.json written by `v4flash-pd render slurm|k8s` of this version")

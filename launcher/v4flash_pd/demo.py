@@ -15,7 +15,7 @@ import sys
 from v4flash_pd.httpclient import request
 
 
-def step(title: str, argv: list[str]) -> subprocess.CompletedProcess:
+def step(title: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     print(f"\n$ v4flash-pd {' '.join(argv)}    # {title}", flush=True)
     res = subprocess.run([sys.executable, "-m", "v4flash_pd", *argv], text=True, timeout=300)
     if res.returncode != 0:

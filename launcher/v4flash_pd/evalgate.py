@@ -84,7 +84,7 @@ class EvalResult:
     def failures(self) -> tuple[Graded, ...]:
         return tuple(g for g in self.graded if not g.correct)
 
-    def to_dict(self, max_failures: int = 10) -> dict:
+    def to_dict(self, max_failures: int = 10) -> dict[str, Any]:
         d = asdict(self)
         d.pop("graded")
         d["schema"] = "v4flash-pd.eval/1"
@@ -109,7 +109,7 @@ def build_prompt(problem: arith.Problem, shots: int) -> str:
     return few_shot_prefix(shots) + arith.prompt_for(problem)
 
 
-def generate_payload(prompt: str, max_tokens: int) -> dict:
+def generate_payload(prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"text": prompt,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "stop": ["Question:"]}}
 
@@ -191,14 +191,15 @@ def _check_url(url: str) -> urllib.parse.SplitResult:
     return u
 
 
-def post_generate(url: str, payload: dict, timeout: float, headers: dict[str, str] | None = None) -> tuple[str, str]:
+def post_generate(url: str, payload: dict[str, Any], timeout: float,
+                  headers: dict[str, str] | None = None) -> tuple[str, str]:
     """POST a non-streaming `/generate`; returns (text, error) with exactly one of them non-empty."""
     text, error, _ = post_generate_meta(url, payload, timeout, headers)
     return text, error
 
 
-def post_generate_meta(url: str, payload: dict, timeout: float,
-                       headers: dict[str, str] | None = None) -> tuple[str, str, dict]:
+def post_generate_meta(url: str, payload: dict[str, Any], timeout: float,
+                       headers: dict[str, str] | None = None) -> tuple[str, str, dict[str, Any]]:
     """`post_generate` plus the reply's meta_info ({} when absent)."""
     _check_url(url)
     rep = request(url.rstrip("/") + "/generate", payload, timeout=timeout, headers=headers)
@@ -218,7 +219,7 @@ def post_generate_meta(url: str, payload: dict, timeout: float,
     return text, "", meta if isinstance(meta, dict) else {}
 
 
-def _count(meta: dict, key: str) -> int:
+def _count(meta: dict[str, Any], key: str) -> int:
     v = meta.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 

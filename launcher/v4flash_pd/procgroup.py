@@ -230,9 +230,6 @@ def describe_state(pid: int, proc: Path = PROC) -> str:
             "Z": "exited (zombie)", "X": "exited", "D": "in uninterruptible I/O wait"}.get(st.state, "")
 
 
-SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGINT: "SIGINT"}
-
-
 @dataclass
 class Child:
     name: str

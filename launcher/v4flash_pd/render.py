@@ -43,7 +43,7 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
     for p in plan.processes:
         b = p.binding
         numa = "-" if b.node is None else f"{b.node} ({b.policy})"
-        ports = ", ".join(f"{u.owner.split(' ', 1)[1]} {u.port}" for u in p.ports)
+        ports = ", ".join(f"{u.kind} {u.port}" for u in p.ports)
         hosts = sorted({u.host for u in p.ports})
         rows.append((p.name, p.role, ",".join(map(str, p.gpus)) or "-", numa, "/".join(hosts), ports))
     lines += format_table(("NAME", "ROLE", "GPUS", "NUMA", "HOST", "PORTS"), rows)
@@ -58,7 +58,7 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
     if plan.warnings:
         lines.append("")
         lines.append("warnings:")
-        lines += [f"  - {w}" for w in plan.warnings]
+        lines += [f"  - {w.text}" for w in plan.warnings]
     return "\n".join(lines)
 
 

@@ -111,7 +111,8 @@ class RunDir:
 
     def state(self) -> dict[str, Any]:
         try:
-            return self.read_json("state.json")
+            state: dict[str, Any] = self.read_json("state.json")
+            return state
         except (OSError, json.JSONDecodeError):
             return {}
 

@@ -41,4 +41,5 @@ def toml() -> ModuleType:
         return tomllib
     import tomli
 
-    return tomli
+    module: ModuleType = tomli
+    return module

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from v4flash_pd import docformat
 from v4flash_pd.errors import UserError
 from v4flash_pd.textfile import read_text_file
 
@@ -53,9 +54,7 @@ class Topology:
         return tuple(n.id for n in self.nodes)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "v4flash-pd/topology/1"
-        return d
+        return docformat.stamp(docformat.TOPOLOGY, asdict(self))
 
 
 def normalize_bus_id(bus_id: str) -> str:

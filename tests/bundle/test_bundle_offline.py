@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
-
 from bundle_helpers import flip_byte, make_model, make_wheel, run_cli
+
 from v4flash_pd.bundle import image, modelmanifest, preflight, sbom, sums
 from v4flash_pd.errors import UserError
 from v4flash_pd.stacklock import load_lock
@@ -266,7 +266,8 @@ def test_verify_without_model_flag_says_model_unchecked(tmp_path: Path, tiny_loc
     lock, _ = tiny_lock
     m = make_model(tmp_path)
     out = tmp_path / "b"
-    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock)).returncode == 0
+    created = run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock))
+    assert created.returncode == 0
     res = run_cli("bundle", "verify", str(out))
     assert res.returncode == 0 and "not checked (pass --model PATH)" in res.stdout
     assert preflight.find_manifest(m) == m / ".v4flash-manifest.json"
@@ -293,7 +294,8 @@ def test_verify_with_a_missing_model_dir_names_it(tmp_path: Path, tiny_lock) -> 
     lock, _ = tiny_lock
     m = make_model(tmp_path)
     out = tmp_path / "b"
-    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock)).returncode == 0
+    created = run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock))
+    assert created.returncode == 0
     res = run_cli("bundle", "verify", str(out), "--model", str(tmp_path / "elsewhere"))
     assert res.returncode == 1
     assert f"{tmp_path / 'elsewhere'}: does not exist or is not a directory" in res.stderr

@@ -186,5 +186,5 @@ def test_2xtp2_layout_behind_one_router_spreads_requests(tmp_path: Path, started
         if Path("/sys/devices/system/node/node1").exists():
             assert p["binding"]["node"] == 1, name
         else:
-            assert f"{name}: NUMA binding to node 1 skipped in rehearsal" in " ".join(plan["warnings"])
+            assert f"{name}: NUMA binding to node 1 skipped in rehearsal" in " ".join(w["text"] for w in plan["warnings"])
     assert {f["worker"]: f["tp"] for f in plan["memory"]} == {"prefill-0": 4, "decode-0": 2, "decode-1": 2}

@@ -79,7 +79,7 @@ def test_debug_env_var_shows_the_traceback(cli) -> None:
 
 def test_plan_json_shape(plan_json) -> None:
     plan = plan_json("--topology", T8)
-    assert plan["format"] == "v4flash-pd/plan/1" and plan["mode"] == "pd"
+    assert plan["format"] == "v4flash-pd/plan/2" and plan["mode"] == "pd"
     assert [p["name"] for p in plan["processes"]] == ["prefill-0", "decode-0", "router"]
     for p in plan["processes"]:
         assert isinstance(p["argv"], list) and p["argv"] and all(isinstance(a, str) for a in p["argv"])
@@ -119,18 +119,20 @@ def engine_args(argv: list[str]) -> list[str]:
 
 def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", "V4FLASH_SPARSE_DECODE": "off",
-           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_MODEL": str(tmp_path)}
+           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MODEL": str(tmp_path)}
     plan = plan_json(extra_env=env)
     p = plan["processes"][0]
     assert p["argv"][1:3] == ["-m", "sglang.launch_server"]  # numa off
     penv = dict(map(tuple, p["env"]))
-    assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"]) == ("0", "0", "0")
-    assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False]]
+    assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"], penv["V4FLASH_FP8_GEMM"]) == (
+        "0", "0", "0", "0")
+    assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False], ["fp8_gemm", False]]
     assert plan["model_path"] == str(tmp_path)
     # click resolved the env vars as option values: the layer below --set and the flags
-    want = "env:V4FLASH_MODEL,V4FLASH_NUMA,V4FLASH_SPARSE_DECODE,V4FLASH_MOE,V4FLASH_INDEXER"
-    assert plan["config"]["sources"][-1] == want
-    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"
+    given = ("V4FLASH_MODEL", "V4FLASH_NUMA", "V4FLASH_SPARSE_DECODE", "V4FLASH_MOE", "V4FLASH_INDEXER",
+             "V4FLASH_FP8_GEMM")  # in the order the options are declared
+    assert plan["config"]["sources"][-1] == "env:" + ",".join(given)
+    assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/2"
 
 
 def test_version() -> None:

@@ -138,15 +138,16 @@ def test_2xtp2_plan_memory_rows_and_warnings() -> None:
         f = fits[name]
         assert (f.tp, f.mem_fraction_static, f.card_source, f.status) == (2, 0.94, "topology", "warn")
         assert f.kv_tokens > 131072 and f.weights_gib == pytest.approx(86.02, abs=0.01)
-    assert sum(w.startswith("memory: decode-") for w in plan.warnings) == 2
+    assert [w.text.split(":")[1].strip() for w in plan.warned("memory-tight")] == ["decode-0", "decode-1"]
 
 
 def test_weights_that_cannot_fit_refuse_up_and_warn_plan() -> None:
     sets = ("decode.0.mem_fraction_static=0.7",)
     plan = _plan(*sets)  # `plan`: shown, with what `up` will do
-    assert any(w.startswith("memory: decode-0: weights 86.0 GiB") and "`up` will refuse it" in w for w in plan.warnings)
+    assert [w.text.startswith("memory: decode-0: weights 86.0 GiB") and "`up` will refuse it" in w.text
+            for w in plan.warned("memory-unfit")] == [True]
     rehearsal = _plan(*sets, rehearse=True)  # `up --rehearse`
-    assert any("rehearsal loads no weights" in w for w in rehearsal.warnings)
+    assert ["rehearsal loads no weights" in w.text for w in rehearsal.warned("memory-unfit")] == [True]
     with pytest.raises(UserError) as e:  # a real `up`
         _plan(*sets, strict=True)
     assert "decode-0: weights 86.0 GiB per GPU at TP2 do not fit" in e.value.message
@@ -156,7 +157,7 @@ def test_weights_that_cannot_fit_refuse_up_and_warn_plan() -> None:
 def test_default_profile_fits_without_a_word() -> None:
     plan = _plan(profile="rtx6000-8x-pd")
     assert [f.status for f in plan.memory] == ["ok", "ok"]
-    assert not any(w.startswith("memory:") for w in plan.warnings)
+    assert not plan.warned("memory-unfit", "memory-tight")
 
 
 def test_doctor_rows_redo_the_arithmetic_with_the_checkpoints_config(tmp_path: Path) -> None:

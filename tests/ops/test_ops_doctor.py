@@ -229,7 +229,7 @@ def _inp(box, **probe_over) -> DoctorInput:
     cfg = load_config(overrides={"model.path": str(box["model"])}, env=box["env"])
     host = probe_host(cfg, env=box["env"])
     plan = build_plan(cfg, host, require_gpus=False)
-    expect = expect_from_plan(plan, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
+    expect = expect_from_plan(plan, host, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
     return DoctorInput(expect=expect, topology=host.topology, probe=probe)
 
 

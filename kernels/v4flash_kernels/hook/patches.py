@@ -73,6 +73,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off)."),
     Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off)."),
     Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off)."),
+    Switch("fp8_gemm", "block-FP8 linear",
+           "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -107,7 +109,19 @@ INDEXER = PatchSpec(
     ours_attr="fp8_paged_mqa_logits",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER)
+# What SGLang's sm_120 FP8 dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend) hands every
+# block-FP8 linear, looked up in the module at dispatch time: the quant + GEMM pair is replaced whole.
+FP8_GEMM = PatchSpec(
+    name="fp8_gemm",
+    title="block-FP8 linear",
+    switch="fp8_gemm",
+    target_module="sglang.srt.layers.quantization.fp8_utils",
+    target_attr="triton_w8a8_block_fp8_linear",
+    ours_module="v4flash_kernels.fp8_gemm.op",
+    ours_attr="w8a8_block_fp8_linear",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
 
 
 def by_name(name: str) -> PatchSpec:

@@ -137,9 +137,10 @@ HOOKS: Dict[str, Hook] = {
     "mhc_pre": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_pre", ("v4flash_kernels.mhc.op", "hc_pre")),
     # DeepseekV4DecoderLayer.hc_post(self, x, residual, post, comb) -> new residual
     "mhc_post": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_post", ("v4flash_kernels.mhc.op", "hc_post")),
-    # w8a8_block_fp8_matmul_triton(A, B, As, Bs, block_size, output_dtype) after the activation group-quant
-    "fp8_gemm": Hook("quantization/fp8_kernel.py::w8a8_block_fp8_matmul_triton (default config)",
-                     ("v4flash_kernels.fp8_gemm.op", "w8a8_block_fp8_matmul")),
+    # the whole linear the sm_120 dispatch returns: triton_w8a8_block_fp8_linear(input, weight, block_size,
+    # weight_scale, input_scale=None, bias=None) = activation group-quant + w8a8_block_fp8_matmul_triton
+    "fp8_gemm": Hook("quantization/fp8_utils.py::triton_w8a8_block_fp8_linear (group quant + Triton GEMM, "
+                     "default config)", ("v4flash_kernels.fp8_gemm.op", "w8a8_block_fp8_linear")),
     # topk_transform_512(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
     "topk": Hook("jit_kernel/dsv4/topk.py::topk_transform_512 (JIT; timed as a torch.topk proxy)",
                  ("v4flash_kernels.topk.op", "topk_transform_512")),
@@ -226,7 +227,7 @@ def act_quant_ref(x: torch.Tensor, group: int = 128) -> torch.Tensor:
     return (q.double() * s.double()).view(m, k)
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool = False, matmul=None):
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """sglang's `triton_w8a8_block_fp8_linear` on sm_120: group-quantize x, then the Triton matmul.
 
     The activation quant runs upstream's Triton `_per_token_group_quant_8bit` (the CUDA build uses
@@ -238,9 +239,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool
     xs = torch.empty((m, k // 128), dtype=torch.float32, device=x.device)
     mod._per_token_group_quant_8bit[(m * (k // 128),)](
         x, xq, xs, 128, 128, 1e-10, -448.0, 448.0, BLOCK=128, num_warps=1, num_stages=1)
-    mm = matmul if matmul is not None else mod.w8a8_block_fp8_matmul_triton
-    out = mm(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
-    return (out, xq, xs) if with_act else out
+    return mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
 
 
 def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -250,26 +249,28 @@ def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     r = rotations(n * k, l2)
     ws = [fp8_weight(n, k, g) for _ in range(r)]
     x = _randn((m, k), g)
-    mm, src = None, "upstream Triton _w8a8_block_fp8_matmul, default config"
-    if impl != "upstream":
-        mm, src = patch_function("fp8_gemm")
-        if mm is None:
+    src = "upstream group quant + Triton _w8a8_block_fp8_matmul, default config"
+    if impl == "upstream":
+        def linear(w, s):
+            return fp8_linear(x, w, s)
+    else:
+        ours, src = patch_function("fp8_gemm")  # the linear itself: quant fused into the GEMM
+        if ours is None:
             raise Unavailable(src)
+
+        def linear(w, s):
+            return ours(x, w, [128, 128], s)
 
     def run() -> None:
         for w, s in ws:
-            fp8_linear(x, w, s, matmul=mm)
+            linear(w, s)
 
     def check() -> Check:
-        """Both halves of the linear: the activation quant vs its definition, the GEMM vs fp64 on the
-        same quantized operands."""
+        """The linear against fp64 on the activation quantized by its definition (group 128, e4m3)."""
         w, s = ws[0]
-        out, xq, xs = fp8_linear(x, w, s, with_act=True, matmul=mm)
-        xd = (xq.double().view(m, k // 128, 128) * xs.double().unsqueeze(-1)).view(m, k)
         wd = w.double() * s.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        e_quant = rel_err(xd, act_quant_ref(x))
-        e_mm = rel_err(out, xd @ wd.t())
-        return check_of(max(e_quant, e_mm), f"act quant {e_quant:.1e}, gemm {e_mm:.1e}")
+        e = rel_err(linear(w, s), act_quant_ref(x) @ wd.t())
+        return check_of(e, f"linear vs fp64 of the group-quantized activation {e:.1e}")
 
     return Prepared(run, r, check, src)
 

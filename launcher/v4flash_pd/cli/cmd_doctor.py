@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from v4flash_pd.cli.options import Options, RunOptions, json_option, pass_options, prepare, resolve, run_options
+from v4flash_pd.cli.common import json_option
+from v4flash_pd.cli.options import Options, RunOptions, pass_options, prepare, resolve, run_options
 from v4flash_pd.doctor import (
     FAMILIES,
     Check,
@@ -20,17 +21,21 @@ from v4flash_pd.doctor import (
     to_json,
 )
 from v4flash_pd.errors import UserError
+from v4flash_pd.plan import PlanWarning, WarningCode
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
-_COVERED = ("WARNING ", "topology: ", "the plan uses GPUs", "port(s) not available", "the router listens",
-            "model ", "no model path", "memory: ")
-
-
+COVERED: dict[WarningCode, str] = {
+    "topology-note": "gpu", "gpus-missing": "gpu",
+    "numa-unbindable": "numa", "numa-preferred": "numa", "numa-cpu-only": "numa",
+    "ports-busy": "ports", "router-open": "ports",
+    "model-missing": "model",
+    "memory-unfit": "memory", "memory-tight": "memory",
+}
 ROUTER_ONLY_FAMILIES = ("ports", "storage", "stack")
 
 
-def plan_row(warnings: tuple[str, ...]) -> Check:
-    rest = [w for w in warnings if not w.startswith(_COVERED) and "cannot honour NUMA" not in w]
+def plan_row(warnings: tuple[PlanWarning, ...]) -> Check:
+    rest = [w.text for w in warnings if w.code not in COVERED]
     if rest:
         return Check("plan", "warn", "; ".join(rest), "see `v4flash-pd plan` for the whole plan and adjust the config")
     return Check("plan", "ok", "the plan `up` would start builds on this box")
@@ -63,7 +68,7 @@ def command(opts: Options, how: RunOptions, only: str, as_json: bool) -> None:
     except UserError as exc:  # the plan itself cannot be built here: that is the finding
         checks: tuple[Check, ...] = (Check("plan", "error", exc.message, exc.hint),)
     else:
-        expect = expect_from_plan(plan, numa_mode=cfg.numa, tokenizer_path=cfg.tokenizer_path,
+        expect = expect_from_plan(plan, host, numa_mode=cfg.numa, tokenizer_path=cfg.tokenizer_path,
                                   transfer_backend=cfg.transfer_backend)
         inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=opts.topology_file is None)
         # a cluster's router part starts no worker here: GPUs, NUMA, model and KV transport are the boxes'

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import click
 
+from v4flash_pd import evalgate
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.routerauth import auth_headers
 
 
 @click.command("eval")
@@ -29,8 +32,7 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               envvar="V4FLASH_EVAL_TIMEOUT", help="Per-request timeout in seconds.")
 @click.option("--show-failures", type=click.IntRange(min=0), default=3, show_default=True,
               envvar="V4FLASH_EVAL_SHOW_FAILURES", help="How many failed questions to print.")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_EVAL_JSON",
-              help="Print the result as JSON (accuracy, threshold, failures).")
+@json_option("Print the result as JSON (accuracy, threshold, failures).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_EVAL_API_KEY_FILE",
               help="File holding the router's API key (a router started with router.api_key_file).")
 @click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_EVAL_API_KEY_ENV",
@@ -50,9 +52,6 @@ def command(url: str, questions: int, min_accuracy: float, seed: int, shots: int
     decodes speculatively (and its accept length); with --baseline, an accuracy drop against a run
     without speculative decoding fails the gate too.
     """
-    from v4flash_pd import evalgate
-    from v4flash_pd.routerauth import auth_headers
-
     source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     headers = auth_headers(source)
     base = None

@@ -6,13 +6,14 @@ import json
 
 import click
 
+from v4flash_pd import docformat
 from v4flash_pd import topology as topo
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.cli.options import (
     Options,
     cluster_options,
     config_options,
     hosts_option,
-    json_option,
     load,
     pass_options,
     prepare,
@@ -42,8 +43,8 @@ def command(opts: Options, as_json: bool) -> None:
         topology = topo.load(opts.topology_file) if opts.topology_file else None
         parts = part_plans(cfg, topology, rehearse=opts.rehearse)
         if as_json:
-            d = {"format": "v4flash-pd/cluster-view/1", "parts": {name: p.to_dict() for name, p in parts},
-                 "config": cfg.to_dict()}
+            d = docformat.stamp(docformat.CLUSTER_VIEW, {"parts": {name: p.to_dict() for name, p in parts},
+                                                         "config": cfg.to_dict()})
             click.echo(json.dumps(d, indent=2))
             return
         click.echo(cluster_text(cfg, parts))

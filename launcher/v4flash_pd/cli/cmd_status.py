@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.httpclient import REFUSED, TIMEOUT, Probes
 from v4flash_pd.poll import poll_until
 from v4flash_pd.procgroup import Identity, Signaller, describe_state, read_stat
@@ -88,7 +89,7 @@ def collect(run: RunDir) -> dict[str, Any]:
 
 @click.command("status")
 @click.option("--run-dir", type=click.Path(path_type=Path), envvar="V4FLASH_RUN_DIR", help="Run dir (default: latest).")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON")
+@json_option()
 def command(run_dir: Path | None, as_json: bool) -> None:
     """Show run state, each process's pid/liveness/health and each kernel patch per worker."""
     info = collect(RunDir.find(run_dir))

@@ -130,11 +130,6 @@ def run_options(fn: F) -> F:
     ])
 
 
-def json_option(help: str) -> Decorator:
-    """--json: the one switch name (V4FLASH_JSON) every command's machine-readable output answers to."""
-    return click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON", help=help)
-
-
 @dataclass(frozen=True)
 class Options:
     """What decides the Config and the Plan (plan, up, doctor, render)."""

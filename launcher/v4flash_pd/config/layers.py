@@ -1,4 +1,4 @@
-"""Layers: defaults < profile < config file (TOML) < V4FLASH_SET < --set < typed flags, as one raw dict.
+"""Layers: defaults < profile < file < V4FLASH_SET < V4FLASH_<OPTION> < --set < --<option>, as one raw dict.
 
 Layers are merged as plain dicts first and typed once at the end (`build.build_config`), so every
 layer speaks the same vocabulary (the keys of a config file) and every error can name the key and

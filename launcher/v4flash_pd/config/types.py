@@ -37,9 +37,9 @@ class WorkerSpec:
     remote: bool = False
 
     def port_uses(self) -> tuple[PortUse, ...]:
-        uses = [PortUse(f"{self.name} http", self.host, self.port), PortUse(f"{self.name} nccl", self.host, self.nccl_port)]
+        uses = [PortUse(self.name, "http", self.host, self.port), PortUse(self.name, "nccl", self.host, self.nccl_port)]
         if self.role == "prefill" and self.bootstrap_port is not None:
-            uses.append(PortUse(f"{self.name} bootstrap", self.host, self.bootstrap_port))
+            uses.append(PortUse(self.name, "bootstrap", self.host, self.bootstrap_port))
         return tuple(uses)
 
 
@@ -83,8 +83,8 @@ class RouterSpec:
         return ""
 
     def port_uses(self) -> tuple[PortUse, ...]:
-        return (PortUse("router http", self.host, self.port),
-                PortUse("router metrics", self.metrics_host, self.metrics_port))
+        return (PortUse("router", "http", self.host, self.port),
+                PortUse("router", "metrics", self.metrics_host, self.metrics_port))
 
 
 @dataclass(frozen=True)
@@ -164,11 +164,10 @@ class Config:
 
     def port_key(self, use: PortUse) -> str:
         """The config key that moves `use` (for a fix: `--set <key>=N`)."""
-        process, kind = use.owner.split(" ", 1)
-        if process == "router":
-            return ROUTER_PORT_KEYS[kind]
-        w = self.worker(process)
-        return f"{w.role}.{w.index}.{WORKER_PORT_KEYS[kind]}"
+        if use.process == "router":
+            return ROUTER_PORT_KEYS[use.kind]
+        w = self.worker(use.process)
+        return f"{w.role}.{w.index}.{WORKER_PORT_KEYS[use.kind]}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

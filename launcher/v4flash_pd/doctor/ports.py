@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
+from v4flash_pd.errors import UserError
+from v4flash_pd.routerauth import read_key
 
 
 def check_router_auth(inp: DoctorInput) -> Check:
@@ -14,9 +16,6 @@ def check_router_auth(inp: DoctorInput) -> Check:
         return skip("router-auth", "no router in this plan")
     kind, where = e.router_auth
     if kind:
-        from v4flash_pd.errors import UserError
-        from v4flash_pd.routerauth import read_key
-
         try:
             read_key(kind, where, inp.probe.env)
         except UserError as exc:

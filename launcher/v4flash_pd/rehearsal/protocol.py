@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from v4flash_pd.rehearsal.textgen import (
     EOS_TOKEN_ID,
@@ -231,7 +231,7 @@ def openai_reply(req: GenRequest, c: Completion, model: str, created: int) -> di
             "choices": [choice], "usage": usage(req, c), "rehearsal": True}
 
 
-def openai_chunks(req: GenRequest, c: Completion, model: str, created: int):
+def openai_chunks(req: GenRequest, c: Completion, model: str, created: int) -> Iterator[tuple[int | None, dict[str, Any]]]:
     """Stream chunks after the first token's delay: yields (token_index_or_None, chunk).
 
     The caller sleeps before chunks whose index is > 0 (inter-token latency).
