@@ -265,7 +265,7 @@ def fit(name: str, role: str, index: int, tp: int, card_mib: int | None, mem_fra
                    f"{need_ctx:,}: long requests will be refused or queued")
         fix = (f"--set {key}={math.ceil(want * 100) / 100:.2f} (leaves {(1 - want) * free:.1f} GiB outside the pool), "
                "lower engine.context_length, or use a larger TP")
-    elif headroom < reserve:
+    elif (1 - frac) * card * MIB / GIB < reserve - 1e-6:  # SGLang's own rule: the fraction leaves `reserve` of the card
         status = "warn"
         draft = f" (and the {mtp:.1f} GiB MTP layer, which loads after the pool is sized)" if mtp else ""
         finding = (f"{name}: {headroom:.1f} GiB per GPU stays outside the static pool for CUDA graphs and "

@@ -122,6 +122,8 @@ def test_card_from_topology_or_assumed() -> None:
     assert f.card_source == "assumed" and f.card_mib == M.RTX6000_MIB
     unset = M.fit("d", "decode", 0, 4, 97887, None, None, False)
     assert unset.fraction_source.startswith("sglang default") and unset.headroom_gib == pytest.approx(10 - 0.1, abs=0.2)
+    assert unset.status == "ok"  # SGLang's own default is not "less than SGLang's own default"
+    assert M.fit("d", "decode", 0, 4, 97887, None, None, True).mem_fraction_static < unset.mem_fraction_static
 
 
 def _plan(*sets: str, profile: str = "rtx6000-8x-pd-2xtp2", rehearse: bool = False, strict: bool = False):
