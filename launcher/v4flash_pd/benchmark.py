@@ -20,7 +20,7 @@ import random
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 from v4flash_pd.table import Progress, format_table
@@ -56,6 +56,14 @@ def parse_sse_line(line: bytes | str) -> dict[str, Any] | object | None:
     return event if isinstance(event, dict) else None
 
 
+def spec_verify_ct(event: dict[str, Any]) -> int | None:
+    """Verify steps of a finished request, where the server decodes speculatively (SGLang writes
+    `meta_info.spec_verify_ct` on a request's last event only, and only with speculation on)."""
+    meta = event.get("meta_info")
+    verify = meta.get("spec_verify_ct") if isinstance(meta, dict) else None
+    return verify if isinstance(verify, int) and verify > 0 else None
+
+
 def completion_tokens(event: dict[str, Any]) -> int | None:
     """Cumulative generated-token count of one `/generate` event (None if it carries none)."""
     meta = event.get("meta_info")
@@ -73,6 +81,7 @@ class RequestResult:
     itls_s: tuple[float, ...] = ()
     latency_s: float = 0.0
     error: str = ""
+    spec_verify_ct: int | None = None  # verify steps, where the server decodes speculatively
 
 
 def timings_from_events(start: float, events: Sequence[tuple[float, int]], end: float) -> RequestResult:
@@ -144,6 +153,9 @@ class LevelStats:
     itl_ms: Dist
     latency_ms: Dist
     error_samples: tuple[str, ...] = field(default_factory=tuple)
+    # The served accept length: tokens per verify step over the level's speculative requests (SGLang's
+    # per-request spec_accept_length = completion_tokens / spec_verify_ct, pooled); None without speculation.
+    accept_length: float | None = None
 
 
 def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: float) -> LevelStats:
@@ -156,6 +168,8 @@ def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: fl
     for r in bad:
         if r.error not in samples:
             samples.append(r.error)
+    spec = [r for r in ok if r.spec_verify_ct]
+    verifies = sum(r.spec_verify_ct or 0 for r in spec)
     return LevelStats(
         concurrency=concurrency,
         requests=len(results),
@@ -169,6 +183,7 @@ def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: fl
         itl_ms=Dist.of_seconds([x for r in ok for x in r.itls_s]),
         latency_ms=Dist.of_seconds([r.latency_s for r in ok]),
         error_samples=tuple(samples[:3]),
+        accept_length=sum(r.output_tokens for r in spec) / verifies if verifies else None,
     )
 
 
@@ -207,14 +222,16 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 def render_table(levels: Iterable[LevelStats]) -> str:
     levels = list(levels)
-    header = ("conc", "reqs", "err", "out tok/s", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms")
+    spec = any(s.accept_length is not None for s in levels)  # the column only where the server speculates
+    header = ("conc", "reqs", "err", "out tok/s", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms") + \
+        (("accept len",) if spec else ())
     rows = [header]
     for s in levels:
         rows.append((
             str(s.concurrency), str(s.requests), str(s.errors), _fmt(s.output_tok_s), _fmt(s.req_s, 2),
             "/".join(_fmt(v) for v in (s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99)),
             "/".join(_fmt(v) for v in (s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99)),
-        ))
+        ) + ((_fmt(s.accept_length, 2),) if spec else ()))
     out = "\n".join(format_table(rows[0], rows[1:], right=range(len(header))))
     for s in levels:
         for e in s.error_samples:
@@ -247,6 +264,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
     body = json.dumps(payload).encode()
     start = clock()
     events: list[tuple[float, int]] = []
+    verify: int | None = None
     conn = conn_cls(host, port, timeout=timeout)
     try:
         conn.request("POST", base + "/generate", body=body,
@@ -276,6 +294,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
             n = completion_tokens(ev)
             if n is not None:
                 events.append((now, n))
+            verify = spec_verify_ct(ev) or verify
         end = clock()
     except (OSError, http.client.HTTPException) as exc:
         return RequestResult(ok=False, latency_s=clock() - start, error=f"{type(exc).__name__}: {exc}")
@@ -284,7 +303,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
     result = timings_from_events(start, events, end)
     if result.ok and not done:
         return RequestResult(ok=False, latency_s=end - start, error="stream ended without [DONE]")
-    return result
+    return replace(result, spec_verify_ct=verify) if verify else result
 
 
 def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: int,

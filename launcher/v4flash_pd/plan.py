@@ -13,10 +13,12 @@ from typing import Any, Literal, get_args
 
 from v4flash_pd import docformat
 from v4flash_pd.config.keys import PATCH_SWITCHES
-from v4flash_pd.config.types import Config, WorkerSpec
+from v4flash_pd.config.types import Config, Speculative, WorkerSpec
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import Binding, numactl_prefix
+from v4flash_pd.memory import MemoryFit
+from v4flash_pd.memory import fit as memory_arithmetic
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
 
@@ -50,6 +52,8 @@ WarningCode = Literal[
     "router-open",  # the router listens beyond loopback without authentication
     "server-open",  # the aggregated server listens beyond loopback (it has no authentication)
     "exposed",  # workers, bootstrap, NCCL or metrics listen beyond this box
+    "memory-unfit",  # a worker's weights do not fit its static pool: `up` will refuse (plan, rehearsal)
+    "memory-tight",  # it fits, but its KV pool or the memory left outside it is short
 ]
 WARNING_CODES: tuple[str, ...] = get_args(WarningCode)
 
@@ -100,6 +104,9 @@ class Plan:
     # workers other boxes start that must answer /health before this plan's router starts.
     scope: str = ""
     upstream: tuple[tuple[str, str], ...] = ()
+    # Speculative decoding as every worker runs it ("" = off), and each local worker's per-GPU memory.
+    speculative: str = ""
+    memory: tuple[MemoryFit, ...] = ()
 
     def workers(self) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.role != "router")
@@ -133,7 +140,9 @@ class Plan:
                    probe_url=d["probe_url"], expected=tuple((r, n) for r, n in d["expected"]), python=d["python"],
                    warnings=tuple(PlanWarning(**w) for w in d["warnings"]),
                    patches=tuple((n, on) for n, on in d["patches"]), context_length=d["context_length"],
-                   router_auth=(auth[0], auth[1]), local=d["local"], scope=d["scope"], upstream=_pairs(d["upstream"]))
+                   router_auth=(auth[0], auth[1]), local=d["local"], scope=d["scope"], upstream=_pairs(d["upstream"]),
+                   speculative=d.get("speculative", ""),
+                   memory=tuple(MemoryFit(**m) for m in d.get("memory", ())))
 
 
 def _pairs(items: list[list[str]]) -> tuple[tuple[str, str], ...]:
@@ -302,11 +311,41 @@ def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple
         a += ["--cuda-graph-max-bs", str(w.cuda_graph_max_bs)]
     if cfg.enable_metrics:
         a.append("--enable-metrics")
+    a += speculative_args(cfg.speculative)
     if w.role in ("prefill", "decode"):
         a += ["--disaggregation-mode", w.role, "--disaggregation-transfer-backend", str(cfg.transfer_backend)]
         if bootstrap_port is not None:
             a += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
     return tuple(a) + cfg.engine_extra_args + w.extra_args
+
+
+def speculative_args(spec: Speculative) -> tuple[str, ...]:
+    """The same four flags for every worker (prefill stores the draft state decode rebuilds); top-k is
+    always written, since the pinned DeepSeek-V4 hook asserts it equals 1 and None does not."""
+    if not spec.on:
+        return ()
+    return ("--speculative-algorithm", spec.algorithm, "--speculative-num-steps", str(spec.num_steps),
+            "--speculative-eagle-topk", str(spec.eagle_topk),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens))
+
+
+def memory_fit(cfg: Config, w: WorkerSpec, host: Host) -> MemoryFit:
+    """Per-GPU memory of a worker on the cards the topology reports (the smallest of its GPUs)."""
+    sizes = [g.memory_mib for g in host.topology.gpus if g.index in w.gpus and g.memory_mib]
+    return memory_arithmetic(w.name, w.role, w.index, w.tp, min(sizes) if sizes else None,
+                             w.mem_fraction_static, cfg.context_length, cfg.speculative.on)
+
+
+def _memory_findings(fits: tuple[MemoryFit, ...], strict: bool, rehearse: bool,
+                     warnings: list[PlanWarning], problems: _Problems) -> None:
+    for f in fits:
+        if f.status == "error" and strict:
+            problems.add(f.finding, f.fix)
+        elif f.status == "error":
+            then = "rehearsal loads no weights" if rehearse else "`up` will refuse it"
+            warnings.append(PlanWarning("memory-unfit", f"memory: {f.finding}; {then} (fix: {f.fix})"))
+        elif f.status == "warn":
+            warnings.append(PlanWarning("memory-tight", f"memory: {f.finding} (fix: {f.fix})"))
 
 
 def shared_env(cfg: Config, host: Host, warnings: list[PlanWarning]) -> dict[str, str]:
@@ -458,6 +497,8 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     python = cfg.python or host.python
     _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
     bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in local}
+    fits = tuple(memory_fit(cfg, w, host) for w in local)
+    _memory_findings(fits, strict, rehearse, warnings, problems)
     env_base = shared_env(cfg, host, warnings)
     prefills = cfg.role("prefill")
     first_boot = prefills[0].bootstrap_port if prefills else None
@@ -510,7 +551,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
                 processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, python=python,
                 warnings=tuple(warnings),
                 patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local,
-                scope=plan_scope(cfg), upstream=upstream)
+                scope=plan_scope(cfg), upstream=upstream, speculative=cfg.speculative.summary(), memory=fits)
 
 
 def plan_scope(cfg: Config) -> str:

@@ -88,7 +88,8 @@ def test_build_config_reads_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
         for path, key in list(table.items()):
             monkeypatch.setitem(table, path, wrap(key))
     for profile, role in (("rtx6000-8x-pd", "decode"), ("rtx6000-tp4", "server")):
-        sets = ("sparse_decode=true", f"{role}.0.mem_fraction_static=0.6")
+        sets = ("sparse_decode=true", f"{role}.0.mem_fraction_static=0.6", "speculative.num_steps=2",
+                "speculative.num_draft_tokens=3")
         build_config(*merged_layers(profile=profile, env={}, sets=sets))
     assert seen == {k.path for k in KEYS} | {f"worker.{k.path}" for k in WORKER_KEYS}
     assert keys.KEY is KEY  # the spies sat in the table build_config reads

@@ -387,7 +387,8 @@ def test_gpu_count_not_divisible_by_tp() -> None:
 
 
 def test_dp_when_more_gpus_than_tp() -> None:
-    plan = build_plan(cfg("decode.0.tp=2"), remote("8gpu-2node"))
+    # each TP2 copy holds 86 GiB of weights per GPU: at the profile's 0.70 the memory check refuses it
+    plan = build_plan(cfg("decode.0.tp=2", "decode.0.mem_fraction_static=0.94"), remote("8gpu-2node"))
     d = plan.get("decode-0").argv
     assert flag(d, "--tp-size") == "2" and flag(d, "--dp-size") == "2"
 

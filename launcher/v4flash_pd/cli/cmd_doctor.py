@@ -30,6 +30,7 @@ COVERED: dict[WarningCode, str] = {
     "numa-unbindable": "numa", "numa-preferred": "numa", "numa-cpu-only": "numa",
     "ports-busy": "ports", "router-open": "ports",
     "model-missing": "model",
+    "memory-unfit": "memory", "memory-tight": "memory",
 }
 ROUTER_ONLY_FAMILIES = ("ports", "storage", "stack")
 
@@ -44,7 +45,7 @@ def plan_row(warnings: tuple[PlanWarning, ...]) -> Check:
 @click.command("doctor", short_help="Check this box against the plan `up` would start (same options as up).")
 @run_options
 @click.option("--only", default="", envvar="V4FLASH_DOCTOR_ONLY",
-              help="Comma-separated check families to run: gpu,numa,ports,model,storage,stack,transport,offline.")
+              help="Comma-separated check families to run: gpu,numa,ports,model,memory,storage,stack,transport,offline.")
 @json_option("Machine-readable output.")
 @click.option("--gpu", "gpu_selfcheck", is_flag=True, envvar="V4FLASH_DOCTOR_GPU",
               help="Also run the kernel self-check on the plan's GPUs (one row per patch; compiles and runs every "

@@ -18,7 +18,9 @@ from v4flash_pd.config.keys import (
     WORKER_DEFAULTS,
     WORKER_KEY,
 )
-from v4flash_pd.config.types import ClusterSpec, Config, RouterSpec, WorkerSpec
+from v4flash_pd.config.speculative import check_combination
+from v4flash_pd.config.speculative import resolve as resolve_speculative
+from v4flash_pd.config.types import ClusterSpec, Config, RouterSpec, Speculative, WorkerSpec
 from v4flash_pd.config.values import check_extra_chunk, want
 from v4flash_pd.errors import UserError
 
@@ -99,6 +101,12 @@ def _patches(raw: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
     return tuple(switches.items())
 
 
+def _speculative(raw: Mapping[str, Any]) -> Speculative:
+    t = _table(raw, "speculative")
+    return resolve_speculative(*(_get(t, f"speculative.{k}") for k in
+                                 ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")))
+
+
 def _router(raw: Mapping[str, Any]) -> RouterSpec:
     r = _table(raw, "router")
     router = RouterSpec(
@@ -160,6 +168,9 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
 
     router = _router(raw) if mode == "pd" else None
     cluster = cluster_spec(raw, mode)
+    env = _get(raw, "env")
+    speculative = _speculative(raw)
+    check_combination(speculative, mode, engine_extra, tuple(workers), env)
     return Config(
         profile=profile,
         mode=mode,
@@ -181,9 +192,10 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         grace_period=_get(raw, "grace_period"),
         hang_timeout=_get(raw, "hang_timeout"),
         smoke_prompt=_get(raw, "smoke_prompt"),
-        env=_get(raw, "env"),
+        env=env,
         workers=tuple(workers),
         router=router,
         sources=sources,
         cluster=cluster if cluster.boxes else None,
+        speculative=speculative,
     )

@@ -99,6 +99,19 @@ KEYS: tuple[Key, ...] = (
           Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
       for sw in SWITCHES),
     Key("sparse_decode", bool, None, v.on_off, "older spelling of patches.sparse_decode (wins over it)", optional=True),
+    # Speculative decoding with the model's MTP (NextN) layer, off while num_steps = 0. The same flags go
+    # to every worker (prefill stores the draft state that decode rebuilds); config/speculative.py refuses
+    # what the pinned sglang would refuse or silently change.
+    Key("speculative.algorithm", str, v.SPEC_ALGORITHM, v.spec_algorithm,
+        "the speculative algorithm (sglang 0.5.13.post1 takes only EAGLE for DeepSeek-V4)", choices=(v.SPEC_ALGORITHM,)),
+    Key("speculative.num_steps", int, 0, v.integer("a number of draft steps per verify (0 = off)", 0),
+        "draft steps per verify; 0 = speculative decoding off",
+        Flag("--mtp", "V4FLASH_MTP", "config",
+             "Speculative decoding with the model's MTP layer: N draft steps per verify (EAGLE, top-k 1, N+1 draft "
+             "tokens) on every worker; 0 = off (speculative.num_steps).", 0, 64)),
+    Key("speculative.eagle_topk", int, 1, v.spec_topk, "draft tokens kept per step (DeepSeek-V4: 1, a chain)"),
+    Key("speculative.num_draft_tokens", int, None, v.integer("a number of draft tokens per verify (num_steps + 1)", 1),
+        "tokens verified per step (unset: num_steps + 1, the only value SGLang keeps at top-k 1)", optional=True),
     Key("python", str, "", v.text("an interpreter path"),
         "the workers' interpreter (\"\": the one running v4flash-pd here, python3 on another box)"),
     Key("ready_timeout", float, 3600.0, v.seconds(strict=True), "seconds `up` waits for READY",

@@ -87,6 +87,27 @@ class RouterSpec:
                 PortUse("router", "metrics", self.metrics_host, self.metrics_port))
 
 
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding as every worker runs it (prefill and decode must match); off while num_steps = 0."""
+
+    algorithm: str = "EAGLE"
+    num_steps: int = 0
+    eagle_topk: int = 1
+    num_draft_tokens: int = 0  # resolved: num_steps + 1 when on, 0 when off
+
+    @property
+    def on(self) -> bool:
+        return self.num_steps > 0
+
+    def summary(self) -> str:
+        """One line for `plan` and the READY banner ("" when off)."""
+        if not self.on:
+            return ""
+        return (f"{self.algorithm} with the MTP layer: {self.num_steps} draft step(s), top-k {self.eagle_topk}, "
+                f"{self.num_draft_tokens} tokens verified per step")
+
+
 # The config key that moves each kind of port, inside a worker table or the router table.
 WORKER_PORT_KEYS = {"http": "port", "nccl": "nccl_port", "bootstrap": "bootstrap_port"}
 ROUTER_PORT_KEYS = {"http": "router.port", "metrics": "router.metrics_port"}
@@ -119,6 +140,7 @@ class Config:
     router: RouterSpec | None
     sources: tuple[str, ...] = field(default=())
     cluster: ClusterSpec | None = None
+    speculative: Speculative = field(default=Speculative())
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)

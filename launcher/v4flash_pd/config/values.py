@@ -230,3 +230,36 @@ def check_extra_chunk(argv: tuple[str, ...], key: str) -> None:
         raise UserError(f"{key} has --chunked-prefill-size {given!r}, which is not an integer",
                         "use engine.chunked_prefill_size = 8192 instead of extra_args") from None
     check_prefill_chunk(size, f"{key} (--chunked-prefill-size)")
+
+
+# Speculative decoding (issue 22): the pinned DeepSeek-V4 hook (arg_groups/deepseek_v4_hook.py,
+# run from ServerArgs.__post_init__ before SGLang resolves algorithm aliases or upper-cases the name)
+# asserts speculative_algorithm == "EAGLE" and speculative_eagle_topk == 1.
+SPEC_ALGORITHM = "EAGLE"
+
+
+def spec_algorithm(value: Any, key: str) -> str:
+    """The speculative algorithm: exactly "EAGLE" (NEXTN, the same MTP draft, fails the pinned hook)."""
+    want(value, str, key, f'"{SPEC_ALGORITHM}"')
+    if value != SPEC_ALGORITHM:
+        why = ("NEXTN names the same MTP draft, but the pinned DeepSeek-V4 hook compares the name before "
+               "SGLang resolves that alias" if value.upper() == "NEXTN" else
+               "SGLang upper-cases it only after the DeepSeek-V4 hook has compared it" if value.upper() == SPEC_ALGORITHM
+               else "DeepSeek-V4-Flash's draft is its own MTP (NextN) layer, which runs as EAGLE")
+        raise UserError(f"config key {key} = {value!r}: sglang 0.5.13.post1 accepts only \"{SPEC_ALGORITHM}\" for "
+                        f"DeepSeek-V4 (arg_groups/deepseek_v4_hook.py asserts it; {why}), so every worker would stop "
+                        "at start",
+                        f"set {key} = \"{SPEC_ALGORITHM}\" (the default: leave it out) and turn speculative decoding "
+                        "on with --mtp N")
+    return SPEC_ALGORITHM
+
+
+def spec_topk(value: Any, key: str) -> int:
+    """EAGLE's tree width: exactly 1 for DeepSeek-V4 (a chain of draft tokens)."""
+    want(value, int, key, "1")
+    if value != 1:
+        raise UserError(f"config key {key} = {value}: sglang 0.5.13.post1 accepts only eagle_topk = 1 for DeepSeek-V4 "
+                        "(arg_groups/deepseek_v4_hook.py asserts it; its MTP drafts a chain, not a tree), so every "
+                        "worker would stop at start",
+                        f"set {key} = 1 (the default: leave it out)")
+    return 1

@@ -14,6 +14,7 @@ from typing import Mapping
 from v4flash_pd.doctor.probe import Probe
 from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import numactl_prefix
+from v4flash_pd.memory import MemoryFit
 from v4flash_pd.plan import Plan
 from v4flash_pd.ports import PortUse
 from v4flash_pd.topology import Topology
@@ -56,6 +57,7 @@ class Expect:
     context_length: int | None = None
     router_auth: tuple[str, str] = ("", "")
     router_host: str = ""
+    memory: tuple[MemoryFit, ...] = ()  # the plan's per-GPU memory arithmetic, one per worker
 
     def gpus_used(self) -> tuple[int, ...]:
         return tuple(sorted({g for w in self.workers for g in w.gpus}))
@@ -94,4 +96,5 @@ def expect_from_plan(plan: Plan, host: Host, *, numa_mode: str, tokenizer_path: 
         compute_cap=cap, gpu_name=name, workers=tuple(workers), ports=plan.port_uses(), worker_env=env,
         python=plan.python, numactl=host.numactl, patches=plan.patches, context_length=plan.context_length,
         router_auth=plan.router_auth, router_host=router.ports[0].host if router is not None else "",
+        memory=plan.memory,
     )
