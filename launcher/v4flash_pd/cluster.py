@@ -23,6 +23,7 @@ from v4flash_pd.config import (
     read_text_file,
 )
 from v4flash_pd.errors import UserError
+from v4flash_pd.profiles import PROFILES
 from v4flash_pd.topology import Gpu, NumaNode, Topology
 
 if TYPE_CHECKING:
@@ -238,6 +239,10 @@ def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any
     profile = doc.get("profile")
     if not isinstance(profile, str):
         raise UserError(f"{where} has no profile name", "render it again with `v4flash-pd render slurm|k8s`")
+    if profile not in PROFILES:  # the plan stands in for the profile layer: an unknown one must not mean defaults
+        raise UserError(f"{where} names unknown profile {profile!r}, which this v4flash-pd does not have",
+                        f"render it again with `v4flash-pd render slurm|k8s` of this version (profiles: "
+                        f"{', '.join(sorted(PROFILES))})")
     return doc["config"], profile
 
 

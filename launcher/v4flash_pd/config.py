@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import DEFAULT_PROFILE, get_profile
+from v4flash_pd.safety import api_key_flag, check_host, check_key_env
 
 
 def _tomllib() -> Any:
@@ -552,7 +553,7 @@ def _host(value: Any, key: str) -> str:
     if any(c.isspace() for c in host) or "/" in host or "[" in host or "]" in host:
         raise UserError(f"config key {key} = {value!r} is not a host name or IP address",
                         f"write a bare host, e.g. {key} = \"127.0.0.1\" or \"::1\" (no scheme, port or path)")
-    return host
+    return check_host(host, key)  # no shell metacharacters: hosts reach argv, URLs and rendered scripts
 
 
 def arg_value(args: tuple[str, ...], flag: str) -> str | None:
@@ -763,7 +764,7 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         r = {**DEFAULTS["router"], **r}
         key_env = _want(r["api_key_env"], str, "router.api_key_env", "an environment variable name")
         if key_env:
-            _env_name(key_env, "router.api_key_env")
+            check_key_env(key_env, "router.api_key_env")
         router = RouterSpec(
             host=_host(r["host"], "router.host"),
             port=_port(r["port"], "router.port"),
@@ -775,9 +776,10 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
             api_key_file=_want(r["api_key_file"], str, "router.api_key_file", "a file path"),
             api_key_env=key_env,
         )
-        if "--api-key" in router.extra_args or any(a.startswith("--api-key=") for a in router.extra_args):
-            raise UserError("router.extra_args passes --api-key on the command line, where `ps`, the .command "
-                            "file and the logs show it",
+        flag = api_key_flag(router.extra_args)  # argparse also takes any prefix (--api-ke) as --api-key
+        if flag:
+            raise UserError(f"router.extra_args passes {flag.split('=', 1)[0]!r}, which the router reads as --api-key, "
+                            "on the command line, where `ps`, the .command file and the logs show it",
                             "put the key in a file (router.api_key_file) or a variable (router.api_key_env) instead")
 
     env = _env_pairs(raw["env"], "env")

@@ -18,6 +18,7 @@ from v4flash_pd import __version__
 from v4flash_pd.config import Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import OFFLINE_ENV
+from v4flash_pd.safety import check_values
 
 FLAVORS = ("lws", "rbg")
 PLAN_DIR = "/etc/v4flash"
@@ -41,6 +42,7 @@ class K8sOptions:
 
 
 def check_options(opts: K8sOptions) -> None:
+    check_values([("--image", opts.image), ("--model-host-path", opts.model_host_path)])
     if opts.flavor not in FLAVORS:
         raise UserError(f"--flavor {opts.flavor!r} is not rendered",
                         "use --flavor lws (LeaderWorkerSet) or --flavor rbg (RoleBasedGroup)")
@@ -66,15 +68,34 @@ def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
     """The raw config of the pod layout: one slot per pod (4 GPUs, numbered 0-3 inside it), its own
     network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names
     (box i = prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
-    c = dict(raw.get("cluster") or {})
-    p, d = int(c.get("prefill", 1)), int(c.get("decode", 1))
-    tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
+    c = dict(_table(raw.get("cluster") or {}, "cluster", "[cluster] with keys like prefill = 1"))
+    p = _count(c.get("prefill", 1), "cluster.prefill", "--prefill 2")
+    d = _count(c.get("decode", 1), "cluster.decode", "--decode 1")
+    roles = raw.get("prefill") or [{}]
+    if not isinstance(roles, list):
+        raise UserError(f"config key prefill must be a list of tables (write each as [[prefill]]), got {roles!r}",
+                        "write it as [[prefill]] with keys like tp = 4, or drop it to keep the profile's")
+    tp = _count(_table(roles[0] if roles else {}, "prefill.0", "[[prefill]] with keys like tp = 4").get("tp", 4),
+                "prefill.0.tp", "--set prefill.0.tp=4")
     c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
              hosts=[pod_dns(opts, "prefill", i) for i in range(p)] + [pod_dns(opts, "decode", j) for j in range(d)])
     # each pod is its own network namespace: the router's metrics port must listen on the pod address to
     # be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
     router = {**(raw.get("router") or {}), "metrics_host": "0.0.0.0"}
     return {**raw, "cluster": c, "router": router}
+
+
+def _table(value: Any, key: str, example: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(f"config key {key} must be a table, got {value!r}", f"write it as {example}")
+    return value
+
+
+def _count(value: Any, key: str, example: str) -> int:
+    """A positive whole number from the raw layers (the pod layout is decided before the config is typed)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"config key {key} must be a positive whole number, got {value!r}", f"e.g. {example}")
+    return value
 
 
 def pod_dns(opts: K8sOptions, role: str, index: int) -> str:
@@ -186,6 +207,11 @@ def _router_key(cfg: Config, opts: K8sOptions) -> tuple[list[dict[str, Any]], li
     r = cfg.router
     assert r is not None
     ref = {"name": router_secret(opts), "key": "api-key"}
+    if r.api_key_file and not r.api_key_file.startswith("/"):
+        raise UserError(f"router.api_key_file = {r.api_key_file!r} is a relative path; in Kubernetes the key is a Secret "
+                        "mounted at that path, and a volume's mountPath must be absolute",
+                        "use an absolute path inside the pod, e.g. --set router.api_key_file=/etc/v4flash-key/api-key, "
+                        "or router.api_key_env")
     if r.api_key_env:
         return [{"name": r.api_key_env, "valueFrom": {"secretKeyRef": ref}}], [], []
     if r.api_key_file:
@@ -287,7 +313,19 @@ def _scalar(v: Any) -> str:
     s = str(v)
     if _PLAIN.fullmatch(s) and s.lower() not in _RESERVED:
         return s
-    return json.dumps(s)  # a JSON string is a valid double-quoted YAML scalar
+    return _quoted(s)
+
+
+def _quoted(s: str) -> str:
+    r"""A double-quoted YAML scalar that reads back as exactly `s`. JSON's own escaping is not enough:
+    with ensure_ascii it writes a character outside the BMP as a surrogate pair (\ud83d\ude00), which
+    YAML reads as two lone surrogates; so keep printable characters as they are (the file is UTF-8)
+    and escape the rest with YAML's \uXXXX / \UXXXXXXXX."""
+    out = []
+    for ch in json.dumps(s, ensure_ascii=False)[1:-1]:
+        o = ord(ch)
+        out.append(ch if ch.isprintable() or ch in "\\\"" else (f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"))
+    return '"' + "".join(out) + '"'
 
 
 def _block_ok(s: str) -> bool:
@@ -298,7 +336,7 @@ def _block_ok(s: str) -> bool:
 
 
 def _inline(item: Any) -> str:
-    return json.dumps(item) if isinstance(item, (dict, list)) else _scalar(item)
+    return json.dumps(item, ensure_ascii=False) if isinstance(item, (dict, list)) else _scalar(item)
 
 
 def _emit(v: Any, indent: int, out: list[str]) -> None:

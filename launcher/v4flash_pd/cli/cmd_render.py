@@ -15,6 +15,7 @@ import click
 
 from v4flash_pd.cli.options import cluster_options, config_options, pass_params
 from v4flash_pd.errors import UserError
+from v4flash_pd.safety import check_tree
 
 
 def _cluster_config(params: dict[str, Any], edit: Any = None) -> tuple[Any, dict[str, Any]]:
@@ -24,6 +25,7 @@ def _cluster_config(params: dict[str, Any], edit: Any = None) -> tuple[Any, dict
     from v4flash_pd.config import build_config
 
     raw, profile, sources = config_layers(params)
+    check_tree(raw)  # every value is written into the rendered file (the carried plan, manifests, comments)
     if edit is not None:  # Kubernetes: one pod per worker, the pods are the "boxes"
         raw = edit(raw)
     elif not (raw.get("cluster") or {}).get("boxes"):
