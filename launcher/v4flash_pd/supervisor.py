@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from v4flash_pd.diskwatch import DiskWatch
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
@@ -451,10 +452,15 @@ class Supervisor:
         router_fetch: Fetch = lambda url, timeout: request(url, timeout=timeout, headers=headers)  # noqa: E731
         watch = _HangWatch(self, [(n, _liveness_url(self.plan.get(n))) for n in self.order], is_miss_when_ready,
                            lambda name: router_fetch if headers and self.procs[name].role == "router" else None)
+        disk = DiskWatch(self.run.path)  # a full run dir loses every log line: say so, keep serving
 
         def tick() -> bool:
             self._guard("unexpectedly")
             watch.tick("after READY")
+            change = disk.check(self.clock.now())
+            if change:
+                self.say(change)
+                self.set_state(run_dir_full=disk.full)  # best effort: on a full disk `status` looks itself
             return False
 
         poll_until(tick, math.inf, self.poll, self.clock)

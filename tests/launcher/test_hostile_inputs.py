@@ -150,3 +150,19 @@ def test_k8s_host_path_is_the_model_path_exactly(cli: Cli, tmp_path: Path) -> No
     assert mounts == [model, model]
     plan = json.loads(docs[0]["data"]["cluster-plan.json"])
     assert plan["config"]["model"]["path"] == model
+
+
+@pytest.mark.parametrize("procs", [[1234, 5678], "prefill-0"], ids=["list", "string"])
+@pytest.mark.parametrize("command", ["status", "down"])
+def test_status_and_down_read_a_corrupt_procs_entry_without_a_traceback(procs: object, command: str, cli: Cli,
+                                                                         tmp_path: Path) -> None:
+    """state.json whose `procs` is not a table (hand-edited, or written by something else): the .pid files
+    are the fallback, and the problem is said, not raised."""
+    run = tmp_path / "run"
+    (run / "patch").mkdir(parents=True)
+    (run / "state.json").write_text(json.dumps({"status": "stopped", "procs": procs, "url": "http://127.0.0.1:1"}))
+    (run / "plan.json").write_text(json.dumps({"processes": []}))
+    res = cli(command, "--run-dir", str(run))
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert "procs" in res.stdout and "not a table" in res.stdout, res.stdout

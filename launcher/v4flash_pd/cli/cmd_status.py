@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from v4flash_pd.diskwatch import full_note
 from v4flash_pd.httpclient import REFUSED, TIMEOUT, Probes
 from v4flash_pd.poll import poll_until
 from v4flash_pd.procgroup import Identity, Signaller, describe_state, read_stat
@@ -78,7 +79,8 @@ def collect(run: RunDir) -> dict[str, Any]:
     patches = run.patch_status()
     for rec in patches:
         rec["worker"] = _worker_of(rec.get("pid"), idents)
-    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "url": st.get("url"),
+    full = full_note(run.path) if launcher_alive else ""  # state.json cannot say it on a full disk
+    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "degraded": full, "url": st.get("url"),
             "state_problem": problem, "identities_from": source,
             "launcher_pid": launcher.pid if launcher else int(st.get("launcher_pid") or 0),
             "launcher_alive": launcher_alive,
@@ -97,9 +99,13 @@ def command(run_dir: Path | None, as_json: bool) -> None:
         return
     click.echo(f"run     {info['run_dir']}")
     stopped = info["status"] in ("stopped", "failed")
-    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or stopped else ' (launcher not running!)'}")
+    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or stopped else ' (launcher not running!)'}"
+               + (f" (DEGRADED: {info['degraded']})" if info["degraded"] else ""))
+    source = info["identities_from"]
     if info["state_problem"]:
-        click.echo(f"note    {info['state_problem']}; identities from {info['identities_from']}")
+        click.echo(f"note    {info['state_problem']}; identities from {source}")
+    elif source != "state.json":  # e.g. state.json's procs entry unreadable: said by identities()
+        click.echo(f"note    {source if ';' in source else 'identities from ' + source}")
     click.echo(f"url     {info['url']}")
     if info.get("reason"):
         click.echo(f"reason  {info['reason']}")

@@ -134,9 +134,14 @@ def command(params: dict[str, Any]) -> None:
         _detach(params, run, cfg.ready_timeout, plan.probe_url)
         return
     run.lock()  # held until this process exits: a second `up` on this run dir is refused
-    run.write_json("config.json", cfg.to_dict())
-    run.write_json("plan.json", plan.to_dict())
-    run.write_json("fingerprint.json", fingerprint(r.topology))
+    for name, doc in (("config.json", cfg.to_dict()), ("plan.json", plan.to_dict()),
+                      ("fingerprint.json", fingerprint(r.topology))):
+        try:  # nothing has started yet: a full or failing disk is refused here, before any process
+            run.write_json(name, doc)
+        except OSError as exc:
+            raise UserError(f"cannot write {run.file(name)}: {exc.strerror or exc}; nothing was started",
+                            f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
+                            "filesystem") from None
     sup = Supervisor(plan, run, echo=lambda m: click.echo(m), grace=cfg.grace_period,
                      ready_timeout=cfg.ready_timeout, smoke_prompt=cfg.smoke_prompt, hang_timeout=cfg.hang_timeout,
                      after_ready=(_eval_gate(params["eval_questions"], params["eval_min_accuracy"])
