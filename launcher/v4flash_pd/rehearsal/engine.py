@@ -343,8 +343,24 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
         return 2
     state = EngineState(args, knobs)
     stop = state.stopping
+    # The handler only records the signal: it runs in the main thread between two bytecodes, maybe
+    # while that thread holds the Event's condition lock inside wait(), so Event.set() there could
+    # deadlock. The main thread turns the record into `stop` (the request threads watch it) within
+    # one poll (_wait_stop polls in short sleeps, which the signal interrupts).
+    signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signalled.append(signum))
+
+    def _wait_stop(seconds: float) -> bool:
+        """Sleep up to `seconds`, True as soon as a stop was signalled (and `stop` is set)."""
+        end = time.monotonic() + seconds
+        while not signalled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, 0.05))
+        stop.set()
+        return True
 
     servers: list[Server] = []
     if state.store is not None:
@@ -360,7 +376,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     if knobs.bind_delay_s > 0:
         # Real SGLang loads weights before uvicorn binds: the port refuses connections meanwhile.
         state.say(f"loading weights (rehearsal): HTTP port opens in {knobs.bind_delay_s:g}s")
-        if stop.wait(knobs.bind_delay_s):
+        if _wait_stop(knobs.bind_delay_s):
             for s in servers:
                 s.server_close()
             return 0
@@ -389,7 +405,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
 
     deadline = None if knobs.crash_after_s is None else time.monotonic() + knobs.crash_after_s
     ready_said = False
-    while not stop.is_set():
+    while not _wait_stop(0.0):
         if not ready_said and not state.loading:
             ready_said = True
             state.check_ready_logged()
@@ -398,7 +414,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
             state.say(f"crashing on purpose after {knobs.crash_after_s:g}s "
                       f"(V4FLASH_REHEARSAL_CRASH_AFTER_S), exit {knobs.crash_exit_code}")
             os._exit(knobs.crash_exit_code)
-        stop.wait(0.05)
+        _wait_stop(0.05)
 
     state.say("received a stop signal, shutting down")
     if knobs.stop_delay_s:
