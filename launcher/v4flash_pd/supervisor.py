@@ -427,7 +427,8 @@ class Supervisor:
             self._health_gate([(w.name, w.health_url) for w in workers], deadline)
         # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
         # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
-        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers], is_miss_while_loading)
+        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers] + list(self.plan.upstream),
+                                          is_miss_while_loading)
         router = self.plan.router()
         if router is not None:
             self.start(router)
@@ -450,8 +451,12 @@ class Supervisor:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
         headers = auth_headers(self.plan.router_auth)  # should the router guard its probes one day
         router_fetch: Fetch = lambda url, timeout: request(url, timeout=timeout, headers=headers)  # noqa: E731
-        watch = _HangWatch(self, [(n, _liveness_url(self.plan.get(n))) for n in self.order], is_miss_when_ready,
-                           lambda name: router_fetch if headers and self.procs[name].role == "router" else None)
+        # the local processes, and (a cluster's router) the workers on other boxes it routes to: one
+        # of those dying or hanging fails this part as a local worker fails a one-box run
+        targets = [(n, _liveness_url(self.plan.get(n))) for n in self.order] + list(self.plan.upstream)
+        watch = _HangWatch(self, targets, is_miss_when_ready,
+                           lambda name: router_fetch if headers and name in self.procs
+                           and self.procs[name].role == "router" else None)
         disk = DiskWatch(self.run.path)  # a full run dir loses every log line: say so, keep serving
 
         def tick() -> bool:
@@ -486,7 +491,8 @@ class _HangWatch:
         for name, url, timeout in self.dog.due(now):
             self.probes.start(name, url, timeout, now, self.fetch_for(name))
         for name, started, rep in self.probes.results():
-            state = describe_state(self.sup.procs[name].ident.pid)
+            local = self.sup.procs.get(name)  # None: a worker on another box (only its answers count)
+            state = describe_state(local.ident.pid) if local is not None else ""
             state = "" if state == "gone" else state
             self.dog.observe(name, not self.is_miss(rep, state), started, clock.now(),
                              problem=state or rep.error or f"HTTP {rep.status}")
