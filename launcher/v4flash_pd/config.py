@@ -218,6 +218,9 @@ class Config:
     router: RouterSpec | None
     sources: tuple[str, ...] = field(default=())
     cluster: ClusterSpec | None = None
+    # Where the router's API key comes from, ("file", path) / ("env", NAME) or ("", ""). Kept when a
+    # cluster part drops the router: its workers take the same key (workerauth.py).
+    client_auth: tuple[str, str] = ("", "")
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)
@@ -810,6 +813,8 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         router=router,
         sources=sources,
         cluster=cluster,
+        client_auth=(("file", router.api_key_file) if router is not None and router.api_key_file else
+                     ("env", router.api_key_env) if router is not None and router.api_key_env else ("", "")),
     )
     if cluster is None:
         return cfg

@@ -16,6 +16,7 @@ from v4flash_pd.errors import UserError
 from v4flash_pd.hostprobe import Binding, numactl_prefix
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
+from v4flash_pd.workerauth import entry as worker_entry
 
 if TYPE_CHECKING:
     from v4flash_pd.host import Host
@@ -295,7 +296,9 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, py
     # decode gets prefill-0's bootstrap port as its fallback: SGLang substitutes its own
     # --disaggregation-bootstrap-port when the router sends bootstrap_port = null.
     boot = w.bootstrap_port if w.role == "prefill" else (first_bootstrap if w.role == "decode" else None)
-    argv = numactl_prefix(binding, host.numactl) + (python, "-m", module) + engine_args(cfg, w, boot)
+    # behind a router with an API key the worker takes the same key (the router passes it on)
+    argv = numactl_prefix(binding, host.numactl) + (python, "-m", *worker_entry(module, cfg.client_auth)) \
+        + engine_args(cfg, w, boot)
     # GPU indices come from nvidia-smi, which numbers GPUs in PCI bus order; CUDA's default order
     # (FASTEST_FIRST) need not match, and then CUDA_VISIBLE_DEVICES and the NUMA map disagree.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **env_base}

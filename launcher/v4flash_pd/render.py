@@ -22,7 +22,8 @@ def auth_text(plan: Plan) -> str:
         return ""
     if not kind:
         return "NONE: the router accepts requests without authentication"
-    return f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}"
+    return (f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}; "
+            "the workers take the same key (the router passes it on)")
 
 
 def plan_text(plan: Plan, show_commands: bool = True) -> str:

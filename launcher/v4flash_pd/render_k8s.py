@@ -151,6 +151,9 @@ def _worker_pod(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
     if w.bootstrap_port is not None:
         ports.append({"name": "bootstrap", "containerPort": w.bootstrap_port})
     vols, mounts = _volumes(cfg, opts, with_model=not rehearse)
+    key_env, key_vols, key_mounts = _router_key(cfg, opts)  # workers take the router's key as their own
+    vols += key_vols
+    mounts += key_mounts
     gpus = str(len(w.gpus))
     resources = {"cpu": opts.worker_cpu, "memory": opts.worker_memory, "nvidia.com/gpu": gpus}
     args = ["up", "--cluster-plan", PLAN_FILE, "--role", role, "--index", "$(V4FLASH_INDEX)"] + \
@@ -161,7 +164,7 @@ def _worker_pod(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
         "imagePullPolicy": opts.image_pull_policy,
         "args": args,
         "env": _env(cfg, [{"name": "V4FLASH_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.labels['{INDEX_LABEL[opts.flavor]}']"}}}]),
+            "fieldPath": f"metadata.labels['{INDEX_LABEL[opts.flavor]}']"}}}] + key_env),
         "ports": ports,
         # Guaranteed QoS (requests = limits, whole CPUs): the CPU and Memory Managers only pin those
         "resources": {"requests": dict(resources), "limits": dict(resources)},
@@ -202,8 +205,9 @@ def router_secret(opts: K8sOptions) -> str:
 
 
 def _router_key(cfg: Config, opts: K8sOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, volumes, mounts) that hand the router its API key from a Secret, where the plan reads it
-    (router.api_key_env or router.api_key_file): never in the manifest, never in argv."""
+    """(env, volumes, mounts) that hand the router (and the workers, which take the same key) the API
+    key from a Secret, where the plan reads it (router.api_key_env or router.api_key_file): never in
+    the manifest, never in argv."""
     r = cfg.router
     assert r is not None
     ref = {"name": router_secret(opts), "key": "api-key"}

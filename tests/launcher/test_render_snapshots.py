@@ -257,3 +257,18 @@ def test_the_router_key_comes_from_a_secret_never_from_the_manifest(key: str, fl
         assert vol["secret"]["secretName"] == "v4flash-router-key"
     assert "kubectl create secret generic v4flash-router-key --from-file=api-key=" in out.read_text()
     assert not any("--api-key" in a for a in c["args"])
+    # the workers take the same key (the router passes it on): the same Secret, the same way
+    if flavor == "lws":
+        workers = [d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"] for d in docs[1:3]]
+    else:
+        workers = [r["standalonePattern"]["template"]["spec"] for r in docs[1]["spec"]["roles"] if r["name"] != "router"]
+    assert len(workers) == 2
+    for w in workers:
+        wc = w["containers"][0]
+        if key.startswith("router.api_key_env"):
+            assert {e["name"]: e for e in wc["env"]}["ROUTER_KEY"]["valueFrom"]["secretKeyRef"]["name"] == \
+                "v4flash-router-key"
+        else:
+            assert any(m["name"] == "router-key" and m["mountPath"] == "/etc/v4flash-key/router.key"
+                       for m in wc["volumeMounts"])
+            assert any(v["name"] == "router-key" for v in w["volumes"])

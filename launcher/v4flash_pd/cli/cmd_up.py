@@ -38,7 +38,8 @@ def preflight(r: Resolved, verify_model: str) -> None:
                     "re-copy the named files from the bundle (a truncated shard is the classic air-gap "
                     "failure), then `v4flash-pd bundle verify DIR --model PATH --full`",
                 )
-    kind, where = plan.router_auth
+    # the router's key, or (a cluster's box) the same key its workers take
+    kind, where = plan.router_auth if plan.router_auth[0] else r.config.client_auth if plan.workers() else ("", "")
     if kind:
         from v4flash_pd.routerauth import read_key
 

@@ -8,7 +8,7 @@ that matter to the PD wiring (mode, transfer backend), so a rehearsal catches th
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Choices as in sglang 0.5.13 server_args.py.
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
@@ -36,6 +36,7 @@ class EngineArgs:
     disaggregation_transfer_backend: str = "mooncake"
     weight_version: str = "default"
     ignored: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)  # never shown: /server_info leaves it out
 
     @property
     def model_name(self) -> str:
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-transfer-backend", dest="disaggregation_transfer_backend",
                    choices=TRANSFER_BACKENDS, default="mooncake")
     p.add_argument("--weight-version", dest="weight_version", default="default")
+    p.add_argument("--api-key", dest="api_key", default=None)
     return p
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -156,9 +157,25 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                        "status": status, "ms": round((time.monotonic() - t0) * 1000, 1),
                        **extra})
 
+        def _refused(self, path: str, t0: float) -> bool:
+            """SGLang's --api-key: every route but /health* and /metrics* wants `Authorization: Bearer KEY`
+            (401 otherwise); the router passes its own key on, so only it gets through."""
+            key = args.api_key
+            if not key or path.startswith(("/health", "/metrics")):
+                return False
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
+                return False
+            self.send_json(401, {"error": "Unauthorized"})
+            self._log(401, t0)
+            return True
+
         def do_GET(self) -> None:
             t0 = time.monotonic()
-            status = self._get(urlsplit(self.path).path)
+            path = urlsplit(self.path).path
+            if self._refused(path, t0):
+                return
+            status = self._get(path)
             self._log(status, t0)
 
         def do_HEAD(self) -> None:
@@ -203,10 +220,12 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             t0 = time.monotonic()
             path = urlsplit(self.path).path
             try:
-                raw = self.read_body()
+                raw = self.read_body()  # read first: the connection may carry the next request
             except (ValueError, OSError) as e:
                 self.send_json(400, P.bad_request_body(P.API_GENERATE, str(e)))
                 return self._log(400, t0)
+            if self._refused(path, t0):
+                return
             if path == "/flush_cache":
                 self.send_text(200, "Cache flushed.\n")
                 return self._log(200, t0)

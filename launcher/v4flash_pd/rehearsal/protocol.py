@@ -275,7 +275,7 @@ def now() -> int:
 
 def server_info(args: Any, active: int, max_running: int = 1024) -> dict[str, Any]:
     """/server_info: server args (SGLang field names), scheduler info, version, rehearsal flag."""
-    fields = {k: v for k, v in vars(args).items() if k != "ignored"}
+    fields = {k: v for k, v in vars(args).items() if k not in ("ignored", "api_key")}
     return {
         **fields,
         "context_length": args.context_length or DEFAULT_CONTEXT_LENGTH,
