@@ -23,6 +23,7 @@ from v4flash_pd.config import (
     read_text_file,
 )
 from v4flash_pd.errors import UserError
+from v4flash_pd.interconnect import ADVERTISE, bind_host, side_channel_env
 from v4flash_pd.profiles import PROFILES
 from v4flash_pd.topology import Gpu, NumaNode, Topology
 
@@ -148,11 +149,12 @@ def expand(cfg: Config, raw: Mapping[str, Any]) -> Config:
                 f"give every slot a multiple of {tp} GPUs (--set cluster.slot_gpus=[[0,1,2,3],[4,5,6,7]]), or "
                 f"--set {slot.role}.0.tp=N with N a divisor of {size}")
         template.pop("bootstrap_port", None)
+        host = bind_host(spec.bind_host, spec.hosts, slot.box)
         entry = {**template, **slot_ports(spec, slot), "gpus": list(spec.slot_gpus[slot.slot]), "numa_node": None,
-                 "host": spec.bind_host}
+                 "host": host}
         w = _worker(slot.role, slot.index, entry, engine_mem)
-        workers.append(replace(w, box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else "",
-                               env=_with_network(w.env, spec.network)))  # a worker's own UCX_TLS too
+        env = _with_network(w.env, spec.network) + side_channel_env(host)  # a worker's own UCX_TLS too
+        workers.append(replace(w, box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else "", env=env))
     _check_ports(cfg, spec, workers)
     return replace(cfg, workers=tuple(workers), env=_with_network(cfg.env, spec.network))
 
@@ -265,7 +267,9 @@ def placeholder_hosts(cfg: Config) -> Config:
     if spec.hosts:
         return cfg
     hosts = tuple(f"box-{k}" for k in range(spec.boxes))
-    workers = tuple(replace(w, advertise=hosts[w.box or 0]) for w in cfg.workers)
+    bound = spec.bind_host == ADVERTISE  # shown bound to the name that stands for the box's address
+    workers = tuple(replace(w, advertise=hosts[w.box or 0], host=hosts[w.box or 0] if bound else w.host)
+                    for w in cfg.workers)
     return replace(cfg, workers=workers, cluster=replace(spec, hosts=hosts))
 
 

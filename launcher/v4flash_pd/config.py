@@ -94,7 +94,7 @@ DEFAULTS: dict[str, Any] = {
         "bootstrap_port": 8998,
         "nccl_port": 30010,
         "port_offset": 0,
-        "bind_host": "0.0.0.0",
+        "bind_host": "advertise",  # each box's own cluster.hosts entry (interconnect.py); 0.0.0.0 without hosts
         "network": "tcp",
         "hosts": [],
     },

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from v4flash_pd.config import PATCH_SWITCHES, Config, WorkerSpec
 from v4flash_pd.errors import UserError
 from v4flash_pd.hostprobe import Binding, numactl_prefix
+from v4flash_pd.interconnect import loopback_binds
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
 from v4flash_pd.workerauth import entry as worker_entry
@@ -383,6 +384,10 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
         problems.add(f"the workers' interpreter {python!r} (config key python) is not an executable on this host",
                      "--set python=/path/to/python3 of the serving environment, or leave python unset to use the "
                      "interpreter running v4flash-pd")
+    if cfg.cluster is not None:  # a box's workers bound to a name that is loopback here: unreachable
+        local = [(w.name, w.host, w.box) for w in cfg.local_workers()]
+        for msg, fix in loopback_binds(local, cfg.cluster.hosts, host.resolve):
+            problems.add(msg, fix)
     if cfg.router is not None and host.router_installed is False:
         msg = f"sglang-router is not installed for {python}, and the plan starts the router with it"
         fix = "pip install sglang-router==0.3.2 (the pinned router; `make demo` sets up an env with it)"

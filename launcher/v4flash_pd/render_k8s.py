@@ -285,9 +285,36 @@ def _rbg(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
             "metadata": _meta(opts.name, opts, "group"), "spec": {"roles": roles}}
 
 
+WORKER_ROLES = ("prefill", "decode")
+
+
+def _network_policy(opts: K8sOptions) -> dict[str, Any]:
+    """Worker pods accept the router (their HTTP port) and each other (bootstrap, NIXL/UCX and SGLang's
+    ZMQ side channel, on ports picked at run time: every port), nothing else. SGLang's bootstrap
+    server, NCCL and the KV transfer have no authentication of their own; the kubelet's probes come
+    from the node, which a NetworkPolicy never blocks."""
+    instance = {"key": "app.kubernetes.io/instance", "operator": "In", "values": [opts.name]}
+    workers = {"matchExpressions": [instance, {"key": "app.kubernetes.io/component", "operator": "In",
+                                               "values": list(WORKER_ROLES)}]}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(f"{opts.name}-workers", opts, "network-policy"),
+        "spec": {
+            "podSelector": workers,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": _labels(opts, "router")}}], "ports": [{"port": "http"}]},
+                {"from": [{"podSelector": workers}]},
+            ],
+        },
+    }
+
+
 def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> list[dict[str, Any]]:
     """Pure: ConfigMap (the cluster plan), one LeaderWorkerSet per role + the router Deployment, or one
-    RoleBasedGroup (prefill, decode, router roles); a Service for the router either way."""
+    RoleBasedGroup (prefill, decode, router roles); a Service for the router and a NetworkPolicy that
+    lets only the router and the peer workers reach worker pods, either way."""
     check_options(opts)
     configmap = {
         "apiVersion": "v1",
@@ -296,9 +323,9 @@ def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse:
         "data": {"cluster-plan.json": json.dumps(plan_doc, indent=2, sort_keys=True) + "\n"},
     }
     if opts.flavor == "rbg":
-        return [configmap, _rbg(cfg, opts, rehearse), _router_service(cfg, opts)]
+        return [configmap, _rbg(cfg, opts, rehearse), _router_service(cfg, opts), _network_policy(opts)]
     return [configmap, _worker_lws(cfg, "prefill", opts, rehearse), _worker_lws(cfg, "decode", opts, rehearse),
-            _router_deployment(cfg, opts, rehearse), _router_service(cfg, opts)]
+            _router_deployment(cfg, opts, rehearse), _router_service(cfg, opts), _network_policy(opts)]
 
 
 # ------------------------------------------------------------ YAML out (the launcher needs no YAML library)
@@ -380,11 +407,21 @@ def render(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bo
     assert spec is not None
     controller = "RoleBasedGroup controller (v0.8, v1alpha2)" if opts.flavor == "rbg" else \
         "LeaderWorkerSet controller (v0.10)"
+    weights = (f"Model weights: a read-only hostPath {opts.model_host_path or cfg.model_path!r}, so they must be on EVERY\n"
+               "GPU node at that path (copy them there and check with `v4flash-pd bundle verify DIR --model PATH --full`).\n"
+               if not rehearse else "Rehearsal: stand-in engines, no GPUs and no model weights needed.\n")
+    auth = (f"Router API key (the workers take it too): kubectl create secret generic {router_secret(opts)} "
+            "--from-file=api-key=KEYFILE\n" if cfg.router is not None and cfg.router.auth else
+            "The router is UNAUTHENTICATED: anyone who reaches its Service can generate (set router.api_key_file).\n")
     header = (f"Rendered by v4flash-pd {__version__} (`v4flash-pd render k8s --flavor {opts.flavor}`): "
               f"{spec.prefill} prefill + {spec.decode} decode TP workers (one pod each), one router.\n"
               f"Needs the {controller} and, for NUMA alignment, kubelets with the CPU Manager\n"
               "static policy, Topology Manager single-numa-node and the Memory Manager Static policy (README: cluster).\n"
-              + (f"Router API key: kubectl create secret generic {router_secret(opts)} --from-file=api-key=KEYFILE\n"
-                 if cfg.router is not None and cfg.router.auth else "")
+              + weights
+              + "Run dirs and compile caches are emptyDir volumes: lost when a pod restarts, and the caches take tens of\n"
+                "minutes to rebuild (mount a volume at /var/cache/v4flash to keep them).\n"
+              + auth
+              + "The NetworkPolicy lets only the router (HTTP) and the peer workers (KV transfer) reach worker pods; it\n"
+                "needs a CNI that enforces NetworkPolicies, and a rule of your own for Prometheus to scrape workers.\n"
               + "Apply: kubectl apply -f THIS_FILE")
     return to_yaml(manifests(cfg, plan_doc, opts, rehearse), header)

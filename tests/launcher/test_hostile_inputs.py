@@ -166,3 +166,37 @@ def test_status_and_down_read_a_corrupt_procs_entry_without_a_traceback(procs: o
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert "procs" in res.stdout and "not a table" in res.stdout, res.stdout
+
+
+def test_plan_says_what_is_reachable_from_other_machines_and_what_guards_it(cli: Cli, tmp_path: Path) -> None:
+    """Issue 23, security: `plan` names every listener beyond the box and whether anything guards it."""
+    one = cli("plan", "--topology", T8)
+    assert one.returncode == 0, one.stderr
+    text = one.stdout.split("reachable from other machines:", 1)[1]
+    assert "router http on 0.0.0.0:8000: NO authentication" in text
+    assert "KV transfer on NIXL/UCX and SGLang's ZMQ side channel" in text
+    assert "prefill-0 http" not in text  # the profile keeps workers on 127.0.0.1
+    key = tmp_path / "k"
+    key.write_text("s3cret\n")
+    hosts = ["--boxes", "2", "--hosts", "10.0.0.1,10.0.0.2"]
+    open_ = cli("plan", "--topology", T8, *hosts, "--json")
+    keyed = cli("plan", "--topology", T8, *hosts, "--json", "--set", f"router.api_key_file={key}")
+    assert open_.returncode == 0 and keyed.returncode == 0, open_.stderr + keyed.stderr
+    box0 = json.loads(open_.stdout)["exposure"]["box 0"]
+    assert "prefill-0 http on 10.0.0.1:30000: NO authentication" in box0
+    assert "prefill-0 bootstrap on 10.0.0.1:8998: NO authentication" in box0
+    keyed0 = json.loads(keyed.stdout)["exposure"]["box 0"]
+    assert "prefill-0 http on 10.0.0.1:30000: API key (the router's)" in keyed0
+    assert "prefill-0 bootstrap on 10.0.0.1:8998: NO authentication" in keyed0  # SGLang's has none
+    assert "router http on 0.0.0.0:8000: API key" in json.loads(keyed.stdout)["exposure"]["router"]
+
+
+def test_doctor_warns_about_unauthenticated_listeners_of_a_cluster_box(cli: Cli, tmp_path: Path) -> None:
+    plan = tmp_path / "out" / "job.sbatch"
+    assert cli("render", "slurm", "--boxes", "2", "-o", str(plan)).returncode == 0
+    res = cli("doctor", "--json", "--cluster-plan", str(plan.parent / "cluster-plan.json"), "--box", "0",
+              "--hosts", "127.0.0.1,127.0.0.1", "--set", "cluster.bind_host=0.0.0.0", "--rehearse", timeout=120)
+    assert res.returncode in (3, 4), res.stdout + res.stderr
+    row = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "exposure")
+    assert row["status"] == "warn" and "prefill-0 bootstrap on 0.0.0.0:8998" in row["detail"], row
+    assert "NetworkPolicy" in row["fix"]

@@ -26,6 +26,18 @@ def plan_row(warnings: tuple[str, ...]) -> Check:
     return Check("plan", "ok", "the plan `up` would start builds on this box")
 
 
+def exposure_row(plan: Any) -> Check:
+    """What listens beyond this box unauthenticated (the router's own row is router-auth)."""
+    from v4flash_pd import exposure
+
+    open_ = [x for x in exposure.unguarded(plan) if x.owner not in ("router http", "KV transfer")]
+    if open_:
+        return Check("exposure", "warn", "reachable from other machines WITHOUT authentication: "
+                     + "; ".join(f"{x.owner} on {x.where}" for x in open_), exposure.advice(plan))
+    said = exposure.lines(plan)
+    return Check("exposure", "ok", "; ".join(said) if said else "nothing listens beyond this box")
+
+
 @click.command("doctor", short_help="Check this box against the plan `up` would start (same options as up).")
 @run_options
 @click.option("--only", default="", envvar="V4FLASH_DOCTOR_ONLY",
@@ -78,7 +90,7 @@ def command(params: dict[str, Any]) -> None:
         only = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
         checks = run_checks(inp, only=only)
         if not families:
-            checks = (plan_row(plan.warnings),) + checks
+            checks = (plan_row(plan.warnings), exposure_row(plan)) + checks
     if params["as_json"]:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from v4flash_pd import exposure
 from v4flash_pd.cli.options import cluster_options, config_from_params, config_options, pass_params, resolve
 from v4flash_pd.render import cluster_text, plan_text
 
@@ -36,7 +37,7 @@ def command(params: dict[str, Any]) -> None:
         parts = part_plans(cfg, topo.load(tfile) if tfile else None, rehearse=bool(params.get("rehearse")))
         if params["as_json"]:
             d = {"format": "v4flash-pd/cluster-view/1", "parts": {name: p.to_dict() for name, p in parts},
-                 "config": cfg.to_dict()}
+                 "config": cfg.to_dict(), "exposure": {name: exposure.lines(p) for name, p in parts}}
             click.echo(json.dumps(d, indent=2))
             return
         click.echo(cluster_text(cfg, parts))
@@ -45,6 +46,7 @@ def command(params: dict[str, Any]) -> None:
     if params["as_json"]:
         d = r.plan.to_dict()
         d["config"] = r.config.to_dict()
+        d["exposure"] = exposure.lines(r.plan)
         click.echo(json.dumps(d, indent=2))
         return
     click.echo(plan_text(r.plan))
