@@ -37,6 +37,10 @@ LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
 # HF_HUB_OFFLINE and reads only HF_ENDPOINT: offline, point that at a closed loopback port so the
 # attempt fails at once, locally, and nothing reaches out.
 OFFLINE_HF_ENDPOINT = "http://127.0.0.1:1"
+# sglang 0.5.13's /health (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default) sends a one-token
+# request and checks for a scheduler answer after each `asyncio.sleep(1)`: no answer comes in under
+# a second. The watchdog gives a probe hang_timeout/3, so a window below this is all false alarms.
+SLOW_HEALTH_WINDOW = 10.0
 
 
 @dataclass(frozen=True)
@@ -436,6 +440,12 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
                               "(--set prefill.0.gpus=[0,1]), or describe the target box with --topology FILE")
         else:
             warnings.append(msg + " (fine for a rehearsal or for planning another box)")
+    if cfg.hang_timeout < SLOW_HEALTH_WINDOW and local:
+        warnings.append(
+            f"hang_timeout = {cfg.hang_timeout:g}s is short: SGLang's /health generates one token and polls for "
+            f"the answer once a second, and each probe may take hang_timeout/3, so a healthy but busy worker "
+            f"can be declared hung and the whole run stopped; use >= {SLOW_HEALTH_WINDOW:g}s "
+            "(--set hang_timeout=60, the default)")
     python = cfg.python or host.python
     _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
     bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in local}

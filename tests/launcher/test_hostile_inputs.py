@@ -200,3 +200,12 @@ def test_doctor_warns_about_unauthenticated_listeners_of_a_cluster_box(cli: Cli,
     row = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "exposure")
     assert row["status"] == "warn" and "prefill-0 bootstrap on 0.0.0.0:8998" in row["detail"], row
     assert "NetworkPolicy" in row["fix"]
+
+
+@pytest.mark.parametrize("value", ["0.01", "3"])
+def test_a_tiny_hang_timeout_is_warned_about(value: str, plan_json: Callable[..., dict]) -> None:
+    """hang_timeout = 0.01 was accepted silently: every healthy SGLang worker would be declared hung."""
+    warnings = plan_json("--topology", T8, "--set", f"hang_timeout={value}")["warnings"]
+    assert any(w.startswith(f"hang_timeout = {float(value):g}s is short") and "--set hang_timeout=60" in w
+               for w in warnings), warnings
+    assert not any("hang_timeout" in w for w in plan_json("--topology", T8)["warnings"])
