@@ -398,11 +398,14 @@ def merged_layers(
     env: Mapping[str, str] | None = None,
     sets: tuple[str, ...] = (),
     base: tuple[Mapping[str, Any], str] | None = None,
+    rehearsal: bool = False,
 ) -> tuple[dict[str, Any], str, tuple[str, ...]]:
     """Every layer merged into one raw dict (the vocabulary of a config file), not yet validated.
 
     `base` = (raw, profile) of a cluster plan file: it stands in for defaults < profile < file, so a
-    box starts exactly the config that was rendered; env and flags still go on top.
+    box starts exactly the config that was rendered; env and flags still go on top. `rehearsal`
+    adds rehearsal.LOOPBACK over the profile (a one-box rehearsal listens on 127.0.0.1 unless a later
+    layer says otherwise); a cluster keeps the profile's addresses.
     """
     env = os.environ if env is None else env
     sources = ["defaults"]
@@ -421,6 +424,11 @@ def merged_layers(
         prof_name = profile or file_profile or DEFAULT_PROFILE
         raw = deep_merge(DEFAULTS, get_profile(prof_name))
         sources.append(f"profile:{prof_name}")
+        if rehearsal:
+            from v4flash_pd.rehearsal.loopback import loopback_layer
+
+            raw = deep_merge(raw, loopback_layer(raw))
+            sources.append("rehearsal:loopback")
         if file_raw:
             raw = deep_merge(raw, file_raw)
             sources.append(f"file:{config_file}")
@@ -436,6 +444,8 @@ def merged_layers(
         set_path(raw, key, value)
     if overrides or sets:
         sources.append("flags")
+    if rehearsal and (raw.get("cluster") or {}).get("boxes"):  # other boxes must reach a cluster's listeners
+        return merged_layers(config_file, profile, overrides, env, sets, base, rehearsal=False)
     return raw, prof_name, tuple(sources)
 
 

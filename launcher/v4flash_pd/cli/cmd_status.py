@@ -8,6 +8,7 @@ stopped) are different failures and are reported as such.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,13 @@ def collect(run: RunDir) -> dict[str, Any]:
     for rec in patches:
         rec["worker"] = _worker_of(rec.get("pid"), idents)
     full = full_note(run.path) if launcher_alive else ""  # state.json cannot say it on a full disk
-    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "degraded": full, "url": st.get("url"),
+    url = st.get("url")
+    # a wildcard listener's URL (http://0.0.0.0:8000) is where it listens, not where to connect:
+    # show the plan's address for this box instead, as READY does
+    reach = plan.get("probe_url") if isinstance(url, str) and re.match(r"https?://(0\.0\.0\.0|\[::\])[:/]", url) \
+        else None
+    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "degraded": full,
+            "url": reach or url, "listening": url if reach else None,
             "state_problem": problem, "identities_from": source,
             "launcher_pid": launcher.pid if launcher else int(st.get("launcher_pid") or 0),
             "launcher_alive": launcher_alive,
@@ -106,7 +113,7 @@ def command(run_dir: Path | None, as_json: bool) -> None:
         click.echo(f"note    {info['state_problem']}; identities from {source}")
     elif source != "state.json":  # e.g. state.json's procs entry unreadable: said by identities()
         click.echo(f"note    {source if ';' in source else 'identities from ' + source}")
-    click.echo(f"url     {info['url']}")
+    click.echo(f"url     {info['url']}" + (f"   (listening on {info['listening']})" if info.get("listening") else ""))
     if info.get("reason"):
         click.echo(f"reason  {info['reason']}")
     for p in info["processes"]:

@@ -181,7 +181,8 @@ def config_layers(params: dict[str, Any]) -> tuple[dict[str, Any], str, tuple[st
         raise UserError("--cluster-plan already holds the whole config; --config/--profile would start something "
                         "other than what was rendered",
                         "drop --config/--profile (use --set KEY=VALUE for a deliberate override), or render again")
-    return merged_layers(params.get("config_file"), params.get("profile"), overrides, sets=sets, base=base)
+    return merged_layers(params.get("config_file"), params.get("profile"), overrides, sets=sets, base=base,
+                         rehearsal=bool(params.get("rehearse")))
 
 
 def config_from_params(params: dict[str, Any]) -> Config:
