@@ -199,3 +199,20 @@ def test_the_demo_says_how_to_pass_the_fix_through_make(tmp_path: Path) -> None:
     make = subprocess.run(["make", "-n", "demo", "DEMO_ARGS=--set router.port=8001"], capture_output=True, text=True,
                           cwd=README.parent, timeout=60)
     assert "-m v4flash_pd.demo --set router.port=8001" in make.stdout, make.stdout
+
+
+def test_up_detach_shows_progress_and_where_to_follow_it(tmp_path: Path) -> None:
+    """`up --detach` was silent until READY (tens of minutes on a GPU box)."""
+    cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
+    env = dict(_env(tmp_path), V4FLASH_REHEARSAL_LOAD_SECONDS="2", V4FLASH_PROGRESS_INTERVAL="0.5")
+    try:
+        up = subprocess.run([PY, "-m", "v4flash_pd", "up", "--rehearse", "--detach", "--config", str(cfg)], env=env,
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stdout + up.stderr
+        lines = up.stdout.splitlines()
+        assert any("v4flash-pd logs launcher -f --run-dir" in x for x in lines), up.stdout
+        ready = next(i for i, x in enumerate(lines) if x.startswith("READY "))
+        assert any("waiting for workers to load" in x for x in lines[:ready]), up.stdout
+        assert sum(x.startswith("READY ") for x in lines) == 1 and ready == len(lines) - 1, up.stdout
+    finally:
+        _stop(env, tmp_path)

@@ -68,8 +68,25 @@ def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str)
     child = subprocess.Popen([sys.executable, "-m", "v4flash_pd", *argv], env=env, stdin=subprocess.DEVNULL,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     click.echo(f"launcher detached (pid {child.pid}); log {run.file('launcher.log')}")
+    click.echo(f"its progress follows until READY; later: v4flash-pd logs launcher -f --run-dir {run.path}")
+    shown = [0]
+
+    def progress() -> None:
+        """Echo what the launcher wrote since the last look (the first start takes tens of minutes)."""
+        try:
+            with open(run.file("launcher.log"), "rb") as f:
+                f.seek(shown[0])
+                chunk = f.read(1 << 20)
+        except OSError:
+            return
+        done = chunk.rfind(b"\n") + 1  # whole lines only
+        shown[0] += done
+        for line in chunk[:done].decode("utf-8", "replace").splitlines():
+            if not line.startswith("READY "):  # ours is printed below, once, as scripts expect
+                click.echo(f"  | {line}")
 
     def settled() -> str | None:
+        progress()
         # a reused run dir holds the previous run's state: only the child's own state counts
         st = run.state()
         mine = st.get("launcher_pid") == child.pid
