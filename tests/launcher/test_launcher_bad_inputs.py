@@ -196,3 +196,21 @@ def test_up_rehearse_without_the_router_installed_says_so(tmp_path: Path) -> Non
     assert res.returncode == 2 and PARAGRAPH.match(res.stderr), res.stderr
     assert "sglang-router is not installed" in res.stderr and "pip install sglang-router==0.3.2" in res.stderr
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+def test_a_real_up_without_the_serving_stack_is_refused_before_start(tmp_path: Path) -> None:
+    """Issue 23: after a bare `pip install .` (no [serve] extra) a real `up` started workers that died at
+    once with ModuleNotFoundError. This interpreter has the launcher but not sglang: refused up front."""
+    probe = subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True, timeout=60)
+    assert probe.returncode != 0, "this test needs an interpreter without sglang (the test venv has none)"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
+    env = fakebox.box_env(tmp_path, fakebox.BOX_8GPU_2NODE, membind_ok=True)
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd", "up", "--config", str(cfg), "--model", str(model),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and PARAGRAPH.match(res.stderr), (res.returncode, res.stdout, res.stderr)
+    assert "serving stack is not installed" in res.stderr and "sglang==0.5.13.post1" in res.stderr
+    assert "pip install '.[serve]'" in res.stderr
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))

@@ -14,6 +14,7 @@ import click
 from v4flash_pd.cli.options import Resolved, pass_params, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.fingerprint import fingerprint
+from v4flash_pd.hostprobe import numactl_prefix
 from v4flash_pd.plan import Plan
 from v4flash_pd.poll import poll_until
 from v4flash_pd.render import plan_text
@@ -25,6 +26,17 @@ def preflight(r: Resolved, verify_model: str) -> None:
     """What the plan cannot know and must be refused before a process starts (the plan, built with
     starting=True, has already refused busy ports, a missing model dir and a missing router)."""
     plan = r.plan
+    if not plan.rehearse and plan.workers():
+        from v4flash_pd.servecheck import missing
+
+        python = plan.workers()[0].argv[len(numactl_prefix(plan.workers()[0].binding, r.host.numactl))]
+        gone = missing(python, nixl=r.config.transfer_backend == "nixl")
+        if gone:
+            raise UserError(f"the serving stack is not installed for {python}: {', '.join(gone)} missing, so every "
+                            "worker would exit at once; nothing was started",
+                            "install it with pip install '.[serve]' in the checkout (or pip install --require-hashes "
+                            "-r stack.lock), or run the image (docker run ... v4flash-pd up); `up --rehearse` needs "
+                            "none of it")
     if not plan.rehearse and verify_model != "off":
         from v4flash_pd.bundle.preflight import check_model_against_manifest, find_manifest
 
