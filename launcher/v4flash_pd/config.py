@@ -10,6 +10,7 @@ a second `[[prefill]]` entry adds a second prefill worker (2P1D is a config chan
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import sys
@@ -469,18 +470,43 @@ def _check_keys(table: Mapping[str, Any], allowed: Mapping[str, Any], where: str
                             f"valid keys here: {', '.join(sorted(allowed))}")
 
 
+def _example(key: str) -> str:
+    """A fix that works: `--set KEY=VALUE` with the value the default profile gives `key` (role
+    entries beyond the profile's take entry 0's), or just the advice when it has none."""
+    node: Any = deep_merge(DEFAULTS, get_profile(DEFAULT_PROFILE))
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else (node[0] if node else None)
+            if isinstance(node, dict) and i < len(parts) - 1 and parts[i - 1] in ROLES:
+                node = {**WORKER_DEFAULTS, **node}
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            node = None
+    if node is None or isinstance(node, (dict, bool)):
+        return ""
+    text = json.dumps(node, separators=(",", ":")) if isinstance(node, list) else str(node)
+    return f"--set {key}={text}"
+
+
+def _set_hint(key: str, what: str) -> str:
+    example = _example(key)
+    return f"{example} ({what})" if example else f"set {key} to {what}"
+
+
 def _want(value: Any, types: type | tuple[type, ...], key: str, what: str) -> Any:
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise UserError(f"config key {key} must be {what}, got {value!r}", f"set {key} to {what}")
+        raise UserError(f"config key {key} must be {what}, got {value!r}", _set_hint(key, what))
     if not isinstance(value, types):
-        raise UserError(f"config key {key} must be {what}, got {value!r}", f"set {key} to {what}")
+        raise UserError(f"config key {key} must be {what}, got {value!r}", _set_hint(key, what))
     return value
 
 
 def _int(value: Any, key: str, what: str, minimum: int) -> int:
     _want(value, int, key, what)
     if value < minimum:
-        raise UserError(f"config key {key} = {value} must be >= {minimum}", f"set {key} to {what}")
+        raise UserError(f"config key {key} = {value} must be >= {minimum}", _set_hint(key, what))
     return int(value)
 
 
@@ -550,7 +576,8 @@ def _args(value: Any, key: str) -> tuple[str, ...]:
 def _port(value: Any, key: str) -> int:
     _want(value, int, key, "a port number (1-65535)")
     if not 1 <= value <= 65535:
-        raise UserError(f"config key {key} = {value} is not a valid port", "use a port number between 1 and 65535")
+        raise UserError(f"config key {key} = {value} is not a valid port",
+                        _set_hint(key, "a port number between 1 and 65535"))
     return int(value)
 
 

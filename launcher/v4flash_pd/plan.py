@@ -228,9 +228,14 @@ def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, stric
         if not strict:  # `plan` on a host that cannot run it: show the intended binding, warn
             warnings.append(f"{w.name}: this host cannot honour NUMA node {node}: {problem}; `up` will refuse.")
             return Binding(node, _intended(cfg, node).policy, problem)
-        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}",
-                     "install numactl (apt-get install numactl) and run on the box the plan describes, or "
-                     "--set numa=off to start without binding")
+        if not host.numactl:
+            fix = ("install numactl (apt-get install numactl) and run on the box the plan describes, or "
+                   "--set numa=off to start without binding")
+        else:  # numactl works; the node is missing here or outside this container's cpuset
+            have = list(host.allowed_nodes) or [0]
+            fix = (f"run on the box the plan describes (its GPUs on node {node}), bind a node this host has "
+                   f"(--set {key}={have[0]}; it has {have}), or --set numa=off to start without binding")
+        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}", fix)
         return _intended(cfg, node)
     detail = probe.detail if probe else "not probed"
     if probe is not None and probe.membind_ok and cfg.numa == "bind":
