@@ -3,8 +3,8 @@
 Why: `triton.compile` does not fail when a config needs more shared memory than the target has
 (that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
 far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
-kernel) and fails on more than 101376 B of shared memory per block on sm_120 or any register
-spill, reading registers and spills from the bundled ptxas.
+kernel, the MoE, indexer and block-FP8 GEMM kernels) and fails on more than 101376 B of shared
+memory per block on sm_120 or any register spill, reading registers and spills from the bundled ptxas.
 
     python -m v4flash_kernels.check_sm120 [--arch 120 --arch 90] [--json PATH]
 """
@@ -217,6 +217,42 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
                          cfg.shared_bytes)
 
 
+def compile_fp8_gemm(binary, arch: int) -> CompileResult:
+    """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it (K % 128 == 0)."""
+    from v4flash_kernels.fp8_gemm import kernel as k
+
+    cfg, split, quant_a = binary.config, binary.split, binary.a_dtype != "fp8"
+    ptr = {"bf16": "*bf16", "fp32": "*fp32", "fp8": "*fp8e4nv"}
+    sig = {"A": ptr[binary.a_dtype], "stride_am": "i32", "AS": "*fp32", "stride_asm": "i32",
+           "stride_ask": "i32", "B": "*fp8e4nv", "stride_bn": "i32", "BS": "*fp32", "stride_bsn": "i32",
+           "stride_bsk": "i32", "C": ptr[binary.c_dtype], "stride_cm": "i32",
+           "WS": "*fp32" if split else ptr[binary.c_dtype], "CNT": "*i32" if split else ptr[binary.c_dtype],
+           "M": "i32", "N": "i32", "K": "i32", "groups_per_split": "i32"}
+    const = {"QUANT_A": quant_a, "SWAP": cfg.swap, "SPLIT": split, "EVEN_K": True, "BLOCK_M": cfg.block_m,
+             "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_bn", "stride_cm", "N", "K"]
+    ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("fp8_gemm", binary.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_fp8_gemm(arch: int) -> List[CompileResult]:
+    """Every block-FP8 GEMM binary the entries can launch, plus the standalone activation quant."""
+    from v4flash_kernels.fp8_gemm import kernel as k
+    from v4flash_kernels.fp8_gemm.op import QUANT_BLOCK_R, QUANT_NUM_WARPS, launchable
+
+    results = [compile_fp8_gemm(b, arch) for b in launchable()]
+    for x in ("bf16", "fp32"):
+        sig = {"X": f"*{x}", "stride_xm": "i32", "Q": "*fp8e4nv", "stride_qm": "i32", "S": "*fp32",
+               "stride_sm": "i32", "M": "i32"}
+        hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_xm", "stride_qm"]
+        ck = _compile(k.act_quant_kernel, sig, {"BLOCK_R": QUANT_BLOCK_R}, hinted, arch, QUANT_NUM_WARPS, 1)
+        regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+        results.append(CompileResult("fp8_act_quant", f"r{QUANT_BLOCK_R}_w{QUANT_NUM_WARPS}/{x}", arch,
+                                     int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
+    return results
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
@@ -233,6 +269,7 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             from v4flash_kernels.indexer.op import CONFIGS as INDEXER_CONFIGS
 
             results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
+            results += check_fp8_gemm(arch)
     return results
 
 

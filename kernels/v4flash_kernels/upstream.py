@@ -22,10 +22,11 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Tuple
 
 MODULE_PATH = "sglang/srt/layers/attention/flash_mla_sm120_triton.py"
 MOE_PATH = "sglang/srt/layers/moe/fused_moe_triton/mxfp4_moe_sm120_triton.py"
@@ -39,7 +40,7 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def find_wheel() -> Optional[str]:
+def find_wheel() -> str | None:
     env = os.environ.get("V4FLASH_SGLANG_WHEEL")
     if env:
         return env
@@ -149,3 +150,114 @@ INDEXER_PRELUDE = (
 def load_indexer() -> ModuleType:
     """Upstream's sm_120 torch indexer logits and its torch top-k (`dsv4/indexer.py`), verbatim."""
     return load_defs(INDEXER_PATH, INDEXER_DEFS, INDEXER_PRELUDE)
+
+
+def extract_methods(text: str, cls: str, names: Iterable[str]) -> str:
+    """The named methods of top-level class `cls`, dedented to module-level functions taking `self`.
+
+    Raises KeyError naming what is missing, so a renamed upstream method fails loudly.
+    """
+    wanted = set(names)
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+        raise KeyError(f"class {cls} not defined at the top of the upstream file")
+    parts, found = [], set()
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name in wanted:
+            found.add(item.name)
+            start = min([item.lineno] + [d.lineno for d in item.decorator_list])
+            parts.append(textwrap.dedent("".join(lines[start - 1: item.end_lineno])))
+    missing = wanted - found
+    if missing:
+        raise KeyError(f"not defined in upstream class {cls}: {sorted(missing)}")
+    return "\n\n".join(parts) + "\n"
+
+
+MHC_PATH = "sglang/srt/layers/mhc.py"
+DSV4_MODEL_PATH = "sglang/srt/models/deepseek_v4.py"
+MHC_DEFS = ("pass_configs", "FP8", "BF16", "FP32", "INT32", "hc_split_sinkhorn_kernel", "hc_split_sinkhorn",
+            "mhc_post_tilelang", "mhc_post")
+# The four sglang helpers mhc.py imports, as the pinned code defines them for a CUDA, no-context-parallel run.
+MHC_PRELUDE = '''
+import functools
+import math
+from typing import Tuple
+
+import tilelang
+import tilelang.language as T
+import torch
+
+tilelang.set_log_level("WARNING")
+
+
+def is_arch_support_pdl() -> bool:  # sglang.jit_kernel.utils: CUDA arch major >= 9
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def is_dsa_prefill_cp_round_robin_split() -> bool:  # DSA prefill context parallelism is off
+    return False
+
+
+def strict_contiguous(x):  # sglang.srt.layers.utils.common (only reached under context parallelism)
+    return x if x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
+'''
+
+
+def load_mhc() -> ModuleType:
+    """Upstream's TileLang mHC kernels (`layers/mhc.py`: Sinkhorn split, post), verbatim; needs tilelang.
+
+    Registered in sys.modules under its private name so the decoder-layer methods below can import it.
+    """
+    mod = load_defs(MHC_PATH, MHC_DEFS, MHC_PRELUDE)
+    import sys
+
+    sys.modules.setdefault(mod.__name__, mod)
+    return mod
+
+
+# What `server_args.py` sets for DeepseekV4 on sm_120 (TileLang pre and DeepGEMM hc-prenorm off; TileLang
+# post keeps its default, on), and `compile_in_capture_mode` as it behaves while SGLang captures graphs.
+_DSV4_PRELUDE = '''
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class _Flag:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class envs:
+    SGLANG_OPT_USE_TILELANG_MHC_PRE = _Flag(False)
+    SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
+    SGLANG_OPT_USE_TILELANG_MHC_POST = _Flag(True)
+    SGLANG_OPT_USE_AITER_MHC_PRE = _Flag(False)
+    SGLANG_OPT_USE_AITER_MHC_POST = _Flag(False)
+
+
+_is_hip = False
+
+
+def compile_in_capture_mode(func):  # model_executor/cuda_graph_runner.py, in capture mode
+    return torch.compile(func)
+'''
+
+
+def load_dsv4_mhc_methods() -> ModuleType:
+    """`DeepseekV4DecoderLayer.hc_pre` / `hc_post` of the pinned model as functions of `self`, verbatim
+    but for their `from sglang.srt.layers.mhc import ...` lines, which import `load_mhc()`'s module."""
+    mhc = load_mhc()
+    text, origin = source_of(DSV4_MODEL_PATH)
+    body = extract_defs(text, ["_MHC_POST_MULT_VALUE"]) + "\n" + extract_methods(
+        text, "DeepseekV4DecoderLayer", ["hc_pre", "hc_post"])
+    body = body.replace("from sglang.srt.layers.mhc import", f"from {mhc.__name__} import")
+    src = f"# extracted at run time from {origin}: DeepseekV4DecoderLayer.hc_pre/hc_post\n{_DSV4_PRELUDE}\n\n{body}"
+    return _import_text(src, f"methods:{DSV4_MODEL_PATH}:hc_pre,hc_post", origin)

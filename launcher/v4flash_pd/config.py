@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import DEFAULT_PROFILE, get_profile
 from v4flash_pd.safety import api_key_flag, check_host, check_key_env
@@ -41,13 +42,9 @@ MOE_RUNNER_BACKENDS = (
     "cutlass", "aiter", "marlin",
 )
 NUMA_MODES = ("bind", "preferred", "off")
-# The kernel patches the import hook applies in every worker, each with its own switch (the env
-# variable the hook reads). Config key `patches.<name>`; `up --sparse-decode/--moe/--indexer`.
-PATCH_SWITCHES: tuple[tuple[str, str], ...] = (
-    ("sparse_decode", "V4FLASH_SPARSE_DECODE"),
-    ("moe", "V4FLASH_MOE"),
-    ("indexer", "V4FLASH_INDEXER"),
-)
+# The kernel switches the import hook reads in every worker, from the kernels' one registry (an
+# import-free table): (name, env variable). Config key `patches.<name>`; `up --<name>` on/off.
+PATCH_SWITCHES: tuple[tuple[str, str], ...] = tuple((s.name, s.env) for s in SWITCHES)
 # sglang 0.5.13.post1 on sm_120: an extend chunk of more than this many tokens goes to FlashMLA's
 # sparse prefill (`flash_mla_sparse_fwd`), whose sglang-kernel 0.4.3 binary has no sm_120 code
 # (dsv4/metadata.py `_LARGE_INDEXER_QUERY_THRESHOLD`, compared with `>`), so the worker crashes.

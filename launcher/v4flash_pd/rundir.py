@@ -1,7 +1,8 @@
 """RunDir: the only state `status`, `logs` and `down` read.
 
 Layout: config.json (resolved), plan.json, fingerprint.json, state.json, events.jsonl,
-<name>.log / <name>.command / <name>.pid per process, patch/ (per-worker kernel patch status).
+<name>.log / <name>.command / <name>.pid per process, patch/ (per-worker kernel patch status),
+selfcheck.json + selfcheck/ (the kernel self-check `up` ran first).
 `<runs root>/latest` points at the newest run so `status`/`down` need no --run-dir.
 """
 

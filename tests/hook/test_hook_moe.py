@@ -95,6 +95,7 @@ def test_import_swaps_the_moe_function(hook_env):
     assert p.rc == 0, p.stderr
     assert res["is_ours"] and res["fn"] == OURS
     assert res["status"]["active"] is True, res["status"]
+    lines = [ln for ln in lines if "MoE" in ln]  # the MoE module imports fp8_utils: that patch logs its own line
     assert len(lines) == 1 and "MXFP4 MoE patch ACTIVE" in lines[0] and UPSTREAM in lines[0] and OURS in lines[0]
 
 

@@ -139,13 +139,36 @@ def test_boot_finder_watches_exactly_the_registry_modules():
 
     assert hook_boot.TARGET_MODULES == {p.target_module for p in patches.PATCHES}
     assert len({p.name for p in patches.PATCHES}) == len(patches.PATCHES)
-    assert len({p.switch_env for p in patches.PATCHES}) == len(patches.PATCHES)
+    assert len({s.name for s in patches.SWITCHES}) == len(patches.SWITCHES)
+    # every patch belongs to a known switch, every switch turns at least one patch on or off
+    assert {p.switch for p in patches.PATCHES} == {s.name for s in patches.SWITCHES}
+    for s in patches.SWITCHES:
+        assert s.env == "V4FLASH_" + s.name.upper() and s.help.endswith(".") and s.title
+
+
+def test_the_launcher_switches_are_the_registry():
+    """One table: the launcher's flags, config keys and worker env come from the kernels' registry."""
+    from v4flash_kernels.hook import patches
+    from v4flash_pd.cli import options
+    from v4flash_pd.config import DEFAULTS, PATCH_SWITCHES
+
+    assert PATCH_SWITCHES == tuple((s.name, s.env) for s in patches.SWITCHES)
+    assert set(DEFAULTS["patches"]) == {s.name for s in patches.SWITCHES}
+    import click
+
+    @click.command()
+    @options.config_options
+    def probe(**kw):  # pragma: no cover - only its params are read
+        pass
+
+    flags = {o for p in probe.params for o in p.opts}
+    assert {s.flag for s in patches.SWITCHES} <= flags
 
 
 def test_reasons_name_the_patch_switch():
     from v4flash_kernels.hook.patches import PatchSpec
 
-    spec = PatchSpec("x", "x", "V4FLASH_X", "sglang.m", "f", "v4flash_kernels.attention.op", "sparse_mla_decode")
+    spec = PatchSpec("x", "x", "x", "sglang.m", "f", "v4flash_kernels.attention.op", "sparse_mla_decode")
     d = hook.decide("off", hook.PINNED_SGLANG, upstream_like, same_annotated, None, spec=spec)
     assert not d.active and "V4FLASH_X=off" in d.reason
 
@@ -274,7 +297,7 @@ def other_fn(x):
     return "other-upstream"
 other_mod.other_fn = other_fn
 sys.modules["sglang.other_target"] = other_mod
-broken = patches.PatchSpec("other", "other", "V4FLASH_OTHER", "sglang.other_target", "other_fn",
+broken = patches.PatchSpec("other", "other", "other", "sglang.other_target", "other_fn",
                            "v4flash_kernels.attention.op", "sparse_mla_decode")  # signature differs: refused
 hook.PATCHES = (patches.SPARSE_DECODE, broken)
 specs = {s.name: s for s in hook.PATCHES}
@@ -287,3 +310,62 @@ print(json.dumps({"st": st, "sd": mod.flash_mla_sparse_decode_triton is installe
     assert "signature differs" in res["st"]["other"]["reason"]
     warns = [ln for ln in res["stderr"].splitlines() if "WARNING" in ln]
     assert len(warns) == 1 and "other patch NOT applied" in warns[0]
+
+
+def test_a_class_attribute_target_is_patched_and_rolled_back_with_its_wrapper():
+    """"Cls.method" targets (e.g. a quant method's weight-loading step): a method, a staticmethod."""
+    res = _fresh(r"""
+from v4flash_kernels.hook import patches
+cls_mod = types.ModuleType("sglang.cls_target")
+class Method:
+    def forward(self, x, y=2):
+        return "upstream-method"
+    @staticmethod
+    def helper(x):
+        return "upstream-static"
+cls_mod.Method = Method
+sys.modules["sglang.cls_target"] = cls_mod
+ours_mod = types.ModuleType("v4flash_fake_ours")
+def forward(self, x, y=2):
+    return "ours-method"
+def helper(x):
+    return "ours-static"
+def bad_helper(x, extra):
+    return "never"
+ours_mod.forward, ours_mod.helper, ours_mod.bad_helper = forward, helper, bad_helper
+sys.modules["v4flash_fake_ours"] = ours_mod
+m = patches.PatchSpec("m", "m", "sparse_decode", "sglang.cls_target", "Method.forward", "v4flash_fake_ours", "forward")
+s = patches.PatchSpec("s", "s", "sparse_decode", "sglang.cls_target", "Method.helper", "v4flash_fake_ours", "helper")
+hook.PATCHES = (m, s)
+specs = {p.name: p for p in hook.PATCHES}
+hook.by_name = lambda name: specs[name]
+st = hook.apply()["patches"]
+obj = Method()
+out = {"st": st, "call": obj.forward(1), "static": Method.helper(1), "inst_static": obj.helper(1),
+       "is_static": isinstance(Method.__dict__["helper"], staticmethod)}
+hook._rollback(m, cls_mod)
+hook._rollback(s, cls_mod)
+out.update({"back": obj.forward(1), "back_static": Method.helper(1),
+            "still_static": isinstance(Method.__dict__["helper"], staticmethod),
+            "after": hook.patch_status("m")["active"]})
+print(json.dumps(out))
+""")
+    assert res["st"]["m"]["active"] is True and res["st"]["s"]["active"] is True, res["st"]
+    assert res["call"] == "ours-method" and res["static"] == "ours-static" and res["inst_static"] == "ours-static"
+    assert res["is_static"] and res["still_static"]
+    assert res["back"] == "upstream-method" and res["back_static"] == "upstream-static"
+    assert res["after"] is False
+
+
+def test_a_missing_class_target_is_refused_not_raised():
+    res = _fresh(r"""
+from v4flash_kernels.hook import patches
+cls_mod = types.ModuleType("sglang.cls_target2")
+sys.modules["sglang.cls_target2"] = cls_mod
+m = patches.PatchSpec("m", "m", "sparse_decode", "sglang.cls_target2", "Gone.forward",
+                      "v4flash_kernels.attention.op", "sparse_mla_decode")
+hook.PATCHES = (m,)
+hook.by_name = lambda name: m
+print(json.dumps({"st": hook.apply()["patches"]}))
+""")
+    assert res["st"]["m"]["active"] is False and "not found" in res["st"]["m"]["reason"]

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
+from v4flash_kernels.fp8_gemm.op import launchable as fp8_launchable
 
 
 def _env(tmp_path):
@@ -35,6 +36,10 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     split = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "split_kernel"}
     assert split == {(f"{c.name}/e{e}", a) for c in SPLIT_CONFIGS for e in launchable_epilogues(c) for a in (120, 90)}
     assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
+    fp8 = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemm"}
+    assert fp8 == {(b.name, a) for b in fp8_launchable() for a in (120, 90)}
+    assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
+    assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:

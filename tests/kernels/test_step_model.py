@@ -122,14 +122,25 @@ def test_step_floor_is_the_documented_order():
     assert 8.0 < floor16 < 11.0  # ~9.5 ms at B=16
 
 
-def test_estimates_are_separate_and_counted():
+def test_only_the_all_reduce_is_estimated():
     est = M.estimates("decode", 1)
-    ar = [e for e in est if "all-reduce" in e.name][0]
-    assert ar.count == 87 and ar.us_per_call == pytest.approx(30.0 + 1.5 * 8192 / 20e9 * 1e6)
-    mhc = [e for e in est if "mHC" in e.name][0]
-    assert mhc.count * mhc.us_per_call == pytest.approx(3600.0)
+    assert [e.name for e in est] == ["NCCL all-reduce over PCIe (TP4)"]
+    ar = est[0]
+    assert ar.count == 87 and ar.us_per_call == pytest.approx(13.9)  # 8 KB over NCCL at TP4
     assert all(e.source.startswith("estimate") for e in est)
-    assert M.estimates("decode", 16)[1].count * M.estimates("decode", 16)[1].us_per_call == pytest.approx(5600.0)
+
+
+def test_allreduce_estimates_tp2_custom_tp4_nccl():
+    assert M.allreduce_us(8192, 4) == (13.9, "NCCL")
+    assert M.allreduce_us(8192, 2)[0] == 6.4 and "custom" in M.allreduce_us(8192, 2)[1]
+    assert M.allreduce_us(24576, 4)[0] == pytest.approx((14.7 + 15.6) / 2)  # interpolated between 16 and 32 KB
+    # past 64 KB: + 2(n-1)/n x the extra bytes at the assumed bus bandwidth
+    msg = 64 * 4096 * 2
+    assert M.allreduce_us(msg, 4)[0] == pytest.approx(71.2 + 1.5 * (msg - 65536) / 20e9 * 1e6)
+    assert M.allreduce_us(msg, 2)[0] == pytest.approx(11.8 + 1.0 * (msg - 65536) / 25e9 * 1e6)
+    # SGLang's custom all-reduce stops at 8 MiB: a prefill chunk's all-reduce at TP2 goes through NCCL
+    assert M.allreduce_us(8192 * 4096 * 2, 2)[1] == "NCCL"
+    assert M.estimates("decode", 1, 2)[0].name == "SGLang custom all-reduce over PCIe (TP2)"
 
 
 def _fake_times(spec, ours_for=()):
@@ -347,3 +358,307 @@ def test_moe_reference_matches_a_hand_dequant(monkeypatch):
     packed = torch.full((1, 16), 0x2F, dtype=torch.uint8).view(torch.int8)
     deq = ops.mxfp4_dequant(packed, torch.full((1, 1), 0.5))
     assert deq.shape == (1, 32) and deq[0, 0].item() == -3.0 and deq[0, 1].item() == 0.5
+
+
+# ---------------------------------------------------------------- mHC (step 1)
+
+
+def test_mhc_ops_counts_bytes_and_fallback():
+    ops = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
+    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
+    post = _by_name(ops, "mHC post (TileLang mhc_post)")
+    assert pre.count == post.count == 86  # a pre and a post around attention and around the MoE of 43 layers
+    # residual 4 x 4096 bf16 per row + the 24 x 16384 fp32 hc_fn + y out + post/comb mixes (4 + 16 fp32)
+    assert pre.bytes == 16 * 4 * 4096 * 2 + 24 * 16384 * 4 + 16 * 4096 * 2 + 16 * 20 * 4
+    assert pre.flops == 2 * 16 * 24 * 16384
+    assert post.bytes == 16 * 4096 * 2 + 2 * 16 * 4 * 4096 * 2 + 16 * 20 * 4
+    assert pre.patch == "mhc_pre" and post.patch == "mhc_post"
+    assert pre.fallback[0] == pytest.approx(28.3) and pre.fallback[1].startswith("estimate")
+    assert M.interp(((1, 2.0), (3, 4.0)), 2) == 3.0 and M.interp(((1, 2.0), (3, 4.0)), 5) == 6.0
+    assert M.interp(M.MHC_FALLBACK_POST_US, 64) == pytest.approx(2.6)
+
+
+def test_untimed_op_falls_back_to_its_labelled_estimate():
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    meas = {}
+    for op in ops:
+        for impl in runner.impls_for(op):
+            if op.group == "mhc":
+                err = "TileLang mHC unavailable here: ImportError" if impl == "upstream" else "no patch yet"
+                meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, float("nan"), 0, 0, True,
+                                                          float("nan"), "", err, err)
+            else:
+                meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, 1.0, 1, 1, True, 0.0, "", impl)
+    us, src = runner.path_times(ops, meas)
+    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
+    assert us[(pre.key, "upstream")] == pytest.approx(17.9) and us[(pre.key, "patched")] == pytest.approx(17.9)
+    assert src[(pre.key, "upstream")].startswith("estimate") and "TileLang mHC unavailable" in src[(pre.key, "upstream")]
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    comp = M.compose(spec, "upstream", ops, us, src, gpu)
+    est = [ln for ln in comp.lines if ln.estimated]
+    assert {ln.group for ln in est} == {"mhc"}
+    assert comp.timed_ms == pytest.approx(sum(ln.ms_step for ln in comp.lines if ln.group != "mhc"))
+    assert comp.estimate_ms > sum(ln.ms_step for ln in est) > 0  # never a silent zero, never counted as timed
+    text = R.composition_table(comp, M.compose(spec, "patched", ops, us, src, gpu), gpu, md=True)
+    assert "mHC pre (compiled torch + TileLang Sinkhorn) (estimate)" in text
+
+
+def test_mhc_references_from_the_definition(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn((2, 4, 4096), generator=g).to(torch.bfloat16)
+    fn, scale, base = ops.mhc_params(g)
+    y, post, comb = ops.mhc_pre_ref(x, fn, scale, base)
+    assert y.shape == (2, 4096) and post.shape == (2, 4) and comb.shape == (2, 4, 4)
+    # Sinkhorn ends on a column normalisation: columns sum to ~1, rows close to 1, all positive
+    assert torch.allclose(comb.sum(1), torch.ones(2, 4, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(comb.sum(2), torch.ones(2, 4, dtype=torch.float64), atol=1e-3) and bool((comb > 0).all())
+    assert bool(((post > 0) & (post < 2)).all())
+    # pre weights are sigmoid + eps: y is a positive combination of the 4 copies
+    xf = x.double().reshape(2, -1)
+    mix = (xf @ fn.double().t()) * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)
+    pre = torch.sigmoid(mix[:, :4] * scale[0].double() + base[:4].double()) + 1e-6
+    assert torch.allclose(y, (pre[:, :, None] * x.double()).sum(1))
+    out = ops.mhc_post_ref(y.float().to(torch.bfloat16), x, post, comb)
+    j = 2
+    want = post[:, j, None] * y.to(torch.bfloat16).double() + sum(comb[:, k, j, None] * x[:, k].double() for k in range(4))
+    assert torch.allclose(out[:, j], want)
+
+
+def test_mhc_without_tilelang_is_unavailable_not_failed(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    _wheel_or_skip()
+    monkeypatch.setitem(ops._loaded, "mhc", ops.Unavailable("TileLang mHC unavailable here: test"))
+    op = M.mhc_ops(1)[0]
+    m = runner.measure_one(op, "upstream", 1 << 20, 3)
+    assert m.ok and m.us != m.us and "TileLang mHC unavailable" in m.error
+    m = runner.measure_one(op, "ours", 1 << 20, 3)
+    assert m.ok and m.error.startswith("no patch yet")
+
+
+# ---------------------------------------------------------------- glue (step 2)
+
+
+def test_glue_ops_counts_and_bytes():
+    counts = M.layer_counts()
+    ops = {o.p["kind"]: o for o in M.glue_ops(16, counts, prefill=False)}
+    assert ops["rms4096"].count == 87 and ops["rms1024"].count == 43  # 2 per layer + final; q_norm per layer
+    assert ops["rms4096"].bytes == 16 * 4096 * 2 * 2 + 4096 * 2 and ops["rms4096"].p["impl"] == "rmsnorm"
+    assert ops["kvstore"].bytes == 16 * 512 * 2 + 16 * 584  # bf16 kv in, fp8_ds_mla token out
+    assert ops["qrope16"].bytes == 2 * 16 * 16 * 512 * 2  # 16 local heads at TP4, in place
+    assert ops["comp4"].count == 21 and ops["comp128"].count == 20 and ops["compidx"].count == 21
+    assert ops["comp4"].kernels == 3 and ops["kvstore"].kernels == 1
+    # decode c4: every row writes its fp32 kv+score (2 x 2 x 512) into the state ring
+    assert ops["comp4"].p["launches"][0] == (16 * 2048 * 4, 16 * 2048 * 4)
+    assert ops["silu4"].bytes == 16 * 1024 * 2 + 16 * 512 * 2
+    assert all(o.group == "glue" and o.flops == 0 for o in ops.values())
+    pre = {o.p["kind"]: o for o in M.glue_ops(1024, counts, prefill=True)}
+    # prefill: every 4th token is compressed (256 of 1024), every token's projection is read
+    assert pre["comp4"].p["launches"][0] == (1024 * 2048 * 4, 256 * 512 * 4)
+    assert pre["comp4"].p["launches"][2] == (256 * 512 * 4, 256 * 584)
+    assert len({o.key for o in ops.values()}) == len(ops)
+    step = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
+    assert sum(o.group == "glue" for o in step) == 12
+
+
+def test_glue_builders_check_on_cpu(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ops = _cpu_ops(monkeypatch)
+    _wheel_or_skip()
+    counts = M.layer_counts()
+    for op in M.glue_ops(3, counts, prefill=False):
+        if op.p["kind"] not in ("rms1024", "kvstore", "comp4", "add"):
+            continue
+        prep = ops.build(op, "upstream", 1 << 20, 5)
+        chk = prep.check()
+        assert chk.ok, (op.key, chk)
+        assert ("proxy" in prep.source) == (op.p["impl"] != "torch_add")
+
+
+# ---------------------------------------------------------------- RTX PRO 6000 range (step 3)
+
+
+def test_rtx_range_per_op_and_step():
+    h200 = M.machine_for("NVIDIA H200", 4.2e12)
+    ratio = 4.2e12 / 1.792e12
+    gemv = M.fp8_gemm("x", 1, 8192, 1024, 1)  # bytes-bound on both
+    floor = gemv.floor_us(M.RTX6000)
+    assert M.rtx_range_us(gemv, 1.0, h200) == pytest.approx((floor, max(floor, ratio)))
+    assert M.rtx_range_us(gemv, 20.0, h200) == pytest.approx((20.0, 20.0 * ratio))
+    big = M.fp8_gemm("x", 8192, 8192, 1024, 1)  # FLOPs-bound on the RTX card: scaled by the fp8 rate ratio
+    lo, hi = M.rtx_range_us(big, 1000.0, h200)
+    assert lo == pytest.approx(max(1000.0, big.floor_us(M.RTX6000)))
+    assert hi == pytest.approx(max(lo, 1000.0 * 1979e12 / 1007.6e12))
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    us, src = _fake_times(spec)
+    comp = M.compose(spec, "patched", ops, us, src, h200)
+    lo, hi = comp.rtx_range_ms
+    est = sum(e.count * e.us_per_call for e in comp.estimates) / 1e3
+    assert lo == pytest.approx(sum(ln.rtx_lo_ms for ln in comp.lines) + est)
+    assert comp.total_ms <= lo <= hi
+    assert hi - est == pytest.approx(sum(max(max(1.0, o.floor_us(M.RTX6000)), 1.0 * ratio) * o.count
+                                         for o in M.ops_for_path(ops, "patched")) / 1e3)
+    t_lo, t_hi = comp.rtx_tok_s_range()
+    assert t_lo == pytest.approx(1 / (hi / 1e3)) and t_hi == pytest.approx(1 / (lo / 1e3))
+    md = R.summary_table([(M.compose(spec, "upstream", ops, us, src, h200), comp)], md=True)
+    assert "RTX 6000" in md and f"{lo:.1f} - {hi:.1f}" in md
+
+
+# ---------------------------------------------------------------- TP2 vs TP4 (step 4)
+
+
+def test_tp2_shapes_bytes_and_floors():
+    s4 = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=16)
+    s2 = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=32, tp=2)
+    o4, o2 = M.decode_ops(s4), M.decode_ops(s2)
+    assert s2.label == "decode TP2 B=16 C=128K L=8K" and s4.label == "decode B=16 C=128K L=8K"
+    assert _by_name(o2, "wq_b (FP8)").p == {"m": 16, "n": 32 * 512, "k": 1024}
+    assert _by_name(o2, "wo_b (FP8)").p["k"] == 4096 and _by_name(o2, "wo_a einsum (bf16)").p["groups"] == 4
+    assert _by_name(o2, "lm_head (bf16, vocab/TP)").p["n"] == 129280 // 2
+    # replicated projections keep their shape; the routed experts hold twice the bytes per GPU
+    assert _by_name(o2, "wqkv_a (FP8)").key == _by_name(o4, "wqkv_a (FP8)").key
+    assert M.moe_expert_bytes(2) == 2 * M.moe_expert_bytes(4)
+    moe2 = _by_name(o2, "routed MoE (MXFP4)")
+    assert moe2.key == "moe:16:tp2" and moe2.p["tp"] == 2 and _by_name(o4, "routed MoE (MXFP4)").key == "moe:16"
+    att2 = _by_name(o2, "sparse-MLA attention (c4)", "patched")
+    assert att2.p["heads"] == 32 and att2.bytes > _by_name(o4, "sparse-MLA attention (c4)", "patched").bytes
+    # upstream attends all 64 heads at any TP: its attention shapes are shared between the layouts
+    assert (_by_name(o2, "sparse-MLA attention (c4)", "upstream").key
+            == _by_name(o4, "sparse-MLA attention (c4)", "upstream").key)
+    fl = {tp: sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, "patched"))
+          for tp, ops in ((4, o4), (2, o2))}
+    assert 1.5 < fl[2] / fl[4] < 2.0  # the weight bytes per GPU almost double
+    gl2 = {o.p["kind"] for o in o2 if o.group == "glue"}
+    assert {"qrope32", "orope32", "silu2"} <= gl2
+
+
+def test_tp_option_and_table(capsys):
+    from v4flash_kernels.step.__main__ import specs_from
+
+    class A:
+        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,16", "128K,1M", "8K", "1K", "4,2", "", None
+
+    specs = specs_from(A)
+    assert [s.tp for s in specs].count(2) == 2  # TP2 decode at the first context only
+    assert all(s.configured_ctx == 128 * K and s.phase == "decode" for s in specs if s.tp == 2)
+    A.tp = "3"
+    assert main(["--tp", "3", "--dry-run"]) == 2 and "fix:" in capsys.readouterr().err
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    pairs = []
+    for tp in (4, 2):
+        spec = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=64 // tp, tp=tp)
+        ops = M.step_ops(spec)
+        us, src = _fake_times(spec)
+        pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
+    text = R.tp_table(pairs, md=True)
+    row = [r for r in text.splitlines() if r.startswith("| 16 |")][0].split("|")
+    p4, p2 = pairs[0][1], pairs[1][1]
+    assert float(row[4]) == pytest.approx(round(16 / (p4.total_ms / 1e3) / 4, 1), abs=0.06)
+    assert float(row[6]) == pytest.approx(round(16 / (p2.total_ms / 1e3) / 2, 1), abs=0.06)
+    assert R.tp_table(pairs[:1], md=True) == ""
+
+
+# ---------------------------------------------------------------- speculative verify (step 5)
+
+
+def test_verify_composition_rows_and_drafts():
+    spec = M.StepSpec("verify", 16, 128 * K, 8 * K, heads_patched=16, k=3)
+    assert spec.rows == 64 and spec.label == "verify k=3 B=16 C=128K L=8K"
+    ops = M.step_ops(spec)
+    target = [o for o in ops if not o.name.startswith("draft: ")]
+    draft = [o for o in ops if o.name.startswith("draft: ")]
+    assert _by_name(target, "routed MoE (MXFP4)").p["m"] == 64  # B x (k+1) rows through every op
+    assert _by_name(target, "wq_b (FP8)").p["m"] == 64 and _by_name(target, "lm_head (bf16, vocab/TP)").p["m"] == 64
+    att = _by_name(target, "sparse-MLA attention (c4)", "patched")
+    assert att.p["rows"] == 16 and att.p["reps"] == 4 and att.key.startswith("attn:c4:B16x4:")
+    # the 4 rows of one request share its cache: the floor reads its 640 attended tokens once, not 4 times
+    assert att.bytes == 16 * 640 * 584 + 4 * 64 * 640 + 2 * 64 * 16 * 512 * 2
+    idx = _by_name(target, "indexer logits (c4)")
+    assert idx.p["reps"] == 4 and idx.bytes == 16 * 2048 * 132 + 64 * 64 * 132 + 64 * (128 * K // 4) * 4
+    # drafts: k forwards of one window layer + head at B rows
+    moe_d = _by_name(draft, "draft: routed MoE (MXFP4)")
+    assert moe_d.p["m"] == 16 and moe_d.count == 3 and moe_d.key == "moe:16"
+    assert _by_name(draft, "draft: sparse-MLA attention (window)", "upstream").count == 3
+    assert _by_name(draft, "draft: NextN h_proj (FP8)").p == {"m": 64, "n": 4096, "k": 4096}
+    assert _by_name(draft, "draft: mHC pre (compiled torch + TileLang Sinkhorn)").count == 3 * 2
+    assert _by_name(draft, "draft: lm_head (bf16, vocab/TP)").p["m"] == 16
+    assert _by_name(draft, "draft: RMSNorm 4096 (input / post-attn / final)").count == 3 * 4
+    assert not any("compressor" in o.name or "indexer" in o.name for o in draft)
+    # the plain decode step of the same B shares the draft's shapes (one measurement)
+    plain = {o.key for o in M.step_ops(M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=16))}
+    assert {moe_d.key, _by_name(draft, "draft: wq_b (FP8)").key} <= plain
+    est = M.estimates("verify", spec.rows, 4, spec.batch, spec.k)
+    assert [e.count for e in est] == [9, 87]
+    assert est[1].us_per_call == M.allreduce_us(64 * 4096 * 2, 4)[0]
+
+
+def test_spec_tok_s_and_table():
+    assert M.spec_tok_s(10.0, 16, 3.1, 3) == pytest.approx((310.0, 4960.0))
+    per, agg = M.spec_tok_s(10.0, 16, 2.5, 1)
+    assert per != per and agg != agg  # a k=1 cycle emits at most 2 tokens
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    pairs = []
+    for spec in (M.StepSpec("decode", 1, 128 * K, 8 * K, heads_patched=16),
+                 M.StepSpec("verify", 1, 128 * K, 8 * K, heads_patched=16, k=3)):
+        ops = M.step_ops(spec)
+        us, src = _fake_times(spec)
+        pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
+    text = R.spec_table(pairs, md=True)
+    row = [r for r in text.splitlines() if r.startswith("| 1 | 3 |")][0].split("|")
+    plain, cyc = pairs[0][1].total_ms, pairs[1][1].total_ms
+    assert float(row[4]) == pytest.approx(cyc, abs=0.006)
+    assert row[-2].strip().startswith(f"{3.1 / (cyc / 1e3):.1f} / ")
+    assert f"({3.1 / (cyc / 1e3) * plain / 1e3:.2f}x)" in row[-2]
+    assert R.spec_table(pairs[:1], md=True) == ""
+
+
+def test_verify_attention_and_indexer_inputs_share_a_request_cache(monkeypatch):
+    ops = _cpu_ops(monkeypatch)
+    spec = M.StepSpec("verify", 2, 4096, 1024, heads_patched=16, k=2)
+    op = _by_name(M.decode_ops(spec), "sparse-MLA attention (c128)", "upstream")
+    kw = ops.decode_attention_inputs(op.p, 3)
+    assert kw["q"].shape[0] == 6 and kw["indices"].shape[0] == 6
+    import torch
+
+    assert torch.equal(kw["extra_indices"][0], kw["extra_indices"][2])  # rows of one request: one cache
+    idx = _by_name(M.decode_ops(spec), "indexer logits (c4)")
+    ki = ops.indexer_inputs(idx.p, 3)
+    assert ki["q_fp8"].shape[0] == 6 and torch.equal(ki["page_table"][0], ki["page_table"][1])
+    assert ki["seq_lens"].view(-1).tolist() == [256, 256, 256, 256, 256, 256]  # (1024 + j) // 4 for j < 3
+
+
+def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    import json
+
+    args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",
+            "--verify-batches", "1"]
+    from v4flash_kernels.step.__main__ import main as step_main
+
+    class A:
+        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1", "128K", "8K", "", "4,2", "1", "1"
+
+    from v4flash_kernels.step.__main__ import specs_from
+
+    specs = specs_from(A)
+    assert [s.label for s in specs] == ["decode B=1 C=128K L=8K", "verify k=1 B=1 C=128K L=8K",
+                                        "decode TP2 B=1 C=128K L=8K"]
+    meas = []
+    for key, op in M.unique_ops(specs).items():
+        for impl in runner.impls_for(op):
+            meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 5.0, 1, 3, True, 1e-3, "", impl)))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 16, "tp": "4,2",
+                                        "mtp": "1", "verify_batches": "1"}, "measurements": meas}))
+    md = tmp_path / "out.md"
+    assert step_main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run),
+                      "--md", str(md)]) == 0
+    text = md.read_text()
+    assert "## TP4 vs 2x TP2" in text and "## Speculative decoding" in text and "verify k=1 B=1" in text
+    assert step_main([*args, "--dry-run"]) == 0

@@ -184,12 +184,13 @@ def test_up_rehearse_without_the_router_installed_says_so(tmp_path: Path) -> Non
     site = tmp_path / "site"
     site.mkdir()
     (site / "click").symlink_to(Path(click.__file__).parent)
-    launcher = Path(__file__).resolve().parents[2] / "launcher"
+    repo = Path(__file__).resolve().parents[2]
+    launcher, kernels = repo / "launcher", repo / "kernels"  # the wheel's two import packages
     base = Path(sys.base_prefix) / "bin" / "python3"
     probe = subprocess.run([str(base), "-c", "import sglang_router"], capture_output=True, timeout=60)
     assert probe.returncode != 0, "the base interpreter must not have sglang_router for this test"
     env = fakebox.box_env(tmp_path, fakebox.BOX_8GPU_2NODE, membind_ok=True)
-    env["PYTHONPATH"] = f"{site}{os.pathsep}{launcher}"
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (site, launcher, kernels)))
     cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
     res = subprocess.run([str(base), "-m", "v4flash_pd", "up", "--rehearse", "--config", str(cfg),
                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)

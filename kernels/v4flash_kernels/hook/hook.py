@@ -20,8 +20,9 @@ import logging
 import os
 import sys
 import threading
+import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.hook import hook_boot
@@ -182,6 +183,7 @@ def patch_status(name: str, why_undecided: Optional[str] = None) -> dict:
         "active": bool(d and d.active) and _really_patched(spec),
         "decided": d is not None,
         "reason": d.reason if d else (why_undecided or f"{spec.target_module} not imported in this process"),
+        "switch_name": spec.switch,
         "switch_env": spec.switch_env,
         "switch": os.environ.get(spec.switch_env, "1"),
         "ours_function": spec.ours_function,
@@ -252,7 +254,7 @@ def _decide_for(spec: PatchSpec, module: Any) -> Decision:
     version = _sglang_version()
     if parse_switch(switch) is False:
         return decide(switch, version, None, None, None, spec=spec)
-    upstream = getattr(module, spec.target_attr, None)
+    upstream = target_function(module, spec)
     ours, err = None, None
     if version == PINNED_SGLANG and parse_switch(switch):
         try:
@@ -292,13 +294,40 @@ def _replacement(spec: PatchSpec) -> Any:
     return ours
 
 
+def _owner(module: Any, spec: PatchSpec) -> Tuple[Any, str]:
+    """(object holding the target, attribute name): the module itself, or a class of it for "Cls.attr"."""
+    owner_name, _, attr = spec.target_attr.rpartition(".")
+    return (getattr(module, owner_name) if owner_name else module), attr
+
+
+def target_function(module: Any, spec: PatchSpec) -> Any:
+    """The plain function the target names now (a staticmethod/classmethod unwrapped), or None."""
+    try:
+        owner, attr = _owner(module, spec)
+    except AttributeError:
+        return None
+    raw = _own_attr(owner, attr) if isinstance(owner, type) else getattr(owner, attr, None)
+    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+
+
+def _set_target(module: Any, spec: PatchSpec, fn: Any) -> None:
+    """Install `fn` at the target, keeping a class attribute's staticmethod/classmethod wrapper."""
+    owner, attr = _owner(module, spec)
+    raw = _own_attr(owner, attr) if isinstance(owner, type) else None
+    if isinstance(raw, (staticmethod, classmethod)):
+        fn = type(raw)(fn)
+    setattr(owner, attr, fn)
+
+
 def _patch(spec: PatchSpec, module: Any) -> None:
     ours = _replacement(spec)
-    upstream = getattr(module, spec.target_attr)
+    upstream = target_function(module, spec)
     if upstream is ours:
         return
     setattr(module, upstream_keep_attr(spec), upstream)
-    setattr(module, spec.target_attr, ours)
+    _set_target(module, spec, ours)
+    if "." in spec.target_attr:
+        return  # a class attribute is found through the class at call time: nothing else holds it
     # Modules that did `from <target> import <attr>` at import time hold their own reference.
     for name, other in list(sys.modules.items()):
         if name.startswith("sglang.") and other is not module and _own_attr(other, spec.target_attr) is upstream:
@@ -308,7 +337,7 @@ def _patch(spec: PatchSpec, module: Any) -> None:
 def _own_attr(mod: Any, attr: str) -> Any:
     """The module's own binding, without running a module-level `__getattr__` (lazy imports)."""
     d = getattr(mod, "__dict__", None)
-    return d.get(attr) if isinstance(d, dict) else None
+    return d.get(attr) if isinstance(d, (dict, types.MappingProxyType)) else None
 
 
 def _rollback(spec: PatchSpec, module: Any) -> None:
@@ -316,8 +345,16 @@ def _rollback(spec: PatchSpec, module: Any) -> None:
     if upstream is None:
         return
     ours = _installed.get(spec.name)
+    if "." in spec.target_attr:
+        if ours is not None and target_function(module, spec) is ours:
+            try:
+                _set_target(module, spec, upstream)
+            except Exception:
+                pass
+        return
     for name, other in list(sys.modules.items()):
-        if (other is module or name.startswith("sglang.")) and ours is not None and _own_attr(other, spec.target_attr) is ours:
+        held = _own_attr(other, spec.target_attr)
+        if (other is module or name.startswith("sglang.")) and ours is not None and held is ours:
             try:
                 setattr(other, spec.target_attr, upstream)
             except Exception:
@@ -328,7 +365,7 @@ def _really_patched(spec: PatchSpec) -> bool:
     """The module attribute is our installed function right now (not just "we decided to")."""
     mod = sys.modules.get(spec.target_module)
     ours = _installed.get(spec.name)
-    return mod is not None and ours is not None and getattr(mod, spec.target_attr, None) is ours
+    return mod is not None and ours is not None and target_function(mod, spec) is ours
 
 
 def _announce(spec: PatchSpec, d: Decision) -> None:

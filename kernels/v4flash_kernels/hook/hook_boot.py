@@ -18,6 +18,7 @@ TARGET_MODULES = frozenset({
     TARGET_MODULE,
     "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton",
     "sglang.srt.layers.attention.dsv4.indexer",
+    "sglang.srt.layers.quantization.fp8_utils",
 })
 
 

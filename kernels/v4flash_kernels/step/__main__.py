@@ -19,9 +19,12 @@ import time
 from typing import List
 
 from v4flash_kernels.provenance import measured_commit
-
 from v4flash_kernels.step import model as M
 from v4flash_kernels.step import report as R
+
+DEFAULT_TP = "4,2"
+DEFAULT_MTP = "1,2,3"
+DEFAULT_VERIFY_BATCHES = "1,16,64"
 
 
 class UsageError(Exception):
@@ -55,14 +58,14 @@ def parse_sizes(text: str, what: str) -> List[int]:
     return out
 
 
-def heads_patched() -> int:
-    """16 at TP4 when our sparse-decode patch slices this rank's heads (its registry entry has an
+def heads_patched(tp: int = M.TP) -> int:
+    """64/TP when our sparse-decode patch slices this rank's heads (its registry entry has an
     adapter that passes the attention-TP rank); otherwise the patch also attends all 64."""
     try:
         from v4flash_kernels.hook.patches import SPARSE_DECODE
     except Exception:
         return M.N_HEADS
-    return M.N_HEADS // M.TP if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
+    return M.N_HEADS // tp if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
 
 
 def specs_from(args) -> List[M.StepSpec]:
@@ -74,8 +77,23 @@ def specs_from(args) -> List[M.StepSpec]:
     if too_big:
         raise UsageError(f"--prefill {too_big[0]}: chunks above {M.PREFILL_EXTEND_ROWS_MAX} tokens leave the sm_120 "
                          "extend path this bench models", f"use chunks <= {M.PREFILL_EXTEND_ROWS_MAX}, e.g. 1K,8K")
-    h = heads_patched()
-    return M.decode_specs(batches, contexts, actual, h) + M.prefill_specs(chunks, h)
+    tps = parse_sizes(args.tp or DEFAULT_TP, "tp")
+    bad = [t for t in tps if t not in (2, 4)]
+    if bad:
+        raise UsageError(f"--tp {args.tp}: {bad[0]} is not a modelled layout", "give --tp 4, --tp 2 or --tp 4,2")
+    first, others = tps[0], list(dict.fromkeys(tps[1:]))
+    h = heads_patched(first)
+    specs = M.decode_specs(batches, contexts, actual, h, first) + M.prefill_specs(chunks, h, first)
+    mtp = args.mtp if args.mtp is not None else DEFAULT_MTP
+    if mtp.strip():
+        ks = parse_sizes(mtp, "mtp")
+        if any(k > 7 for k in ks):
+            raise UsageError(f"--mtp {mtp}: up to 7 draft tokens are modelled", "give e.g. --mtp 1,2,3")
+        vb = parse_sizes(args.verify_batches or DEFAULT_VERIFY_BATCHES, "verify-batches")
+        specs += M.verify_specs(vb, ks, contexts[0], actual, h, first)
+    for tp in others:  # the other layouts: decode at the first context, for the per-GPU comparison
+        specs += M.decode_specs(batches, contexts[:1], actual, heads_patched(tp), tp)
+    return specs
 
 
 
@@ -85,6 +103,13 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--contexts", default="128K,1M", help="configured --context-length values")
     ap.add_argument("--actual-context", default="8K", help="tokens already in each decoding request")
     ap.add_argument("--prefill", default="1K,8K", help="prefill chunk sizes (tokens of one request); '' = none")
+    ap.add_argument("--tp", default=None, help="attention/MoE TP of a worker: the first gets every composition, "
+                    "the others decode at the first context (per-GPU TP4 vs 2x TP2 table); default 4,2 "
+                    "(with --from-json: the run's)")
+    ap.add_argument("--mtp", default=None, help="draft tokens k of the verify-step compositions (MTP speculative "
+                    f"decoding), at the first context and TP; '' = none; default {DEFAULT_MTP}")
+    ap.add_argument("--verify-batches", default=None, help=f"requests per GPU of the verify compositions; default "
+                    f"{DEFAULT_VERIFY_BATCHES}")
     ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
@@ -132,6 +157,8 @@ def main(argv: List[str] | None = None) -> int:
         "graph_overhead_us": overhead, "torch": torch.__version__, "triton": triton.__version__,
         "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
         "wall_s": time.time() - t0, "heads_patched": specs[0].heads_patched if specs else None,
+        "tp": args.tp or DEFAULT_TP, "mtp": DEFAULT_MTP if args.mtp is None else args.mtp,
+        "verify_batches": args.verify_batches or DEFAULT_VERIFY_BATCHES,
         "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
     }
     return emit(specs, meas, gpu, meta, args)
@@ -149,6 +176,15 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
     print(json.dumps(meta))
     print()
     print(R.summary_table(pairs, md=False))
+    spec_text = R.spec_table(pairs, md=False)
+    if spec_text:
+        print("\nspeculative decoding (MTP): verify cycle = B x (k+1)-row target forward + k draft forwards "
+              "(patched path)")
+        print(spec_text)
+    tp_text = R.tp_table(pairs, md=False)
+    if tp_text:
+        print("\nper GPU: one TP4 decode worker vs two TP2 decode workers on the same 4 GPUs (patched path)")
+        print(tp_text)
     for up, pa in pairs:
         print(f"\n== {up.spec.label}")
         print(R.composition_table(up, pa, gpu, md=False))
@@ -169,6 +205,11 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
     if args.md:
         with open(args.md, "w") as f:
             f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True)}\n")
+            if tp_text:
+                f.write(f"\n## TP4 vs 2x TP2 (per GPU, patched path)\n\n{R.tp_table(pairs, md=True)}\n")
+            if spec_text:
+                f.write(f"\n## Speculative decoding (MTP verify cycles, patched path)\n\n"
+                        f"{R.spec_table(pairs, md=True)}\n")
             for up, pa in pairs:
                 f.write(f"\n### {up.spec.label}\n\n{R.composition_table(up, pa, gpu, md=True)}\n")
     if bad:
@@ -192,14 +233,22 @@ def from_json(path: str, args) -> int:
         print(f"error: cannot read measurements from {path}: {exc}\nfix: pass the --json file a GPU run wrote",
               file=sys.stderr)
         return 2
-    specs = [M.StepSpec(s.phase, s.batch, s.configured_ctx, s.actual_ctx, s.heads_upstream,
-                        meta.get("heads_patched") or s.heads_patched) for s in specs_from(args)]
+    if args.tp is None:
+        args.tp = meta.get("tp") or "4"  # runs before --tp existed modelled TP4 only
+    if args.mtp is None:
+        args.mtp = meta.get("mtp", "")  # runs before --mtp existed had no verify compositions
+    if args.verify_batches is None:
+        args.verify_batches = meta.get("verify_batches")
+    specs = specs_from(args)
+    if meta.get("heads_patched") is not None and meta["heads_patched"] == M.N_HEADS:  # a run without the adapter
+        specs = [M.StepSpec(s.phase, s.batch, s.configured_ctx, s.actual_ctx, s.heads_upstream, M.N_HEADS, s.tp)
+                 for s in specs]
     gpu = M.machine_for(meta["gpu"], meta["copy_bw_tbs"] * 1e12)
     try:
         return emit(specs, meas, gpu, meta, args)
     except KeyError as exc:
         print(f"error: the run in {path} has no measurement for {exc}\nfix: give the same --batches/--contexts/"
-              "--actual-context/--prefill as that run", file=sys.stderr)
+              "--actual-context/--prefill/--tp as that run", file=sys.stderr)
         return 2
 
 if __name__ == "__main__":

@@ -107,13 +107,16 @@ class Op:
     """
 
     name: str
-    group: str  # attention | indexer | moe | fp8_gemm | bf16_gemm
+    group: str  # attention | indexer | moe | fp8_gemm | bf16_gemm | mhc | glue
     key: str
     count: int
     bytes: int
     flops: int
     params: Tuple[Tuple[str, object], ...] = ()
     patch: str | None = None  # which of our kernels replaces it in the patched path
+    # An estimate (µs per call, source) used only when the op cannot be timed here (e.g. TileLang
+    # missing on the GPU machine); such a line is counted with the estimates, never as timed.
+    fallback: Tuple[float, str] | None = None
 
     @property
     def p(self) -> Dict[str, object]:
@@ -121,6 +124,12 @@ class Op:
 
     def floor_us(self, machine: Machine) -> float:
         return machine.floor_us(self.bytes, self.flops, fp8=self.group in ("fp8_gemm", "indexer"))
+
+    @property
+    def kernels(self) -> int:
+        """Kernel launches one call makes where the bench knows it (glue ops), else 1."""
+        launches = self.p.get("launches", ())
+        return len(launches) if isinstance(launches, tuple) and launches else 1
 
 
 def _params(**kw: object) -> Tuple[Tuple[str, object], ...]:
@@ -139,7 +148,7 @@ def bf16_gemm_bytes(m: int, n: int, k: int, out_bytes: int = 2) -> int:
 
 def fp8_gemm(name: str, m: int, n: int, k: int, count: int) -> Op:
     return Op(name, "fp8_gemm", f"fp8:{m}x{n}x{k}", count, fp8_gemm_bytes(m, n, k), 2 * m * n * k,
-              _params(m=m, n=n, k=k))
+              _params(m=m, n=n, k=k), patch="fp8_gemm")
 
 
 def bf16_gemm(name: str, m: int, n: int, k: int, count: int, out_fp32: bool = False, groups: int = 1) -> Op:
@@ -167,12 +176,62 @@ def moe_expert_bytes(tp: int = TP) -> int:
     return nib + scales
 
 
-def moe_op(m: int, count: int) -> Op:
-    inter = MOE_INTER // TP
+def moe_op(m: int, count: int, tp: int = TP) -> Op:
+    inter = MOE_INTER // tp
     experts = expected_distinct_experts(m)
-    nbytes = int(round(experts * moe_expert_bytes())) + m * HIDDEN * 2 * 2 + m * TOPK_EXPERTS * 8
+    nbytes = int(round(experts * moe_expert_bytes(tp))) + m * HIDDEN * 2 * 2 + m * TOPK_EXPERTS * 8
     flops = 2 * m * TOPK_EXPERTS * (2 * inter * HIDDEN + HIDDEN * inter)
-    return Op("routed MoE (MXFP4)", "moe", f"moe:{m}", count, nbytes, flops, _params(m=m), patch="moe")
+    return Op("routed MoE (MXFP4)", "moe", f"moe:{m}" + _tp_tag(tp), count, nbytes, flops, _params(m=m, tp=tp),
+              patch="moe")
+
+
+def _tp_tag(tp: int) -> str:
+    """Key suffix of TP-dependent shapes (none at the default TP4, so older runs' keys still match)."""
+    return "" if tp == TP else f":tp{tp}"
+
+
+HC_MULT = 4  # hyper-connection copies of the residual
+HC_MIX = (2 + HC_MULT) * HC_MULT  # pre (4) + post (4) + comb (16) mixing logits per token
+HC_SINKHORN_ITERS = 20
+HC_EPS = 1e-6
+RMS_EPS = 1e-6
+# Issue 20's earlier H200 figures of the same sm_120 path (graph replay), used only as the labelled
+# fallback when TileLang cannot run on the bench machine: rows -> µs per pre / post boundary.
+MHC_FALLBACK_PRE_US = ((1, 17.9), (16, 28.3), (64, 33.7), (1024, 170.0))
+MHC_FALLBACK_POST_US = ((1, 2.3), (16, 2.5), (64, 2.6), (1024, 21.0))
+
+
+def interp(points: Tuple[Tuple[int, float], ...], x: float) -> float:
+    """Piecewise-linear through `points` (sorted by x), extended linearly past both ends."""
+    if len(points) == 1:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    raise AssertionError("unreachable")
+
+
+def mhc_ops(rows: int, n_layers: int = N_LAYERS) -> List[Op]:
+    """The hyper-connection boundaries of `n_layers` layers: a pre and a post around attention and
+    around the MoE of each layer, as the sm_120 path runs them (`hc_pre`: compiled torch norm + fp32
+    mix GEMV, TileLang Sinkhorn split, torch combine; `hc_post`: TileLang `mhc_post`).
+
+    Floors: pre reads the 4-copy bf16 residual and the layer's fp32 `hc_fn` [24, 4 x 4096] (1.5 MB,
+    distinct per boundary) and writes the mixed input and the post/comb mixes; post reads the
+    sublayer output and the residual and writes the new residual.
+    """
+    mixes = rows * (HC_MULT + HC_MULT * HC_MULT) * 4
+    pre_bytes = rows * HC_MULT * HIDDEN * 2 + HC_MIX * HC_MULT * HIDDEN * 4 + rows * HIDDEN * 2 + mixes
+    post_bytes = rows * HIDDEN * 2 + 2 * rows * HC_MULT * HIDDEN * 2 + mixes
+    fb_pre = (interp(MHC_FALLBACK_PRE_US, rows), "estimate: issue 20's H200 figure of this path, interpolated")
+    fb_post = (interp(MHC_FALLBACK_POST_US, rows), "estimate: issue 20's H200 figure of this path, interpolated")
+    return [
+        Op("mHC pre (compiled torch + TileLang Sinkhorn)", "mhc", f"mhc-pre:{rows}", 2 * n_layers, pre_bytes,
+           2 * rows * HC_MIX * HC_MULT * HIDDEN, _params(kind="pre", rows=rows), patch="mhc_pre", fallback=fb_pre),
+        Op("mHC post (TileLang mhc_post)", "mhc", f"mhc-post:{rows}", 2 * n_layers, post_bytes,
+           2 * rows * HC_MULT * (HC_MULT + 1) * HIDDEN, _params(kind="post", rows=rows), patch="mhc_post",
+           fallback=fb_post),
+    ]
 
 
 def attention_tokens(kind: str, actual_ctx: int) -> int:
@@ -220,7 +279,71 @@ def topk_op(rows: int, width: int, count: int, valid: int) -> Op:
     valid = min(valid, width)
     nbytes = rows * valid * 4 + rows * INDEX_TOPK * 4
     return Op("indexer top-512", "indexer", f"topk:{rows}x{width}:v{valid}", count, nbytes, 0,
-              _params(rows=rows, width=width, valid=valid))
+              _params(rows=rows, width=width, valid=valid), patch="topk")
+
+
+# ---------------------------------------------------------------- glue (norms, RoPE, cache writes, compressors)
+
+
+def glue_op(name: str, kind: str, rows: int, count: int, launches: Tuple[Tuple[int, int], ...],
+            impl: str, dim: int = 0) -> Op:
+    """One glue op: `launches` kernels per call, each (bytes read, bytes written). `impl` is how the
+    bench runs it: "rmsnorm" (the wheel's Triton RMSNorm), "torch_add" (eager add, as upstream), or
+    "proxy" (one copy kernel per launch moving the same bytes, for a JIT kernel the bench cannot build)."""
+    nbytes = sum(i + o for i, o in launches)
+    key = f"glue:{kind}:{rows}:" + ",".join(f"{i}/{o}" for i, o in launches)
+    return Op(name, "glue", key, count, nbytes, 0, _params(kind=kind, rows=rows, launches=launches, impl=impl,
+                                                          dim=dim))
+
+
+def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) -> List[Op]:
+    """The small kernels of a step besides the GEMMs, attention, indexer, MoE and mHC, as the sm_120
+    path of models/deepseek_v4.py + dsv4/compressor.py runs them (`rows` tokens, all layers).
+
+    RMSNorm is sgl_kernel's AOT `rmsnorm` (timed as the wheel's own one-program-per-row Triton
+    RMSNorm); the JIT kernels of jit_kernel/dsv4 (norm+RoPE, cache stores, compressors, the indexer
+    q quant, the shared-expert activation, the routing top-k) need SGLang's CUDA JIT and are timed as
+    one bytes-equivalent copy kernel per launch. A compressor call is three JIT launches (compress
+    into the state ring, norm + RoPE of the compressed token, store into the paged cache); at decode
+    every row updates the state, in prefill only every ratio-th token is compressed.
+    """
+    n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
+    h = N_HEADS // tp
+    rope = 64
+
+    def compressor(d: int, ratio: int, store_bytes: int) -> Tuple[Tuple[int, int], ...]:
+        width = 2 * (2 if ratio == 4 else 1) * d * 4  # fp32 kv + score of the wkv_gate output
+        done = math.ceil(rows / ratio) if prefill else rows
+        first = (rows * width, done * d * 4 if prefill else rows * width)
+        return (first, (done * d * 4, done * d * 4), (done * d * 4, done * store_bytes))
+
+    shared_i = SHARED_INTER // tp
+    return [
+        glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", rows, 2 * n_all + 1,
+                ((rows * HIDDEN * 2 + HIDDEN * 2, rows * HIDDEN * 2),), "rmsnorm", HIDDEN),
+        glue_op("RMSNorm q_norm 1024", "rms1024", rows, n_all, ((rows * Q_LORA * 2 + Q_LORA * 2, rows * Q_LORA * 2),),
+                "rmsnorm", Q_LORA),
+        glue_op("q norm + RoPE (JIT)", f"qrope{h}", rows, n_all, ((rows * h * HEAD_DIM * 2, rows * h * HEAD_DIM * 2),),
+                "proxy"),
+        glue_op("kv norm + RoPE + fp8 SWA cache write (JIT)", "kvstore", rows, n_all,
+                ((rows * HEAD_DIM * 2, rows * KV_TOKEN_BYTES),), "proxy"),
+        glue_op("inverse RoPE on o (JIT)", f"orope{h}", rows, n_all, ((rows * h * rope * 2, rows * h * rope * 2),),
+                "proxy"),
+        glue_op("compressor c4: compress + norm/RoPE + store (3 JIT)", "comp4", rows, n_c4,
+                compressor(HEAD_DIM, 4, KV_TOKEN_BYTES), "proxy"),
+        glue_op("compressor c128: compress + norm/RoPE + store (3 JIT)", "comp128", rows, n_c128,
+                compressor(HEAD_DIM, 128, KV_TOKEN_BYTES), "proxy"),
+        glue_op("indexer compressor + index-key store (3 JIT)", "compidx", rows, n_c4,
+                compressor(INDEX_DIM, 4, INDEX_TOKEN_BYTES), "proxy"),
+        glue_op("indexer q RoPE + Hadamard + fp8 quant (JIT)", "idxq", rows, n_c4,
+                ((rows * INDEX_HEADS * (INDEX_DIM * 2 + 4), rows * INDEX_HEADS * (INDEX_DIM + 4)),), "proxy"),
+        glue_op("MoE routing top-6 (JIT)", "route", rows, n_all,
+                ((rows * N_EXPERTS * 2, rows * TOPK_EXPERTS * 8),), "proxy"),
+        glue_op("shared-expert SiLU-mul clamp (JIT)", f"silu{tp}", rows, n_all,
+                ((rows * 2 * shared_i * 2, rows * shared_i * 2),), "proxy"),
+        glue_op("shared + routed add (torch)", "add", rows, n_all,
+                ((2 * rows * HIDDEN * 2, rows * HIDDEN * 2),), "torch_add", HIDDEN),
+    ]
 
 
 # ---------------------------------------------------------------- one step
@@ -236,12 +359,23 @@ class StepSpec:
     actual_ctx: int  # decode: tokens already in each request; prefill: = batch
     heads_upstream: int = N_HEADS  # upstream attends all 64 heads (q padded, deepseek_v4.py l.909-914)
     heads_patched: int = N_HEADS
+    tp: int = TP  # attention-TP = MoE-TP of the worker this GPU belongs to
+    k: int = 0  # verify: draft tokens per request (MTP steps); the target forward runs B x (k+1) rows
+
+    @property
+    def rows(self) -> int:
+        """Rows of the target forward: B (decode), B x (k+1) (verify), the chunk's tokens (prefill)."""
+        return self.batch * (self.k + 1) if self.phase == "verify" else self.batch
 
     @property
     def label(self) -> str:
+        tp = "" if self.tp == TP else f" TP{self.tp}"
         if self.phase == "prefill":
-            return f"prefill T={self.batch}"
-        return f"decode B={self.batch} C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+            return f"prefill{tp} T={self.batch}"
+        ctx = f"C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
+        if self.phase == "verify":
+            return f"verify{tp} k={self.k} B={self.batch} {ctx}"
+        return f"decode{tp} B={self.batch} {ctx}"
 
 
 def fmt_ctx(n: int) -> str:
@@ -252,54 +386,103 @@ def fmt_ctx(n: int) -> str:
     return str(n)
 
 
-def linear_ops(m: int, counts: Mapping[str, int]) -> List[Op]:
-    """The GEMMs of one step at M = m rows (all layers), lm_head excluded."""
+def linear_ops(m: int, counts: Mapping[str, int], tp: int = TP) -> List[Op]:
+    """The GEMMs of one step at M = m rows (all layers), lm_head excluded; column/row-parallel ones
+    split over `tp` GPUs (the compressors, the indexer's projections and wqkv_a are replicated)."""
     n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
-    local_heads = N_HEADS // TP
-    local_groups = O_GROUPS // TP
+    local_heads = N_HEADS // tp
+    local_groups = O_GROUPS // tp
     return [
         fp8_gemm("wqkv_a (FP8)", m, Q_LORA + HEAD_DIM, HIDDEN, n_all),
         fp8_gemm("wq_b (FP8)", m, local_heads * HEAD_DIM, Q_LORA, n_all),
         bf16_gemm("wo_a einsum (bf16)", m, O_LORA, N_HEADS * HEAD_DIM // O_GROUPS, n_all, groups=local_groups),
-        fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // TP, n_all),
+        fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // tp, n_all),
         fp8_gemm("indexer wq_b (FP8)", m, INDEX_HEADS * INDEX_DIM, Q_LORA, n_c4),
         bf16_gemm("indexer weights_proj (bf16)", m, INDEX_HEADS, HIDDEN, n_c4),
         bf16_gemm("compressor c4 wkv_gate (bf16->fp32)", m, 2 * 2 * HEAD_DIM, HIDDEN, n_c4, out_fp32=True),
         bf16_gemm("compressor c128 wkv_gate (bf16->fp32)", m, 2 * HEAD_DIM, HIDDEN, n_c128, out_fp32=True),
         bf16_gemm("indexer compressor wkv_gate (bf16->fp32)", m, 2 * 2 * INDEX_DIM, HIDDEN, n_c4, out_fp32=True),
         bf16_gemm("router gate (bf16)", m, N_EXPERTS, HIDDEN, n_all),
-        fp8_gemm("shared expert gate_up (FP8)", m, 2 * SHARED_INTER // TP, HIDDEN, n_all),
-        fp8_gemm("shared expert down (FP8)", m, HIDDEN, SHARED_INTER // TP, n_all),
+        fp8_gemm("shared expert gate_up (FP8)", m, 2 * SHARED_INTER // tp, HIDDEN, n_all),
+        fp8_gemm("shared expert down (FP8)", m, HIDDEN, SHARED_INTER // tp, n_all),
     ]
 
 
-def lm_head_op(m: int) -> Op:
-    return bf16_gemm("lm_head (bf16, vocab/TP)", m, VOCAB // TP, HIDDEN, 1)
+def lm_head_op(m: int, tp: int = TP) -> Op:
+    return bf16_gemm("lm_head (bf16, vocab/TP)", m, VOCAB // tp, HIDDEN, 1)
 
 
 def decode_ops(spec: StepSpec) -> List[Op]:
-    """Every timed op of one decode step of one TP4 GPU, B = spec.batch requests."""
+    """Every timed op of one decode step of one GPU of a TP group, B = spec.batch requests; for a
+    verify step, the target forward over B x (k+1) rows (`spec.rows`), the k+1 rows of one request
+    attending the same cache at consecutive lengths."""
     counts = layer_counts()
-    B, C, L = spec.batch, spec.configured_ctx, spec.actual_ctx
+    B, C, L, tp = spec.batch, spec.configured_ctx, spec.actual_ctx, spec.tp
+    reps = spec.rows // B
+    R = spec.rows
+    tag = "" if reps == 1 else f"x{reps}"
     ops: List[Op] = []
     for kind in ("window", "c4", "c128"):
         tok = attention_tokens(kind, L)
         width_extra = {"window": 0, "c4": INDEX_TOPK, "c128": C // 128}[kind]
         valid_extra = tok - min(WINDOW, L)
         for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
-            key = f"attn:{kind}:B{B}:H{heads}:w{width_extra}:v{valid_extra}"
+            key = f"attn:{kind}:B{B}{tag}:H{heads}:w{width_extra}:v{valid_extra}"
             params = _params(kind=kind, rows=B, heads=heads, width_extra=width_extra, valid_extra=valid_extra,
-                             prefill=False)
-            op = attention_op(kind, B, N_HEADS // TP, B * tok, counts[kind], key, params)
+                             prefill=False, reps=reps)
+            # the rows of one request share its cache: the floor reads each attended token once
+            op = attention_op(kind, R, N_HEADS // tp, R * tok, counts[kind], key, params, distinct_tokens=B * tok)
             ops.append(_variant(op, variant))
     c4_conf = C // 4
-    ops.append(indexer_op(B, c4_conf, L / 4, counts["c4"], f"idx:B{B}:C{C}:L{L}",
-                          _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False)))
-    ops.append(topk_op(B, c4_conf, counts["c4"], L // 4))
-    ops.append(moe_op(B, counts["all"]))
-    ops.extend(linear_ops(B, counts))
-    ops.append(lm_head_op(B))
+    ops.append(indexer_op(R, c4_conf, L / 4, counts["c4"], f"idx:B{B}{tag}:C{C}:L{L}",
+                          _params(rows=B, configured_ctx=C, actual_ctx=L, prefill=False, reps=reps),
+                          distinct_keys=B * (L // 4)))
+    ops.append(topk_op(R, c4_conf, counts["c4"], L // 4))
+    ops.append(moe_op(R, counts["all"], tp))
+    ops.extend(linear_ops(R, counts, tp))
+    ops.extend(mhc_ops(R))
+    ops.extend(glue_ops(R, counts, prefill=False, tp=tp))
+    ops.append(lm_head_op(R, tp))
     return ops
+
+
+NEXTN_LAYER_COUNTS = {"window": 1, "c4": 0, "c128": 0, "all": 1}  # the MTP layer: compress ratio 0
+
+
+def draft_ops(spec: StepSpec) -> List[Op]:
+    """The k NextN draft forwards of a verify cycle, each at B rows (models/deepseek_v4_nextn.py):
+    enorm/hnorm + e_proj (B rows) and h_proj (4B rows: the 4 hyper-connection copies), one
+    window-attention decoder layer (attention, MoE, its GEMMs, 2 mHC pre/post, its glue), the head
+    norm and the lm_head. Calls per cycle = k x calls per forward; names carry "draft: ".
+
+    (SGLang's EAGLE runs one of these k forwards, the draft extend after a verify, at B x (k+1)
+    rows; at the batch sizes where speculation pays it costs about the same as B rows.)
+    """
+    B, L, tp, k = spec.batch, spec.actual_ctx, spec.tp, spec.k
+    counts = NEXTN_LAYER_COUNTS
+    tok = attention_tokens("window", L)
+    one: List[Op] = []
+    for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
+        key = f"attn:window:B{B}:H{heads}:w0:v0"
+        params = _params(kind="window", rows=B, heads=heads, width_extra=0, valid_extra=0, prefill=False, reps=1)
+        one.append(_variant(attention_op("window", B, N_HEADS // tp, B * tok, 1, key, params), variant))
+    one.append(moe_op(B, 1, tp))
+    one.extend(o for o in linear_ops(B, counts, tp) if o.count)
+    one.append(fp8_gemm("NextN e_proj (FP8)", B, HIDDEN, HIDDEN, 1))
+    one.append(fp8_gemm("NextN h_proj (FP8)", B * HC_MULT, HIDDEN, HIDDEN, 1))
+    one.extend(mhc_ops(B, n_layers=1))
+    glue = [o for o in glue_ops(B, counts, prefill=False, tp=tp) if o.count]
+    one.extend(glue)
+    one.append(glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", B * HC_MULT, 1,
+                       ((B * HC_MULT * HIDDEN * 2 + HIDDEN * 2, B * HC_MULT * HIDDEN * 2),), "rmsnorm", HIDDEN))
+    one.append(lm_head_op(B, tp))
+    out = []
+    for o in one:
+        name = "draft: " + o.name + (" (hnorm, 4B rows)" if o.key.startswith("glue:rms4096") and
+                                     o.p["rows"] != B else "")
+        calls = o.count + (1 if o.key.startswith("glue:rms4096") and o.p["rows"] == B else 0)  # + enorm
+        out.append(Op(name, o.group, o.key, calls * k, o.bytes, o.flops, o.params, o.patch, o.fallback))
+    return out
 
 
 def prefill_ops(spec: StepSpec) -> List[Op]:
@@ -311,7 +494,7 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
     extend mode cover the request's own pages, so the indexer scans T/4 positions per row.
     """
     counts = layer_counts()
-    T = spec.batch
+    T, tp = spec.batch, spec.tp
     if T > PREFILL_EXTEND_ROWS_MAX:
         raise ValueError(f"chunk of {T} tokens exceeds the sm_120 extend path ({PREFILL_EXTEND_ROWS_MAX} rows)")
     ops: List[Op] = []
@@ -321,16 +504,18 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
         for variant, heads in (("upstream", spec.heads_upstream), ("patched", spec.heads_patched)):
             key = f"attn-prefill:{kind}:T{T}:H{heads}"
             params = _params(kind=kind, rows=T, heads=heads, prefill=True)
-            ops.append(_variant(attention_op(kind, T, N_HEADS // TP, tok, counts[kind], key, params, distinct), variant))
+            ops.append(_variant(attention_op(kind, T, N_HEADS // tp, tok, counts[kind], key, params, distinct), variant))
     c4_width = math.ceil(T / RAW_PAGE) * INDEX_PAGE
     mean_c4 = sum((t + 1) // 4 for t in range(T)) / T
     ops.append(indexer_op(T, c4_width, mean_c4, counts["c4"], f"idx-prefill:T{T}",
                           _params(rows=T, configured_ctx=math.ceil(T / RAW_PAGE) * RAW_PAGE, actual_ctx=T,
                                   prefill=True), distinct_keys=T // 4))
     ops.append(topk_op(T, c4_width, counts["c4"], T // 4))
-    ops.append(moe_op(T, counts["all"]))
-    ops.extend(linear_ops(T, counts))
-    ops.append(lm_head_op(1))
+    ops.append(moe_op(T, counts["all"], tp))
+    ops.extend(linear_ops(T, counts, tp))
+    ops.extend(mhc_ops(T))
+    ops.extend(glue_ops(T, counts, prefill=True, tp=tp))
+    ops.append(lm_head_op(1, tp))
     return ops
 
 
@@ -351,7 +536,11 @@ def _variant(op: Op, variant: str) -> Op:
 
 
 def step_ops(spec: StepSpec) -> List[Op]:
-    return prefill_ops(spec) if spec.phase == "prefill" else decode_ops(spec)
+    if spec.phase == "prefill":
+        return prefill_ops(spec)
+    if spec.phase == "verify":
+        return decode_ops(spec) + draft_ops(spec)
+    return decode_ops(spec)
 
 
 def ops_for_path(ops: Iterable[Op], path: str) -> List[Op]:
@@ -371,40 +560,51 @@ class Estimate:
     source: str
 
 
-# NCCL all-reduce at TP4 over PCIe: the custom all-reduce is off for > 2 PCIe GPUs
-# (custom_all_reduce_utils.py ~465-471). 2 per layer + 1 (vocab-parallel logits).
+# 2 all-reduces per layer (after attention's wo_b and after the MoE) + 1 for the vocab-parallel logits.
 ALLREDUCE_PER_STEP = 2 * N_LAYERS + 1
-ALLREDUCE_LAT_US = 30.0  # decode-step-sm120.md: 25-40 µs each at B=1
-ALLREDUCE_BUS_BW = 20e9  # assumed NCCL ring bus bandwidth over PCIe Gen5 between 4 GPUs (not measured)
-# mHC pre/post + untimed glue (norms, RoPE, cache writes, compressor JIT kernels) per layer:
-# decode-step-sm120.md's step budget has 3.6 ms per step at B=1 and 5.6 ms at B=16.
-MHC_US_B1 = 3600.0 / N_LAYERS
-MHC_US_PER_EXTRA_TOKEN = (5600.0 - 3600.0) / N_LAYERS / 15
-# Prefill: mHC streams the 4-way hyper-connection residual; ~600 KB per token per layer (two pre:
-# bf16 read + fp32 copy + mixed write, two post: read x + residual, write residual).
-MHC_PREFILL_BYTES_PER_TOKEN = 600e3
+# Public measurements on 4x RTX PRO 6000 over PCIe (local-inference-lab/rtx6kpro,
+# optimization/pcie-oneshot-allreduce.md): µs per all-reduce at 8 / 16 / 32 / 64 KB, NCCL and a one-shot
+# all-reduce over CUDA IPC (what SGLang's custom all-reduce does for 2 GPUs). Past 64 KB the bytes are
+# added at an assumed bus bandwidth (not measured: NCCL ring 20 GB/s, P2P reads 25 GB/s).
+AR_NCCL_PCIE_US = ((8192, 13.9), (16384, 14.7), (32768, 15.6), (65536, 71.2))
+AR_ONESHOT_PCIE_US = ((8192, 6.4), (16384, 7.7), (32768, 9.2), (65536, 11.8))
+AR_NCCL_BUS_BW = 20e9
+AR_P2P_BW = 25e9
+# SGLang uses its custom all-reduce only for 2 PCIe GPUs (or full NVLink) and messages <= 8 MiB
+# (distributed/device_communicators/custom_all_reduce.py `should_custom_ar`, `_MAX_CAR_SIZE`).
+CUSTOM_AR_MAX_BYTES = 8192 * 1024
 
 
-def estimates(phase: str, rows: int) -> List[Estimate]:
-    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops).
-
-    All-reduce of `rows` x 4096 bf16 at TP4: 30 µs latency (decode-step-sm120.md, 25-40 µs at
-    B=1) + 2(n-1)/n x bytes over an assumed 20 GB/s bus bandwidth. mHC + glue: decode, the line
-    through that document's 3.6 ms (B=1) and 5.6 ms (B=16) per step; prefill, 600 KB per token
-    per layer at the RTX PRO 6000's bandwidth on top of the B=1 latency.
-    """
-    msg = rows * HIDDEN * 2
-    ar = ALLREDUCE_LAT_US + 2 * (TP - 1) / TP * msg / ALLREDUCE_BUS_BW * 1e6
-    if phase == "prefill":
-        mhc = MHC_US_B1 + rows * MHC_PREFILL_BYTES_PER_TOKEN / BW_RTX6000 * 1e6
-        mhc_src = "estimate: B=1 latency from decode-step-sm120.md + 600 KB/token/layer at 1.792 TB/s"
+def allreduce_us(msg_bytes: int, tp: int) -> Tuple[float, str]:
+    """(µs, which all-reduce) of one bf16 all-reduce of `msg_bytes` over `tp` PCIe GPUs."""
+    if tp <= 1:
+        return 0.0, "none (one GPU)"
+    custom = tp == 2 and msg_bytes <= CUSTOM_AR_MAX_BYTES
+    table, bw = (AR_ONESHOT_PCIE_US, AR_P2P_BW) if custom else (AR_NCCL_PCIE_US, AR_NCCL_BUS_BW)
+    if msg_bytes <= table[0][0]:
+        us = table[0][1]
+    elif msg_bytes <= table[-1][0]:
+        us = interp(table, msg_bytes)
     else:
-        mhc = MHC_US_B1 + MHC_US_PER_EXTRA_TOKEN * (rows - 1)
-        mhc_src = "estimate: decode-step-sm120.md step budget (3.6 ms B=1, 5.6 ms B=16), linear in B"
-    return [
-        Estimate("NCCL all-reduce over PCIe (TP4)", ALLREDUCE_PER_STEP, ar,
-                 "estimate: 30 us latency (decode-step-sm120.md) + bytes at an assumed 20 GB/s bus bandwidth"),
-        Estimate("mHC pre/post (TileLang) + norms/RoPE/cache-write glue", N_LAYERS, mhc, mhc_src),
+        us = table[-1][1] + 2 * (tp - 1) / tp * (msg_bytes - table[-1][0]) / bw * 1e6
+    return us, ("SGLang custom all-reduce (one-shot, CUDA IPC)" if custom else "NCCL")
+
+
+def estimates(phase: str, rows: int, tp: int = TP, draft_rows: int = 0, draft_steps: int = 0) -> List[Estimate]:
+    """Per-step costs this single-GPU run cannot time (shown apart from the timed ops): the all-reduce
+    of `rows` x 4096 bf16, 87 per step, over `tp` PCIe GPUs (see `allreduce_us`); a verify cycle adds
+    3 per draft forward (its layer's 2 + the logits) at `draft_rows`."""
+    us, kind = allreduce_us(rows * HIDDEN * 2, tp)
+    extra = []
+    if draft_steps:
+        dus, _ = allreduce_us(draft_rows * HIDDEN * 2, tp)
+        extra.append(Estimate(f"draft: all-reduce over PCIe (TP{tp})", 3 * draft_steps, dus,
+                              "estimate: as the target's all-reduce, at the draft's rows"))
+    return extra + [
+        Estimate(f"{'NCCL all-reduce' if kind == 'NCCL' else 'SGLang custom all-reduce'} over PCIe (TP{tp})",
+                 ALLREDUCE_PER_STEP, us,
+                 f"estimate: {kind}, 4x RTX PRO 6000 PCIe measurements (local-inference-lab/rtx6kpro) for <= 64 KB, "
+                 f"+ bytes at an assumed {(AR_P2P_BW if 'custom' in kind else AR_NCCL_BUS_BW) / 1e9:.0f} GB/s beyond"),
     ]
 
 
@@ -424,6 +624,9 @@ class OpLine:
     bytes_call: int
     flops_call: int
     source: str  # "upstream", "ours: <module>", "no patch yet", ...
+    estimated: bool = False  # µs from the op's labelled fallback estimate, not timed here
+    rtx_lo_ms: float = float("nan")  # the RTX PRO 6000 range of this op per step (see `rtx_range_us`)
+    rtx_hi_ms: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -436,11 +639,12 @@ class Composition:
 
     @property
     def timed_ms(self) -> float:
-        return sum(ln.ms_step for ln in self.lines)
+        return sum(ln.ms_step for ln in self.lines if not ln.estimated)
 
     @property
     def estimate_ms(self) -> float:
-        return sum(e.count * e.us_per_call for e in self.estimates) / 1e3
+        return (sum(e.count * e.us_per_call for e in self.estimates) / 1e3
+                + sum(ln.ms_step for ln in self.lines if ln.estimated))
 
     @property
     def total_ms(self) -> float:
@@ -448,15 +652,43 @@ class Composition:
 
     @property
     def floor_rtx_ms(self) -> float:
-        return sum(ln.floor_rtx_ms for ln in self.lines)
+        return sum(ln.floor_rtx_ms for ln in self.lines if not ln.estimated)
 
     @property
     def floor_gpu_ms(self) -> float:
-        return sum(ln.floor_gpu_ms for ln in self.lines)
+        return sum(ln.floor_gpu_ms for ln in self.lines if not ln.estimated)
+
+    @property
+    def rtx_range_ms(self) -> Tuple[float, float]:
+        """(low, high) ms of this step on one RTX PRO 6000: every line's range + the estimates."""
+        est = sum(e.count * e.us_per_call for e in self.estimates) / 1e3
+        return (sum(ln.rtx_lo_ms for ln in self.lines) + est, sum(ln.rtx_hi_ms for ln in self.lines) + est)
+
+    def rtx_tok_s_range(self) -> Tuple[float, float]:
+        """(low, high) tok/s on one RTX PRO 6000 (low from the slow end of the step range)."""
+        lo, hi = self.rtx_range_ms
+        return self.tokens_per_step / (hi / 1e3), self.tokens_per_step / (lo / 1e3)
 
     def tok_s(self, include_estimates: bool = True) -> float:
         ms = self.total_ms if include_estimates else self.timed_ms
         return self.tokens_per_step / (ms / 1e3) if ms > 0 else float("nan")
+
+
+def rtx_range_us(op: Op, us: float, gpu: Machine, rtx: Machine = RTX6000) -> Tuple[float, float]:
+    """What one call may cost on an RTX PRO 6000, from its time on the GPU that ran it.
+
+    Low end: the measured time, but never under the op's bytes/FLOPs floor on the RTX card (a
+    launch-bound op keeps its time). High end: the measured time scaled by the bandwidth ratio when
+    the op is bytes-bound on the RTX card, by the tensor-rate ratio when it is FLOPs-bound (the whole
+    measured time slows as the bounding resource does; a launch-bound op lands nearer the low end).
+    """
+    lo = max(us, op.floor_us(rtx))
+    fp8 = op.group in ("fp8_gemm", "indexer")
+    rate_gpu = gpu.fp8_flops if fp8 else gpu.bf16_flops
+    rate_rtx = rtx.fp8_flops if fp8 else rtx.bf16_flops
+    flops_bound = bool(op.flops) and rate_rtx == rate_rtx and op.flops / rate_rtx > op.bytes / rtx.bw
+    ratio = rate_gpu / rate_rtx if flops_bound and rate_gpu == rate_gpu else gpu.bw / rtx.bw
+    return lo, max(lo, us * ratio)
 
 
 def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str, str], float],
@@ -469,21 +701,44 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
     lines = []
     for op in ops_for_path(ops, path):
         t = us[(op.key, path)]
+        src = sources.get((op.key, path), path)
+        est = src.startswith("estimate")
+        lo, hi = (t, t) if est else rtx_range_us(op, t, gpu)
         lines.append(OpLine(op.name, op.group, op.key, op.count, t, t * op.count / 1e3,
                             op.floor_us(RTX6000) * op.count / 1e3, op.floor_us(gpu) * op.count / 1e3,
-                            op.bytes, op.flops, sources.get((op.key, path), path)))
-    rows = spec.batch
-    tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens
-    return Composition(spec, path, tuple(lines), tuple(estimates(spec.phase, rows)), tokens)
+                            op.bytes, op.flops, src, estimated=est, rtx_lo_ms=lo * op.count / 1e3,
+                            rtx_hi_ms=hi * op.count / 1e3))
+    tokens = spec.batch  # decode: one token per request; prefill: the chunk's tokens; verify: see spec_table
+    extra = estimates(spec.phase, spec.rows, spec.tp, spec.batch, spec.k if spec.phase == "verify" else 0)
+    return Composition(spec, path, tuple(lines), tuple(extra), tokens)
 
 
-def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int) -> List[StepSpec]:
-    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched)
+def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int,
+                 tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched, tp=tp)
             for c in contexts for b in batches]
 
 
-def prefill_specs(chunks: Iterable[int], heads_patched: int) -> List[StepSpec]:
-    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched) for t in chunks]
+def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
+
+
+ACCEPT_LENGTHS = (1.5, 2.0, 2.5, 3.1)  # mean tokens emitted per verify (incl. the bonus token)
+
+
+def verify_specs(batches: Iterable[int], ks: Iterable[int], context: int, actual_ctx: int, heads_patched: int,
+                 tp: int = TP) -> List[StepSpec]:
+    return [StepSpec("verify", b, context, min(actual_ctx, context), heads_patched=heads_patched, tp=tp, k=k)
+            for k in ks for b in batches]
+
+
+def spec_tok_s(cycle_ms: float, batch: int, accept: float, k: int) -> Tuple[float, float]:
+    """(per stream, aggregate) tok/s of speculative decoding: each cycle (k drafts + one verify)
+    emits `accept` tokens per request on average; NaN when `accept` exceeds the k+1 a cycle can emit."""
+    if accept > k + 1 or cycle_ms <= 0:
+        return float("nan"), float("nan")
+    per = accept / (cycle_ms / 1e3)
+    return per, per * batch
 
 
 def unique_ops(specs: Iterable[StepSpec]) -> Dict[str, Op]:

@@ -18,6 +18,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from v4flash_kernels import upstream as _up
 from v4flash_kernels.step import model as M
@@ -115,18 +117,49 @@ def upstream_attention():
     return _up.load_upstream()
 
 
-# Our patches: (module, function); absent modules mean "no patch yet", not an error.
-PATCHES = {
-    "attention": ("v4flash_kernels.attention.op", "sparse_mla_decode"),
-    "moe": ("v4flash_kernels.moe.op", "mxfp4_moe_forward"),
-    "indexer": ("v4flash_kernels.indexer.op", "fp8_paged_mqa_logits"),
+@dataclass(frozen=True)
+class Hook:
+    """One op's two implementations: what upstream runs on sm_120 (for the report) and where ours
+    lives, `(module, attribute)`, called with upstream's exact signature (a drop-in), or None."""
+
+    upstream: str
+    ours: Tuple[str, str] | None
+
+
+# The one table the lead edits when a patch lands: an absent module (or None) is "no patch yet".
+HOOKS: Dict[str, Hook] = {
+    "attention": Hook("flash_mla_sm120_triton.flash_mla_sparse_decode_triton",
+                      ("v4flash_kernels.attention.op", "sparse_mla_decode")),
+    "moe": Hook("mxfp4_moe_sm120_triton.mxfp4_moe_forward_triton", ("v4flash_kernels.moe.op", "mxfp4_moe_forward")),
+    "indexer": Hook("dsv4/indexer.py::fp8_paged_mqa_logits_torch_sm120",
+                    ("v4flash_kernels.indexer.op", "fp8_paged_mqa_logits")),
+    # DeepseekV4DecoderLayer.hc_pre(self, x, hc_fn, hc_scale, hc_base, norm=None) -> (y, post, comb, fused)
+    "mhc_pre": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_pre", ("v4flash_kernels.mhc.op", "hc_pre")),
+    # DeepseekV4DecoderLayer.hc_post(self, x, residual, post, comb) -> new residual
+    "mhc_post": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_post", ("v4flash_kernels.mhc.op", "hc_post")),
+    # the whole linear the sm_120 dispatch returns: triton_w8a8_block_fp8_linear(input, weight, block_size,
+    # weight_scale, input_scale=None, bias=None) = activation group-quant + w8a8_block_fp8_matmul_triton
+    "fp8_gemm": Hook("quantization/fp8_utils.py::triton_w8a8_block_fp8_linear (group quant + Triton GEMM, "
+                     "default config)", ("v4flash_kernels.fp8_gemm.op", "w8a8_block_fp8_linear")),
+    # topk_transform_512(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+    "topk": Hook("jit_kernel/dsv4/topk.py::topk_transform_512 (JIT; timed as a torch.topk proxy)",
+                 ("v4flash_kernels.topk.op", "topk_transform_512")),
 }
+# Kept for callers that patch one entry: kind -> (module, attribute).
+PATCHES = {k: h.ours for k, h in HOOKS.items() if h.ours is not None}
 
 
 def patch_function(kind: str) -> Tuple[Callable | None, str]:
     """(our function or None, why): None with "no patch yet" when its module does not exist."""
-    mod_name, attr = PATCHES[kind]
-    if importlib.util.find_spec(mod_name) is None:
+    entry = PATCHES.get(kind)
+    if entry is None:
+        return None, "no patch yet"
+    mod_name, attr = entry
+    try:
+        found = importlib.util.find_spec(mod_name) is not None
+    except ModuleNotFoundError:  # the parent package is missing too
+        found = False
+    if not found:
         return None, "no patch yet"
     try:
         mod = importlib.import_module(mod_name)
@@ -194,7 +227,7 @@ def act_quant_ref(x: torch.Tensor, group: int = 128) -> torch.Tensor:
     return (q.double() * s.double()).view(m, k)
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool = False):
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """sglang's `triton_w8a8_block_fp8_linear` on sm_120: group-quantize x, then the Triton matmul.
 
     The activation quant runs upstream's Triton `_per_token_group_quant_8bit` (the CUDA build uses
@@ -206,8 +239,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, with_act: bool
     xs = torch.empty((m, k // 128), dtype=torch.float32, device=x.device)
     mod._per_token_group_quant_8bit[(m * (k // 128),)](
         x, xq, xs, 128, 128, 1e-10, -448.0, 448.0, BLOCK=128, num_warps=1, num_stages=1)
-    out = mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
-    return (out, xq, xs) if with_act else out
+    return mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
 
 
 def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -217,23 +249,30 @@ def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     r = rotations(n * k, l2)
     ws = [fp8_weight(n, k, g) for _ in range(r)]
     x = _randn((m, k), g)
+    src = "upstream group quant + Triton _w8a8_block_fp8_matmul, default config"
+    if impl == "upstream":
+        def linear(w, s):
+            return fp8_linear(x, w, s)
+    else:
+        ours, src = patch_function("fp8_gemm")  # the linear itself: quant fused into the GEMM
+        if ours is None:
+            raise Unavailable(src)
+
+        def linear(w, s):
+            return ours(x, w, [128, 128], s)
 
     def run() -> None:
         for w, s in ws:
-            fp8_linear(x, w, s)
+            linear(w, s)
 
     def check() -> Check:
-        """Both halves of the linear: the activation quant vs its definition, the GEMM vs fp64 on the
-        same quantized operands."""
+        """The linear against fp64 on the activation quantized by its definition (group 128, e4m3)."""
         w, s = ws[0]
-        out, xq, xs = fp8_linear(x, w, s, with_act=True)
-        xd = (xq.double().view(m, k // 128, 128) * xs.double().unsqueeze(-1)).view(m, k)
         wd = w.double() * s.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        e_quant = rel_err(xd, act_quant_ref(x))
-        e_mm = rel_err(out, xd @ wd.t())
-        return check_of(max(e_quant, e_mm), f"act quant {e_quant:.1e}, gemm {e_mm:.1e}")
+        e = rel_err(linear(w, s), act_quant_ref(x) @ wd.t())
+        return check_of(e, f"linear vs fp64 of the group-quantized activation {e:.1e}")
 
-    return Prepared(run, r, check, "upstream Triton _w8a8_block_fp8_matmul, default config (no patch)")
+    return Prepared(run, r, check, src)
 
 
 # ---------------------------------------------------------------- bf16 GEMMs (torch / cuBLAS)
@@ -292,7 +331,32 @@ def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     else:
         case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=int(p["width_extra"]), extra_page_size=2,
                     extra_dense=True, ctx_tokens=int(p["valid_extra"]))
-    return make_inputs(case, device=DEVICE, seed=seed)
+    return expand_rows(make_inputs(case, device=DEVICE, seed=seed), int(p.get("reps", 1)), seed)
+
+
+def expand_rows(kw: dict, reps: int, seed: int) -> dict:
+    """A verify step: each request's row repeated `reps` times (its k+1 draft positions) with fresh q,
+    the same indices (one cache, read by all its rows) and consecutive lengths where the index width
+    leaves room (a row's window and compressed tokens grow by one position per draft token)."""
+    if reps == 1:
+        return kw
+    out = dict(kw)
+    g = _gen(seed + 7)
+    step = torch.arange(reps, device=DEVICE, dtype=torch.int32).repeat(kw["q"].shape[0])
+    out["q"] = _randn((kw["q"].shape[0] * reps, *kw["q"].shape[1:]), g)
+    for key in ("indices", "extra_indices"):
+        if kw.get(key) is not None:
+            out[key] = kw[key].repeat_interleave(reps, dim=0).contiguous()
+    for key, idx in (("topk_length", "indices"), ("extra_topk_length", "extra_indices")):
+        if kw.get(key) is not None:
+            base = kw[key].repeat_interleave(reps)
+            width = kw[idx].shape[-1]
+            grown = torch.minimum(base + step, torch.full_like(base, width))
+            # a grown slot must hold a real token: keep the base length where the next index is -1
+            nxt = torch.gather(out[idx].view(out[idx].shape[0], -1), 1,
+                               (grown - 1).clamp(min=0).long().view(-1, 1)).view(-1)
+            out[key] = torch.where((grown > base) & (nxt < 0), base, grown).to(torch.int32).contiguous()
+    return out
 
 
 def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
@@ -380,7 +444,7 @@ def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         if fn is None:
             raise Unavailable(why)
         src = f"{why}, all {heads} heads"
-        if heads < M.N_HEADS:  # the registry's TP adapter: rank 0 of 4 computes heads 0..15
+        if heads < M.N_HEADS:  # the registry's TP adapter: rank 0 of TP computes heads 0..64/TP-1
             from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
 
             fn = make_tp_aware(fn, read=lambda: AttnTp(0, M.N_HEADS // heads))
@@ -437,6 +501,13 @@ def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
     q = torch.randn((rows, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
     w = torch.randn((rows, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     # the caller passes c4 seq lens as [rows, 1] (indexer.py: `_c4sl.unsqueeze(-1)`)
+    reps = int(p.get("reps", 1))
+    if reps > 1:  # verify: a request's k+1 rows read its pages at consecutive lengths (c4 length of L+j)
+        pt = pt.repeat_interleave(reps, dim=0).contiguous()
+        j = torch.arange(reps, device=DEVICE, dtype=torch.int32).repeat(rows)
+        seq = ((actual + j) // 4).to(torch.int32).clamp(max=used * M.INDEX_PAGE)
+        q = torch.randn((rows * reps, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
+        w = torch.randn((rows * reps, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     return {"q_fp8": q, "kvcache_fp8": kv, "weight": w, "seq_lens": seq.clamp(min=1).unsqueeze(-1), "page_table": pt,
                 "deep_gemm_metadata": None, "max_seq_len": width * M.INDEX_PAGE, "clean_logits": False}
 
@@ -497,10 +568,11 @@ def build_indexer(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 
 def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    """torch.topk over each row's valid prefix: a stand-in for the JIT radix `topk_transform_512`
-    (topk_v1.cuh: one CTA per row over its first seq_len scores, plus the page translation), which
-    needs sglang's JIT toolchain. The rows here share one length (decode) or the chunk's longest
-    (prefill, an upper bound)."""
+    """Upstream: torch.topk over each row's valid prefix, a stand-in for the JIT radix
+    `topk_transform_512` (topk_v1.cuh: one CTA per row over its first seq_len scores, plus the page
+    translation), which needs SGLang's CUDA JIT. Ours: the drop-in, called as the indexer calls the
+    JIT kernel (scores, c4 seq lens, page table, out page indices, page size 64, out raw indices).
+    The rows share one length (decode) or the chunk's longest (prefill, an upper bound)."""
     p = op.p
     rows, width, valid = int(p["rows"]), int(p["width"]), int(p["valid"])
     g = _gen(seed)
@@ -508,20 +580,49 @@ def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     logits[:, valid:] = float("-inf")
     head = logits[:, :valid]
     k = min(M.INDEX_TOPK, valid)
+    if impl == "upstream":
+        def call():
+            return torch.topk(head, k, dim=1, largest=True, sorted=False)
 
-    def call():
-        return torch.topk(head, k, dim=1, largest=True, sorted=False)
+        def check() -> Check:
+            vals, idx = call()
+            ref = torch.sort(logits, dim=1, descending=True).values[:, :k]
+            got = torch.sort(vals, dim=1, descending=True).values
+            ok = torch.equal(torch.gather(logits, 1, idx), vals) and bool(torch.isfinite(got).all())
+            return check_of(rel_err(got, ref) if ok else float("nan"))
 
-    def check() -> Check:
-        vals, idx = call()
+        return Prepared(lambda: call(), 1, check, "proxy: torch.topk over the valid prefix (JIT topk_transform_512 "
+                        "needs SGLang's CUDA JIT)")
+    fn, why = patch_function("topk")
+    if fn is None:
+        raise Unavailable(why)
+    pages = math.ceil(width / M.INDEX_PAGE)
+    table = torch.randperm(rows * pages, generator=g, device=DEVICE).to(torch.int32).view(rows, pages)
+    seq = torch.full((rows,), valid, dtype=torch.int32, device=DEVICE)
+    out_pages = torch.empty((rows, M.INDEX_TOPK), dtype=torch.int32, device=DEVICE)
+    out_raw = torch.empty((rows, M.INDEX_TOPK), dtype=torch.int32, device=DEVICE)
+
+    def call2() -> None:
+        fn(logits, seq, table, out_pages, M.INDEX_PAGE, out_raw)
+
+    def check2() -> Check:
+        out_pages.fill_(-7)
+        out_raw.fill_(-7)
+        call2()
+        _sync()
+        raw = out_raw[:, :k].long()
+        if bool((raw < 0).any()) or bool((raw >= valid).any()):
+            return Check(False, float("nan"), "raw index outside the row's valid prefix")
+        got = torch.sort(torch.gather(logits, 1, raw), dim=1, descending=True).values
         ref = torch.sort(logits, dim=1, descending=True).values[:, :k]
-        got = torch.sort(vals, dim=1, descending=True).values
-        ok = torch.equal(torch.gather(logits, 1, idx), vals) and bool(torch.isfinite(got).all())
-        err = rel_err(got, ref) if ok else float("nan")
-        return check_of(err)
+        want_pages = torch.gather(table.long(), 1, raw // M.INDEX_PAGE) * M.INDEX_PAGE + raw % M.INDEX_PAGE
+        if not torch.equal(out_pages[:, :k].long(), want_pages):
+            return Check(False, float("nan"), "page translation differs")
+        if k < M.INDEX_TOPK and not bool((out_pages[:, k:] == -1).all()):
+            return Check(False, float("nan"), "slots past the row's length are not -1")
+        return check_of(rel_err(got, ref))
 
-    return Prepared(lambda: call(), 1, check, "proxy: torch.topk over the valid prefix (JIT topk_transform_512 "
-                    "not buildable here)")
+    return Prepared(call2, 1, check2, why)
 
 
 # ---------------------------------------------------------------- routed MoE (MXFP4)
@@ -554,10 +655,10 @@ def moe_ref(x, w13, w2, s13, s2, ids, weights, rows: List[int]) -> torch.Tensor:
     return out * ROUTED_SCALING
 
 
-def moe_weights(seed: int):
-    """All 256 experts of one layer at TP4 in the pinned load path's layout: int8 nibbles, fp32 scales."""
+def moe_weights(seed: int, tp: int = M.TP):
+    """All 256 experts of one layer at `tp` in the pinned load path's layout: int8 nibbles, fp32 scales."""
     g = _gen(seed)
-    inter = M.MOE_INTER // M.TP
+    inter = M.MOE_INTER // tp
     E, K = M.N_EXPERTS, M.HIDDEN
     w13 = torch.randint(-128, 128, (E, 2 * inter, K // 2), generator=g, device=DEVICE, dtype=torch.int8)
     w2 = torch.randint(-128, 128, (E, K, inter // 2), generator=g, device=DEVICE, dtype=torch.int8)
@@ -570,10 +671,11 @@ _moe_w: Dict[int, tuple] = {}
 
 
 def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    m = int(op.p["m"])
-    if 0 not in _moe_w:  # one expert set reused by every MoE shape (806 MB + scales, far past L2)
-        _moe_w[0] = moe_weights(seed)
-    w13, w2, s13, s2 = _moe_w[0]
+    m, tp = int(op.p["m"]), int(op.p.get("tp", M.TP))
+    if tp not in _moe_w:  # one expert set per TP reused by every MoE shape (806 MB + scales at TP4, far past L2)
+        _moe_w.clear()  # the run orders shapes by TP, so one set is resident at a time
+        _moe_w[tp] = moe_weights(seed, tp)
+    w13, w2, s13, s2 = _moe_w[tp]
     g = _gen(seed + 1)
     r = 8 if m == 1 else (2 if m <= 16 else 1)  # routing sets per replay, so B=1 does not hit L2
     x = _randn((m, M.HIDDEN), g)
@@ -593,7 +695,7 @@ def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
     def one(ids, wts):
         return fn(hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2, topk_ids=ids,
-                  topk_weights=wts, hidden_size=M.HIDDEN, intermediate_size=M.MOE_INTER // M.TP,
+                  topk_weights=wts, hidden_size=M.HIDDEN, intermediate_size=M.MOE_INTER // tp,
                   routed_scaling_factor=ROUTED_SCALING, clamp_limit=SWIGLU_LIMIT)
 
     def run() -> None:
@@ -611,11 +713,216 @@ def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     return Prepared(run, r, check, src)
 
 
+
+# ---------------------------------------------------------------- mHC (hyper-connections)
+
+
+def upstream_mhc():
+    """The pinned `DeepseekV4DecoderLayer.hc_pre` / `hc_post` (their TileLang kernels included) as
+    functions of a stand-in layer, compiled once at one token so that a machine without a working
+    TileLang says so once (`Unavailable`, the op falls back to its labelled estimate)."""
+    if "mhc" in _loaded:
+        got = _loaded["mhc"]
+        if isinstance(got, Unavailable):
+            raise got
+        return got
+    try:
+        mod = _up.load_dsv4_mhc_methods()
+        layer = mhc_layer()
+        x = torch.randn((1, M.HC_MULT, M.HIDDEN), device=DEVICE).to(torch.bfloat16)
+        fn, scale, base = mhc_params(torch.Generator(device=DEVICE).manual_seed(0))
+        _y, post, comb, _ = mod.hc_pre(layer, x, fn, scale, base)
+        mod.hc_post(layer, x[:, 0].contiguous(), x, post, comb)
+        _sync()
+    except Exception as exc:
+        err = Unavailable(f"TileLang mHC unavailable here: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        _loaded["mhc"] = err
+        raise err from exc
+    _loaded["mhc"] = mod
+    return mod
+
+
+def mhc_layer():
+    """The attributes `hc_pre`/`hc_post` read from the layer (DeepSeek-V4-Flash config)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(hc_mult=M.HC_MULT, hc_sinkhorn_iters=M.HC_SINKHORN_ITERS, hc_eps=M.HC_EPS,
+                           rms_norm_eps=M.RMS_EPS)
+
+
+def mhc_params(gen) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 hc_fn [24, 4*4096] scaled so the mixing logits are O(1), hc_scale [3], hc_base [24]."""
+    k = M.HC_MULT * M.HIDDEN
+    fn = torch.randn((M.HC_MIX, k), generator=gen, device=DEVICE) * k ** -0.5
+    scale = torch.rand((3,), generator=gen, device=DEVICE) * 0.5 + 0.75
+    base = torch.randn((M.HC_MIX,), generator=gen, device=DEVICE) * 0.5
+    return fn, scale, base
+
+
+def mhc_pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor):
+    """fp64 hyper-connection pre from its definition: RMS-normalised mix logits of the flattened
+    residual, pre = sigmoid + eps, post = 2 sigmoid, comb = row-softmax + eps then 20 alternating
+    column/row normalisations (each divisor + eps), y = sum_j pre_j x_j."""
+    n, hc, _ = x.shape
+    xf = x.double().reshape(n, -1)
+    rs = torch.rsqrt(xf.square().mean(-1, keepdim=True) + M.RMS_EPS)
+    mix = (xf @ fn.double().t()) * rs
+    sc, bs, eps = scale.double(), base.double(), M.HC_EPS
+    pre = torch.sigmoid(mix[:, :hc] * sc[0] + bs[:hc]) + eps
+    post = 2 * torch.sigmoid(mix[:, hc:2 * hc] * sc[1] + bs[hc:2 * hc])
+    comb = (mix[:, 2 * hc:] * sc[2] + bs[2 * hc:]).view(n, hc, hc)
+    comb = torch.softmax(comb, dim=-1) + eps
+    comb = comb / (comb.sum(1, keepdim=True) + eps)
+    for _ in range(M.HC_SINKHORN_ITERS - 1):
+        comb = comb / (comb.sum(2, keepdim=True) + eps)
+        comb = comb / (comb.sum(1, keepdim=True) + eps)
+    y = (pre.unsqueeze(-1) * x.double()).sum(1)
+    return y, post, comb
+
+
+def mhc_post_ref(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """new_residual[j] = post_j x + sum_k comb[k, j] residual[k] (fp64)."""
+    return post.double().unsqueeze(-1) * x.double().unsqueeze(1) + torch.einsum(
+        "nkj,nkh->njh", comb.double(), residual.double())
+
+
+def build_mhc(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
+    kind, rows = str(op.p["kind"]), int(op.p["rows"])
+    hook = "mhc_pre" if kind == "pre" else "mhc_post"
+    if impl == "upstream":
+        mod = upstream_mhc()
+        fn_impl = mod.hc_pre if kind == "pre" else mod.hc_post
+        src = ("upstream hc_pre: torch.compile'd norm + fp32 mix GEMV, TileLang hc_split_sinkhorn, torch combine"
+               if kind == "pre" else "upstream hc_post: TileLang mhc_post")
+    else:
+        fn_impl, why = patch_function(hook)
+        if fn_impl is None:
+            raise Unavailable(why)
+        src = why
+    layer = mhc_layer()
+    g = _gen(seed)
+    x = _randn((rows, M.HC_MULT, M.HIDDEN), g)
+    r = rotations(M.HC_MIX * M.HC_MULT * M.HIDDEN * 4, l2) if kind == "pre" else 1
+    params = [mhc_params(g) for _ in range(r)]
+    fn0, scale0, base0 = params[0]
+    _y, post_ref, comb_ref = mhc_pre_ref(x, fn0, scale0, base0)
+    post_in, comb_in = post_ref.float(), comb_ref.float()
+    sub = _randn((rows, M.HIDDEN), g)
+
+    if kind == "pre":
+        def run() -> None:
+            for fn, scale, base in params:
+                fn_impl(layer, x, fn, scale, base)
+
+        def check() -> Check:
+            y, post, comb, _ = fn_impl(layer, x, fn0, scale0, base0)
+            _sync()
+            ry, rp, rc = mhc_pre_ref(x, fn0, scale0, base0)
+            errs = (rel_err(y, ry), rel_err(post.reshape(rp.shape), rp), rel_err(comb.reshape(rc.shape), rc))
+            return check_of(max(errs), "y {:.1e}, post {:.1e}, comb {:.1e}".format(*errs))
+    else:
+        def run() -> None:
+            fn_impl(layer, sub, x, post_in, comb_in)
+
+        def check() -> Check:
+            out = fn_impl(layer, sub, x, post_in, comb_in)
+            _sync()
+            return check_of(rel_err(out, mhc_post_ref(sub, x, post_in, comb_in)))
+
+    return Prepared(run, r, check, src)
+
+
+# ---------------------------------------------------------------- glue (norms, RoPE, cache writes, compressors)
+
+
+@triton.jit
+def _copy_words(src, dst, n_in, n_out, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src + offs, mask=offs < n_in, other=0)
+    tl.store(dst + offs, v, mask=offs < n_out)
+
+
+def upstream_rmsnorm():
+    """deepseek_v4.py's Triton `rms_normalize_triton` (in place, one program per row)."""
+    if "rms" not in _loaded:
+        _loaded["rms"] = _up.load_defs(_up.DSV4_MODEL_PATH, ["_rms_normalize_kernel", "rms_normalize_triton"],
+                                       prelude="import torch\nimport triton\nimport triton.language as tl\n")
+    return _loaded["rms"]
+
+
+def build_glue(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
+    """RMSNorm: the wheel's Triton RMSNorm (one program per row; sgl_kernel's AOT `rmsnorm`, which the
+    sm_120 path calls, is not on the bench machine), checked against fp64. Add: torch eager, as
+    upstream. Proxy: one copy kernel per JIT launch moving the same bytes, checked to copy exactly."""
+    p = op.p
+    rows, dim, how = int(p["rows"]), int(p["dim"]), str(p["impl"])
+    g = _gen(seed)
+    if how == "rmsnorm":
+        mod = upstream_rmsnorm()
+        x = _randn((rows, dim), g)
+        work = x.clone()
+        w = torch.ones((dim,), dtype=torch.bfloat16, device=DEVICE)  # ones: repeated in-place replays stay put
+
+        def run() -> None:
+            mod.rms_normalize_triton(work, M.RMS_EPS, w)
+
+        def check() -> Check:
+            y = mod.rms_normalize_triton(x.clone(), M.RMS_EPS, w)
+            xd = x.double()
+            ref = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + M.RMS_EPS)
+            return check_of(rel_err(y, ref))
+
+        return Prepared(run, 1, check, "proxy: deepseek_v4.py's Triton rms_normalize_triton for sgl_kernel.rmsnorm "
+                        "(AOT CUDA, not on this machine)")
+    if how == "torch_add":
+        return _build_add(rows, dim, g)
+    return _build_proxy(op.p["launches"], g)  # type: ignore[arg-type]
+
+
+def _build_add(rows: int, dim: int, g) -> Prepared:
+    a, b = _randn((rows, dim), g), _randn((rows, dim), g)
+
+    def run() -> None:
+        torch.add(a, b)
+
+    def check() -> Check:
+        return check_of(rel_err(torch.add(a, b), a.double() + b.double()))
+
+    return Prepared(run, 1, check, "torch add (eager), as deepseek_v2's MoE adds the shared expert")
+
+
+def _build_proxy(launches: Tuple[Tuple[int, int], ...], g) -> Prepared:
+    bufs = []
+    for n_in, n_out in launches:
+        wi, wo = max(1, math.ceil(n_in / 4)), max(1, math.ceil(n_out / 4))
+        src = torch.randint(-(2 ** 31), 2 ** 31 - 1, (wi,), generator=g, device=DEVICE, dtype=torch.int32)
+        bufs.append((src, torch.empty((wo,), dtype=torch.int32, device=DEVICE), wi, wo))
+    block = 1024
+
+    def run() -> None:
+        for src, dst, wi, wo in bufs:
+            _copy_words[(triton.cdiv(max(wi, wo), block),)](src, dst, wi, wo, BLOCK=block)
+
+    def check() -> Check:
+        run()
+        _sync()
+        for src, dst, wi, wo in bufs:
+            n = min(wi, wo)
+            if not torch.equal(src[:n], dst[:n]) or (wo > wi and bool((dst[wi:] != 0).any())):
+                return Check(False, float("nan"), "proxy copy kernel wrote wrong words")
+        return Check(True, 0.0, f"{len(bufs)} launch(es)")
+
+    return Prepared(run, 1, check, f"proxy: {len(bufs)} copy kernel(s) moving the same bytes (the JIT kernels of "
+                    "jit_kernel/dsv4 need SGLang's CUDA JIT)")
+
+
 BUILDERS = {
     "fp8_gemm": build_fp8_gemm,
     "bf16_gemm": build_bf16_gemm,
     "attention": build_attention,
     "moe": build_moe,
+    "mhc": build_mhc,
+    "glue": build_glue,
 }
 
 

@@ -44,7 +44,7 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
         for path in ("upstream", "patched"):
             fl = sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(ops, path)) / 1e3
             lines.append(f"floor of the timed ops, {path} path: {fl:.2f} ms on one RTX PRO 6000")
-        for e in M.estimates(s.phase, s.batch):
+        for e in M.estimates(s.phase, s.batch, s.tp):
             lines.append(f"estimate: {e.name}: {e.count} x {e.us_per_call:.1f} us = "
                          f"{e.count * e.us_per_call / 1e3:.2f} ms ({e.source})")
     uniq = M.unique_ops(specs)
@@ -68,41 +68,62 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     unit = "s" if s.phase == "prefill" else "ms"
     div = 1e3 if s.phase == "prefill" else 1.0
     head = ["op", "calls", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
-            f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor", "patched source"]
+            f"patched RTX 6000 {unit}", f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor",
+            "patched source"]
     body = []
     for ln, p in _per_op_rows(up, pa):
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
-        body.append([ln.name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
-                     _sig(p.ms_step / div), _sig(p.floor_rtx_ms / div), _sig(p.floor_gpu_ms / div),
-                     _sig(ratio) + "x", p.source])
+        name = ln.name + (" (estimate)" if ln.estimated or p.estimated else "")
+        body.append([name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
+                     _sig(p.ms_step / div), _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
+                     _sig(p.floor_gpu_ms / div), _sig(ratio) + "x", p.source])
+    t_lo = sum(ln.rtx_lo_ms for ln in pa.lines if not ln.estimated)
+    t_hi = sum(ln.rtx_hi_ms for ln in pa.lines if not ln.estimated)
     body.append(["**timed ops**" if md else "timed ops", "", "", "", _sig(up.timed_ms / div), _sig(pa.timed_ms / div),
-                 _sig(pa.floor_rtx_ms / div), _sig(pa.floor_gpu_ms / div),
+                 _range(t_lo / div, t_hi / div), _sig(pa.floor_rtx_ms / div), _sig(pa.floor_gpu_ms / div),
                  _sig(pa.timed_ms / pa.floor_gpu_ms) + "x", ""])
     for e in up.estimates:
         v = e.count * e.us_per_call / 1e3 / div
         body.append([f"{e.name} (estimate)", str(e.count), _sig(e.us_per_call), _sig(e.us_per_call), _sig(v),
-                     _sig(v), "", "", "", e.source])
+                     _sig(v), _sig(v), "", "", "", e.source])
     tot = "**total**" if md else "total"
-    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), "", "", "", ""])
+    lo, hi = pa.rtx_range_ms
+    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), _range(lo / div, hi / div),
+                 "", "", "", ""])
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
-                     "", "", "", ""])
+                     f"{_f(lo / 1e3, 3)} - {_f(hi / 1e3, 3)}", "", "", "", ""])
+    elif s.phase == "verify":
+        a = M.ACCEPT_LENGTHS[-1]
+        cells = [_f(M.spec_tok_s(c.total_ms, s.batch, a, s.k)[1], 1) for c in (up, pa)]
+        rng = [M.spec_tok_s(x, s.batch, a, s.k)[1] for x in (hi, lo)]
+        body.append([f"tok/s (aggregate) at accept length {a}", "", "", "", cells[0], cells[1],
+                     f"{_f(rng[0], 0)} - {_f(rng[1], 0)}", "", "", "", ""])
     else:
+        t_lo, t_hi = pa.rtx_tok_s_range()
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
-                     "", "", "", ""])
+                     f"{_f(t_lo, 0)} - {_f(t_hi, 0)}", "", "", "", ""])
     return _table(head, body, md)
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"{_sig(lo)} - {_sig(hi)}"
 
 
 def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
     head = ["step", "upstream ms", "patched ms", "speed-up", "upstream tok/s", "patched tok/s",
-            "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
+            "patched on RTX 6000: ms / tok/s (range)", "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
     body = []
     for up, pa in pairs:
         s = up.spec
-        tps_u = up.tok_s() if s.phase == "decode" else float("nan")
-        tps_p = pa.tok_s() if s.phase == "decode" else float("nan")
+        dec = s.phase == "decode"  # a verify cycle's tok/s depends on the accept length: see spec_table
+        tps_u = up.tok_s() if dec else float("nan")
+        tps_p = pa.tok_s() if dec else float("nan")
+        lo, hi = pa.rtx_range_ms
+        t_lo, t_hi = pa.rtx_tok_s_range()
+        rtx = f"{_f(lo, 1)} - {_f(hi, 1)}" + (f" / {_f(t_lo, 0)} - {_f(t_hi, 0)}" if dec else "")
         body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
-                     _f(tps_u, 1), _f(tps_p, 1),
+                     _f(tps_u, 1), _f(tps_p, 1), rtx,
                      f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
     return _table(head, body, md)
 
@@ -120,3 +141,49 @@ def _table(head: List[str], body: List[List[str]], md: bool) -> str:
                          for i, c in enumerate(r))
 
     return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])
+
+
+def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+    """Per-GPU decode throughput of one TP4 worker (4 GPUs) vs two TP2 workers on the same 4 GPUs, at
+    the same batch per worker and context (patched path; H200 figures, then the RTX PRO 6000 range).
+    Empty when the run holds no such pair."""
+    by = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
+          for _up, pa in pairs if pa.spec.phase == "decode"}
+    head = ["B per worker", "context", "TP4 step ms", "TP4 tok/s per GPU", "TP2 step ms", "2x TP2 tok/s per GPU",
+            "TP2 / TP4", "per stream tok/s TP4 / TP2", "RTX 6000 tok/s per GPU: TP4 | 2x TP2"]
+    body = []
+    for (tp, b, c, a), p4 in by.items():
+        p2 = by.get((2, b, c, a))
+        if tp != 4 or p2 is None:
+            continue
+        g4, g2 = p4.tok_s() / 4, p2.tok_s() / 2
+        r4, r2 = [x / 4 for x in p4.rtx_tok_s_range()], [x / 2 for x in p2.rtx_tok_s_range()]
+        body.append([str(b), f"{M.fmt_ctx(c)} L={M.fmt_ctx(a)}", _f(p4.total_ms, 1), _f(g4, 1), _f(p2.total_ms, 1),
+                     _f(g2, 1), _f(g2 / g4, 2) + "x", f"{_f(1e3 / p4.total_ms, 1)} / {_f(1e3 / p2.total_ms, 1)}",
+                     f"{_f(r4[0], 0)} - {_f(r4[1], 0)} | {_f(r2[0], 0)} - {_f(r2[1], 0)}"])
+    return _table(head, body, md) if body else ""
+
+
+def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+    """Speculative decoding per (B, k): the verify cycle (target forward over B x (k+1) rows + k draft
+    forwards + their all-reduces) next to the plain step of the same B and context, and tok/s per
+    stream / aggregate for each accept length (patched path, H200; "-" where a cycle cannot emit that
+    many tokens). Empty when the run holds no verify composition."""
+    plain = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
+             for _up, pa in pairs if pa.spec.phase == "decode"}
+    head = ["B", "k", "plain step ms", "cycle ms (verify + drafts)", "cycle / plain", "plain tok/s per stream / agg."]
+    head += [f"a={a}: tok/s per stream / agg. (x plain)" for a in M.ACCEPT_LENGTHS]
+    body = []
+    for _up, pa in pairs:
+        s = pa.spec
+        if s.phase != "verify":
+            continue
+        base = plain.get((s.tp, s.batch, s.configured_ctx, s.actual_ctx))
+        p_ms = base.total_ms if base is not None else float("nan")
+        row = [str(s.batch), str(s.k), _f(p_ms, 2), _f(pa.total_ms, 2), _f(pa.total_ms / p_ms, 2) + "x",
+               f"{_f(1e3 / p_ms, 1)} / {_f(s.batch * 1e3 / p_ms, 0)}"]
+        for a in M.ACCEPT_LENGTHS:
+            per, agg = M.spec_tok_s(pa.total_ms, s.batch, a, s.k)
+            row.append("-" if per != per else f"{_f(per, 1)} / {_f(agg, 0)} ({_f(per * p_ms / 1e3, 2)}x)")
+        body.append(row)
+    return _table(head, body, md) if body else ""

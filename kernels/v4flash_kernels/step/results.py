@@ -32,7 +32,7 @@ def impls_for(op: M.Op) -> List[str]:
     variant = op.p.get("variant")
     if variant is not None:
         return ["upstream" if variant == "upstream" else "ours"]
-    if op.patch in ("moe", "indexer") and not op.key.startswith("topk:"):
+    if op.patch is not None:
         return ["upstream", "ours"]
     return ["upstream"]
 
@@ -56,6 +56,10 @@ def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
                     else:
                         src[(op.key, path)] = f"{mine.error} -> upstream"
             if m is None:
+                continue
+            if m.us != m.us and op.fallback is not None:  # not timed here: the op's labelled estimate
+                us[(op.key, path)] = op.fallback[0]
+                src[(op.key, path)] = f"{op.fallback[1]} ({m.error or 'not timed'})"
                 continue
             us[(op.key, path)] = m.us
             src.setdefault((op.key, path), m.source if m.error is None else m.error)

@@ -43,6 +43,9 @@ def exposure_row(plan: Any) -> Check:
 @click.option("--only", default="", envvar="V4FLASH_DOCTOR_ONLY",
               help="Comma-separated check families to run: gpu,numa,ports,model,storage,stack,transport,offline.")
 @click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_DOCTOR_JSON", help="Machine-readable output.")
+@click.option("--gpu", "gpu_selfcheck", is_flag=True, envvar="V4FLASH_DOCTOR_GPU",
+              help="Also run the kernel self-check on the plan's GPUs (one row per patch; compiles and runs every "
+                   "patch, about a minute).")
 @pass_params
 def command(params: dict[str, Any]) -> None:
     """Check this box against the plan: driver/CUDA 13, GPUs, NUMA bindings (the plan's own numactl
@@ -97,6 +100,10 @@ def command(params: dict[str, Any]) -> None:
             checks = run_checks(inp, only=only)
         if not families:
             checks = (plan_row(plan.warnings), exposure_row(plan)) + checks
+        if params["gpu_selfcheck"]:
+            from v4flash_pd.selfcheck.rows import doctor_rows
+
+            checks += doctor_rows(plan)
     if params["as_json"]:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:

@@ -87,7 +87,7 @@ def collect(run: RunDir) -> dict[str, Any]:
     reach = plan.get("probe_url") if isinstance(url, str) and re.match(r"https?://(0\.0\.0\.0|\[::\])[:/]", url) \
         else None
     return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "degraded": full,
-            "url": reach or url, "listening": url if reach else None,
+            "url": reach or url, "listening": url if reach else None, "selfcheck": _selfcheck(run),
             "state_problem": problem, "identities_from": source,
             "launcher_pid": launcher.pid if launcher else int(st.get("launcher_pid") or 0),
             "launcher_alive": launcher_alive,
@@ -118,6 +118,10 @@ def command(run_dir: Path | None, as_json: bool) -> None:
         click.echo(f"reason  {info['reason']}")
     for p in info["processes"]:
         click.echo(f"  {p['name']:<11} pid {p['pid'] or '-':<8} {'up' if p['alive'] else 'down':<5} {p['answer']}")
+    sc = info.get("selfcheck")
+    if sc is not None:
+        for line in sc.get("lines") or [f"kernel self-check: {sc.get('error')}"]:
+            click.echo(f"  {line}")
     for rec in info["kernel_patch"]:
         who = f"{rec.get('worker') or '?'} pid {rec.get('pid')}"
         if rec.get("error"):
@@ -125,3 +129,17 @@ def command(run_dir: Path | None, as_json: bool) -> None:
         for name, p in sorted(rec.get("patches", {}).items()):
             click.echo(f"  kernel patch {name:<14} {who}: {'active' if p.get('active') else 'inactive'}"
                        + (f" ({p['reason']})" if p.get("reason") else ""))
+
+
+def _selfcheck(run: RunDir) -> dict[str, Any] | None:
+    """The run's kernel self-check (selfcheck.json), if it ran: verdicts and what `up` did about them."""
+    from v4flash_pd.selfcheck import result
+
+    path = run.file(result.FILE)
+    if not path.exists():
+        return None
+    try:
+        summary = result.load(path)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {**result.brief(summary), "lines": result.status_lines(summary)}

@@ -19,6 +19,7 @@ from v4flash_pd.plan import Plan
 from v4flash_pd.poll import poll_until
 from v4flash_pd.render import plan_text
 from v4flash_pd.rundir import RunDir
+from v4flash_pd.selfcheck.gate import gate as selfcheck_gate
 from v4flash_pd.supervisor import StopRequested, Supervisor
 
 
@@ -160,6 +161,8 @@ def command(params: dict[str, Any]) -> None:
     preflight(r, params["verify_model"])
     run = RunDir.create(params.get("run_dir"))
     check_writable(run)
+    r = selfcheck_gate(r, params, run, click.echo)  # before any worker: a failing patch is switched off (or refused)
+    cfg, plan = r.config, r.plan
     if params["detach"]:
         _detach(params, run, cfg.ready_timeout, plan.probe_url)
         return

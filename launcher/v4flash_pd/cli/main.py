@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "eval": "cmd_eval",
     "bundle": "cmd_bundle",
     "render": "cmd_render",
+    "selfcheck": "cmd_selfcheck",
+    "report": "cmd_report",
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import click
 
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd import topology as topo
 from v4flash_pd.config import PATCH_SWITCHES, Config, build_config, merged_layers
 from v4flash_pd.errors import UserError
@@ -23,11 +24,6 @@ from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
 
 ON_OFF = click.Choice(["on", "off", "1", "0", "true", "false"], case_sensitive=False)
-_PATCH_HELP = {
-    "sparse_decode": "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
-    "moe": "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
-    "indexer": "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
-}
 
 
 def _stack(fn: Callable[..., Any], opts: list[Callable[..., Any]]) -> Callable[..., Any]:
@@ -49,9 +45,9 @@ def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--numa", type=click.Choice(["bind", "preferred", "off"]), envvar="V4FLASH_NUMA",
                      help="NUMA binding: membind (falls back to preferred when not permitted), preferred, off."),
     ]
-    for name, var in PATCH_SWITCHES:
-        opts.append(click.option(f"--{name.replace('_', '-')}", f"patch_{name}", type=ON_OFF, envvar=var,
-                                 help=_PATCH_HELP[name] + f" Workers get {var}=1/0."))
+    for sw in SWITCHES:
+        opts.append(click.option(sw.flag, f"patch_{sw.name}", type=ON_OFF, envvar=sw.env,
+                                 help=sw.help + f" Workers get {sw.env}=1/0."))
     opts.append(click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                              help="Override any config key, e.g. --set decode.0.cuda_graph_max_bs=16 "
                                   "(repeatable; env V4FLASH_SET)."))
@@ -114,6 +110,10 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      envvar="V4FLASH_EVAL_MIN_ACCURACY", help="Fraction the gate needs right (0-1)."),
         click.option("--verify-model", type=click.Choice(["size", "full", "off"]), default="size", show_default=True,
                      envvar="V4FLASH_VERIFY_MODEL", help="Check the model dir against its bundle manifest before start."),
+        click.option("--no-selfcheck", is_flag=True, envvar="V4FLASH_NO_SELFCHECK",
+                     help="Skip the kernel self-check before the workers start (the patches then run unverified)."),
+        click.option("--strict-selfcheck", is_flag=True, envvar="V4FLASH_STRICT_SELFCHECK",
+                     help="Refuse to start when a kernel patch fails its self-check (default: switch it off and go on)."),
     ]
     return _stack(fn, opts)
 

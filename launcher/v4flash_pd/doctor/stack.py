@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from v4flash_pd.config import PATCH_SWITCHES
+from v4flash_kernels.hook.patches import PATCHES, switch_by_name
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.errors import UserError
@@ -60,7 +60,6 @@ def check_versions(inp: DoctorInput) -> Check:
     return ok("stack-versions", f"{len(locked)} packages match {lock.path.name} (sha256 {lock.sha256[:12]})")
 
 
-PATCH_TITLES = {"sparse_decode": "sparse-MLA decode", "moe": "MXFP4 MoE", "indexer": "indexer logits"}
 # Above this many tokens of context the unpatched indexer's per-step cost (it scores every cached
 # token) dominates decode on sm_120: say so when its patch is off.
 LARGE_CONTEXT = 65536
@@ -91,11 +90,11 @@ def _status_json(text: str) -> dict | None:
 
 
 def check_patches(inp: DoctorInput) -> list[Check]:
-    """One row per kernel patch: run the hook's own report in the workers' interpreter and env."""
+    """One row per kernel patch of the registry: run the hook's own report in the workers' interpreter and env."""
     p, e = inp.probe, inp.expect
-    names = [n for n, _ in e.patches] or list(PATCH_TITLES)
     switches = dict(e.patches)
-    rows = [f"patch-{n}" for n in names]
+    specs = list(PATCHES)
+    rows = [f"patch-{s.name}" for s in specs]
     python = e.python or sys.executable
     # The workers' interpreter and environment, as the plan starts them: the hook reports every patch.
     r = p.run([python, "-m", "v4flash_kernels.hook.hook"], 300.0, dict(e.worker_env))
@@ -108,16 +107,14 @@ def check_patches(inp: DoctorInput) -> list[Check]:
             [skip(x, "no hook status") for x in rows[1:]]
     reasons = [str(v.get("reason", "")) for v in st["patches"].values() if isinstance(v, dict)]
     if reasons and all("No module named 'sglang" in x for x in reasons):
-        return [skip(r, f"sglang is not installed for {python}: the {PATCH_TITLES.get(n, n)} patch cannot be "
-                        "checked here" + (" (switch off)" if not switches.get(n, True) else ""))
-                for r, n in zip(rows, names)]
+        return [skip(r, f"sglang is not installed for {python}: the {s.title} patch cannot be "
+                        "checked here" + (" (switch off)" if not switches.get(s.switch, True) else ""))
+                for r, s in zip(rows, specs)]
     note = _hook_note(st)
     out = []
-    for row, name in zip(rows, names):
-        rec = st["patches"].get(name)
-        title = PATCH_TITLES.get(name, name)
-        on = switches.get(name, True)
-        var = dict(PATCH_SWITCHES).get(name, name)
+    for row, spec in zip(rows, specs):
+        rec = st["patches"].get(spec.name)
+        title, on, var = spec.title, switches.get(spec.switch, True), spec.switch_env
         if not isinstance(rec, dict):
             out.append(error(row, f"the installed hook does not know the {title} patch",
                              "install the v4flash-pd wheel of this release (launcher and kernels must match)"))
@@ -133,7 +130,7 @@ def check_patches(inp: DoctorInput) -> list[Check]:
         else:
             out.append(error(row, f"{title} patch NOT applied: {reason}" + (f" ({note})" if note else ""),
                              f"check the hook's warning (sglang not the pinned version?) and that the v4flash-pd "
-                             f".pth is in site-packages; or turn it off on purpose: --{name.replace('_', '-')} off"))
+                             f".pth is in site-packages; or turn it off on purpose: {switch_by_name(spec.switch).flag} off"))
     return out
 
 

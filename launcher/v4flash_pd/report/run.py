@@ -1,0 +1,122 @@
+"""Make the report: every section in turn, each one's failure recorded, then summary, scrub, tarball."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from v4flash_pd.report import archive, facts, scrub, summary, variants
+from v4flash_pd.report.step import run_step
+
+SCHEMA = "v4flash-pd.report/1"
+SECTIONS = ("selfcheck", "step", "e2e")
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    out: Path
+    skip: frozenset[str]
+    variants: str
+    concurrency: tuple[int, ...]
+    requests: int | None
+    input_len: int
+    output_len: int
+    step_args: tuple[str, ...]
+    forward: tuple[str, ...]  # `up`'s options as given to `report` (the variants' `up` get them too)
+    questions: int
+    min_accuracy: float
+    tar: bool = True
+
+
+def make_report(r: Any, spec: ReportSpec, echo: Callable[[str], None], env: Mapping[str, str] | None = None) -> dict:
+    """`r`: the Resolved plan `up` would start (the report refuses what `up` refuses)."""
+    env = dict(os.environ if env is None else env)
+    plan = r.plan
+    out = spec.out
+    out.mkdir(parents=True, exist_ok=True)
+    rep: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                           "host": socket.gethostname(), "standin": plan.rehearse, "profile": plan.profile,
+                           "concurrency": list(spec.concurrency), "skipped": sorted(spec.skip), "failures": []}
+    echo(f"report -> {out}")
+    echo("facts: fingerprint, GPUs, PCIe/P2P topology, NUMA map, stack versions ...")
+    rep["facts"] = facts.collect(out, r.topology, env)
+    (out / "fingerprint" / "plan.json").write_text(json.dumps(scrub.redact_env(plan.to_dict()), indent=2) + "\n")
+    _doctor(out, spec, env)
+
+    failed: list[str] = []
+    if "selfcheck" in spec.skip:
+        rep["selfcheck"] = {"skipped": "--skip selfcheck"}
+    else:
+        from v4flash_pd.selfcheck import result
+        from v4flash_pd.selfcheck.gate import patches_on, run_check
+
+        if patches_on(plan) and plan.workers():
+            sc = run_check(plan, out, echo, env)
+            sc["decision"] = "checked"
+            result.write(out, sc)
+            failed = result.failed(sc)
+            rep["selfcheck"] = result.brief(sc)
+            if failed:
+                rep["failures"].append(f"kernel self-check failed for {', '.join(failed)}")
+        else:
+            rep["selfcheck"] = {"skipped": "no kernel patch is switched on (or no worker on this box)"}
+
+    if "step" in spec.skip:
+        rep["step"] = {"status": "skipped", "why": "--skip step"}
+    else:
+        rep["step"] = run_step(out, plan, list(spec.step_args), env, echo)
+        if rep["step"]["status"] == "failed":
+            rep["failures"].append(f"step bench failed: {rep['step'].get('why')}")
+
+    rep["e2e"] = []
+    if "e2e" in spec.skip:
+        rep["e2e_skipped"] = "--skip e2e"
+    else:
+        from v4flash_pd.routerauth import auth_headers
+
+        chosen = variants.pick(variants.all_variants(plan.patches, failed), spec.variants)
+        shared = variants.E2E(
+            out=out, forward=spec.forward, concurrency=spec.concurrency, requests=spec.requests,
+            input_len=spec.input_len, output_len=spec.output_len, questions=spec.questions,
+            min_accuracy=spec.min_accuracy, headers=auth_headers(plan.router_auth, env),
+            up_timeout=r.config.ready_timeout + 300.0, selfchecked="selfcheck" not in spec.skip,
+            standin=plan.rehearse, env=env, echo=echo)
+        for v in chosen:
+            res = variants.run_variant(v, shared)
+            rep["e2e"].append(res)
+            if res["status"] != "ok":
+                rep["failures"].append(f"end to end [{v.name}]: {res.get('error')}")
+
+    secrets = scrub.secrets(plan.router_auth, [kv for p in plan.processes for kv in p.env], env)
+    if spec.tar:
+        rep["tarball"] = str(archive.target(out))
+    _write(out, rep)
+    rep["scrubbed"] = scrub.scrub_tree(out, secrets)
+    if rep["scrubbed"]:
+        _write(out, rep)
+        scrub.scrub_tree(out, secrets)
+    if spec.tar:
+        archive.pack(out)
+    return rep
+
+
+def _write(out: Path, rep: dict[str, Any]) -> None:
+    (out / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    (out / "README.md").write_text(summary.markdown(rep))
+
+
+def _doctor(out: Path, spec: ReportSpec, env: Mapping[str, str]) -> None:
+    argv = [sys.executable, "-m", "v4flash_pd", "doctor", "--json", *spec.forward]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=600)
+        text = p.stdout if p.stdout.strip() else json.dumps({"error": p.stderr.strip()[-2000:], "rc": p.returncode})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = json.dumps({"error": str(exc)})
+    (out / "fingerprint" / "doctor.json").write_text(text.rstrip() + "\n")

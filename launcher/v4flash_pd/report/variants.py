@@ -1,0 +1,191 @@
+"""The end-to-end A/B: one trio per patch configuration, measured through its router, then stopped.
+
+A kernel switch is read by each worker at exec, so every configuration is its own `up` (detached,
+into a run dir inside the report, with `--<patch> on|off` for every patch: through the plan),
+then `bench` at the report's concurrencies and the accuracy gate through its router, then `down`.
+Configurations: `on` (the patches `up` would run: failures of the self-check already off), one
+`off-<patch>` per patch that is on, and `off` (SGLang's own sm_120 path everywhere). A variant
+that fails to start is recorded with its launcher's output and the next one runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from v4flash_pd.errors import UserError
+from v4flash_pd.report.scrub import redact_env
+
+KEEP_LOG_LINES = 4000
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # on | off | off-<patch>
+    switches: tuple[tuple[str, bool], ...]
+
+    def args(self) -> list[str]:
+        out = []
+        for name, on in self.switches:
+            out += [f"--{name.replace('_', '-')}", "on" if on else "off"]
+        return out
+
+    def words(self) -> str:
+        return ", ".join(f"{n} {'on' if on else 'off'}" for n, on in self.switches)
+
+
+def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str]) -> list[Variant]:
+    base = tuple((n, on and n not in failed) for n, on in patches)
+    out = [Variant("on", base)]
+    on_names = [n for n, on in base if on]
+    for name in on_names:
+        out.append(Variant(f"off-{name}", tuple((n, on and n != name) for n, on in base)))
+    if len(on_names) > 1:
+        out.append(Variant("off", tuple((n, False) for n, _ in base)))
+    return out
+
+
+def pick(variants: list[Variant], choice: str) -> list[Variant]:
+    """`all`, or a comma list of names (`on`, `off`, `off-moe`, ...); UserError names an unknown one."""
+    if choice.strip() in ("", "all"):
+        return variants
+    by_name = {v.name: v for v in variants}
+    wanted = [c.strip() for c in choice.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in by_name]
+    if unknown:
+        raise UserError(f"--variants: unknown variant(s) {', '.join(unknown)}",
+                        f"use all, or some of: {', '.join(by_name)}")
+    return [by_name[c] for c in wanted]
+
+
+@dataclass(frozen=True)
+class E2E:
+    """What every variant shares: how to start `v4flash-pd`, what to forward, what to measure."""
+
+    out: Path
+    forward: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    requests: int | None
+    input_len: int
+    output_len: int
+    questions: int
+    min_accuracy: float
+    headers: Mapping[str, str]
+    up_timeout: float
+    selfchecked: bool
+    standin: bool
+    env: Mapping[str, str] = field(default_factory=dict)
+    echo: Callable[[str], None] = print
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "v4flash_pd", *args]
+
+
+def run_variant(v: Variant, e: E2E) -> dict[str, Any]:
+    d = e.out / "e2e" / v.name
+    d.mkdir(parents=True, exist_ok=True)
+    run_dir = d / "run"
+    res: dict[str, Any] = {"name": v.name, "switches": dict(v.switches), "status": "failed", "standin": e.standin,
+                           "run_dir": str(run_dir.relative_to(e.out)), "bench": None, "eval": None, "error": None}
+    argv = _cli("up", *e.forward, *v.args(), "--detach", "--run-dir", str(run_dir),
+                *(["--no-selfcheck"] if e.selfchecked else []))
+    e.echo(f"end to end [{v.name}: {v.words()}]: starting the trio ...")
+    t0 = time.monotonic()
+    started = False
+    try:
+        with open(d / "up.log", "w", encoding="utf-8") as log:
+            log.write(f"# {' '.join(argv)}\n")
+            log.flush()
+            try:
+                rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(e.env),
+                                    timeout=e.up_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        res["up_seconds"] = round(time.monotonic() - t0, 1)
+        started = (run_dir / "state.json").exists()
+        if rc != 0:
+            tail = (d / "up.log").read_text(errors="replace").strip().splitlines()[-4:]
+            res["error"] = f"`up` exited {rc}: " + " | ".join(tail)
+            return res
+        url = json.loads((run_dir / "plan.json").read_text()).get("probe_url")
+        res["url"] = url
+        res["bench"] = _bench(url, e, d)
+        res["eval"] = _eval(url, e, d)
+        bad = [k for k in ("bench", "eval") if (res[k] or {}).get("error")]
+        res["status"] = "ok" if not bad else "failed"
+        if bad:
+            res["error"] = "; ".join(f"{k}: {res[k]['error']}" for k in bad)
+        return res
+    finally:
+        if started:
+            _down(run_dir, d, e)
+            _tidy(run_dir)
+        e.echo(f"end to end [{v.name}]: {res['status']}" + (f" ({res['error']})" if res["error"] else ""))
+
+
+def _bench(url: str, e: E2E, d: Path) -> dict[str, Any]:
+    from v4flash_pd import benchmark
+
+    spec = benchmark.BenchSpec(url=url, concurrency=e.concurrency, requests=e.requests, input_len=e.input_len,
+                               output_len=e.output_len, warmup=1, headers=tuple(e.headers.items()))
+    try:
+        rep = benchmark.run_bench(spec).to_dict()
+    except (ConnectionError, ValueError) as exc:
+        return {"error": str(exc)}
+    rep["standin"] = e.standin
+    (d / "bench.json").write_text(json.dumps(rep, indent=2) + "\n")
+    errors = sum(level.get("errors", 0) for level in rep["levels"])
+    if errors:
+        rep["error"] = f"{errors} request(s) failed"
+    return rep
+
+
+def _eval(url: str, e: E2E, d: Path) -> dict[str, Any]:
+    from v4flash_pd import evalgate
+
+    try:
+        r = evalgate.run_eval(url, e.questions, e.min_accuracy, headers=dict(e.headers))
+    except ValueError as exc:
+        return {"error": str(exc)}
+    out = r.to_dict()
+    out["standin"] = e.standin
+    (d / "eval.json").write_text(json.dumps(out, indent=2) + "\n")
+    if r.errors == r.total:
+        out["error"] = "every request failed"
+    return out
+
+
+def _down(run_dir: Path, d: Path, e: E2E) -> None:
+    with open(d / "down.log", "w", encoding="utf-8") as log:
+        try:
+            subprocess.run(_cli("down", "--run-dir", str(run_dir)), stdout=log, stderr=subprocess.STDOUT,
+                           env=dict(e.env), timeout=300)
+        except subprocess.TimeoutExpired:
+            log.write("`down` did not finish in 300 s\n")
+
+
+def _tidy(run_dir: Path) -> None:
+    """Keep what explains the run (plan, state, events, patch status, log tails); redact env secrets."""
+    for pattern in ("*.pid", ".lock", ".write-test"):
+        for p in run_dir.glob(pattern):
+            p.unlink(missing_ok=True)
+    for name in ("plan.json", "config.json"):
+        p = run_dir / name
+        try:
+            p.write_text(json.dumps(redact_env(json.loads(p.read_text())), indent=2) + "\n")
+        except (OSError, ValueError):
+            pass
+    for log in run_dir.glob("*.log"):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        if len(lines) > KEEP_LOG_LINES:
+            log.write_text(f"# v4flash-pd report: first {len(lines) - KEEP_LOG_LINES} lines dropped\n"
+                           + "\n".join(lines[-KEEP_LOG_LINES:]) + "\n")

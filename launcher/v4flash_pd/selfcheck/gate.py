@@ -1,0 +1,159 @@
+"""What `up` (and `selfcheck`, `doctor --gpu`) do with the self-check.
+
+`up` runs it after its preflight and before any worker starts. A patch that fails on any GPU of
+the plan is switched off for the run *through the plan*: `up`'s own options are resolved again
+with `--<patch> off`, so the plan, `plan.json` and every worker's `V4FLASH_<PATCH>=0` say so, and
+SGLang runs upstream's function for it. `--strict-selfcheck` refuses to start instead;
+`--no-selfcheck` skips the check (and says the patches run unverified).
+
+`up --detach` checks in the foreground (the operator sees the verdict, and a strict refusal,
+before the launcher detaches) and hands the result to the detached launcher through
+`V4FLASH_SELFCHECK_DONE`, which reuses it instead of checking twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.plan import Plan
+from v4flash_pd.selfcheck import result
+from v4flash_pd.selfcheck.driver import case_timeout, run_jobs
+from v4flash_pd.selfcheck.jobs import jobs_for
+
+Echo = Callable[[str], None]
+DEVICE_ENV = "V4FLASH_SELFCHECK_DEVICE"  # "cpu": the real kernels' small shapes on Triton's interpreter (CI)
+DONE_ENV = "V4FLASH_SELFCHECK_DONE"  # a detaching `up` tells its detached self where its result is
+
+
+def patches_on(plan: Plan) -> tuple[str, ...]:
+    return tuple(name for name, on in plan.patches if on)
+
+
+def plan_gpus(plan: Plan) -> list[int]:
+    return sorted({g for w in plan.workers() for g in w.gpus})
+
+
+def run_check(plan: Plan, out_dir: Path, echo: Echo, env: Mapping[str, str] | None = None,
+              patches: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Check `patches` (default: every patch the plan switches on) on every GPU of its workers, one
+    process per GPU; writes `out_dir/selfcheck.json` (and per-GPU logs under `out_dir/selfcheck/`)."""
+    launcher_env = dict(os.environ if env is None else env)
+    names = patches_on(plan) if patches is None else patches
+    device = check_seams(launcher_env)
+    standin = plan.rehearse and device != "cpu"
+    jobs = jobs_for(plan, names, launcher_env, standin=standin, device=device)
+    how = ("rehearsal: stand-in" if standin else "Triton interpreter, small shapes" if device == "cpu"
+           else "one process per GPU")
+    echo(f"kernel self-check: {', '.join(names)} on GPU(s) {result.gpu_ranges(plan_gpus(plan))} ({how}) ...")
+    t0 = time.time()
+    gpus = run_jobs(jobs, out_dir / "selfcheck", launcher_env, echo)
+    summary = result.summarize(gpus, names, time.time() - t0, t0)
+    summary["device"] = device
+    result.write(out_dir, summary)
+    return summary
+
+
+def check_seams(env: Mapping[str, str]) -> str:
+    """The device to check on; a malformed test seam is refused before any process starts."""
+    from v4flash_kernels.selfcheck import inject
+
+    device = env.get(DEVICE_ENV, "").strip().lower() or "cuda"
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"{DEVICE_ENV}={env.get(DEVICE_ENV)!r} is not cuda or cpu",
+                        f"unset it (the GPUs), or {DEVICE_ENV}=cpu for the interpreter (tests)")
+    try:
+        inject.parse(env.get(inject.ENV, ""))
+    except ValueError as exc:
+        raise UserError(str(exc), f"unset {inject.ENV} (a test seam)") from None
+    case_timeout(env)
+    return device
+
+
+def reuse(run_path: Path, plan: Plan, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The result a detaching `up` already wrote into this run dir for these GPUs and patches, if any."""
+    named = env.get(DONE_ENV, "")
+    path = run_path / result.FILE
+    if not named or Path(named).resolve() != path.resolve():
+        return None
+    try:
+        summary = result.load(path)
+    except ValueError:
+        return None
+    gpus = sorted({g["gpu"] for g in summary["gpus"] if isinstance(g, dict) and isinstance(g.get("gpu"), int)})
+    if gpus != plan_gpus(plan) or not set(patches_on(plan)) <= set(summary.get("requested") or []):
+        return None
+    return summary
+
+
+def refuse_if_in_use(run: Any) -> None:
+    """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
+    `up` checks first and its detached self takes the lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(run.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return  # `up` reports an unusable run dir itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        run.lock()  # raises the run dir's own "in use by another `v4flash-pd up`" error
+        return
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
+    """`up`'s step between preflight and the first worker: returns the Resolved to start (a new one
+    when a patch had to be switched off); raises RuntimeFailure under --strict-selfcheck."""
+    plan: Plan = r.plan
+    names = patches_on(plan)
+    if params.get("no_selfcheck"):
+        if names and plan.workers():
+            echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(names)} run unverified on these GPUs")
+        return r
+    if not names or not plan.workers():
+        return r
+    check_seams(os.environ)
+    refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
+    run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
+    summary = reuse(run.path, plan, os.environ)
+    if summary is not None:
+        os.environ.pop(DONE_ENV, None)  # used: the workers need not inherit it
+        echo(f"kernel self-check: using the result the detaching launcher wrote ({run.path / result.FILE})")
+    else:
+        summary = run_check(plan, run.path, echo)
+    bad = result.failed(summary)
+    strict = bool(params.get("strict_selfcheck"))
+    summary["decision"] = "refused" if bad and strict else "switched_off" if bad else "ok"
+    summary["switched_off"] = [] if strict else bad
+    result.write(run.path, summary)
+    run.event("selfcheck", decision=summary["decision"], failed=bad, switched_off=summary["switched_off"],
+              standin=summary.get("standin", False), seconds=summary.get("seconds"))
+    echo(result.render(summary))
+    action = ("--strict-selfcheck: refusing to start" if strict else
+              "switched OFF for this run: SGLang's own function is used for it")
+    for line in result.warnings(summary, action):
+        echo(line)
+    if params.get("detach"):
+        os.environ[DONE_ENV] = str(run.path / result.FILE)  # for the launcher `up --detach` starts next
+    if bad and strict:
+        first = summary["patches"][bad[0]]
+        run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check failed: {', '.join(bad)}")
+        raise RuntimeFailure(
+            f"kernel self-check failed for {', '.join(bad)} ({first['class']} on {first['where']}: {first['error']}) and "
+            "--strict-selfcheck is set; nothing was started",
+            f"read {run.path / result.FILE} and the logs in {run.path / 'selfcheck'}; start without "
+            "--strict-selfcheck to serve with the failing patch(es) switched off, and send us "
+            "`v4flash-pd report`")
+    if not bad:
+        return r
+    from v4flash_pd.cli.options import resolve
+
+    off = {f"patch_{name}": "off" for name in bad}
+    return resolve({**params, **off}, "up")

@@ -1,0 +1,142 @@
+"""`up` runs the kernel self-check before any worker starts (rehearsal: the stand-in; with
+V4FLASH_SELFCHECK_DEVICE=cpu the real kernels under Triton's interpreter), switches a failing
+patch off through the plan (plan.json and every worker's V4FLASH_<PATCH>=0), refuses with
+--strict-selfcheck before starting anything, skips with --no-selfcheck; `status` shows it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fakebox
+import pytest
+
+from v4flash_kernels.hook.patches import SWITCHES as REGISTRY
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")]
+
+INJECT = "V4FLASH_SELFCHECK_INJECT"
+SWITCHES = tuple(s.name for s in REGISTRY)
+
+
+@pytest.fixture()
+def box(tmp_path: Path) -> dict:
+    ports = fakebox.free_ports(7)
+    env = fakebox.clean_env()
+    env.update({"V4FLASH_RUNS_ROOT": str(tmp_path / "runs"), "V4FLASH_REHEARSAL_LOAD_SECONDS": "0.3",
+                "V4FLASH_GRACE": "5"})
+    return {"tmp": tmp_path, "env": env, "ports": ports, "cfg": fakebox.write_pd_config(tmp_path, ports),
+            "topology": fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE)}
+
+
+def v4(box: dict, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
+    env = dict(box["env"], **extra)
+    return subprocess.run([sys.executable, "-m", "v4flash_pd", *args], capture_output=True, text=True, env=env,
+                          cwd=box["tmp"], timeout=timeout)
+
+
+def up(box: dict, *args: str, config: bool = True, **extra: str) -> subprocess.CompletedProcess:
+    cfg = ("--config", str(box["cfg"])) if config else ()
+    return v4(box, "up", "--rehearse", *cfg, "--topology", str(box["topology"]), *args, **extra)
+
+
+def latest(box: dict) -> Path:
+    return (box["tmp"] / "runs" / "latest").resolve()
+
+
+def worker_switches(run: Path) -> dict[str, dict[str, str]]:
+    plan = json.loads((run / "plan.json").read_text())
+    return {p["name"]: {k: v for k, v in p["env"] if k.startswith("V4FLASH_") and k != "V4FLASH_REHEARSAL"}
+            for p in plan["processes"] if p["role"] != "router"}
+
+
+@pytest.fixture()
+def stopper(box):
+    yield
+    if (box["tmp"] / "runs" / "latest").exists():
+        v4(box, "down", "--run-dir", str(latest(box)))
+
+
+def test_a_failing_patch_is_switched_off_through_the_plan(box, stopper):
+    res = up(box, "--detach", **{INJECT: "moe:wrong@5"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.index("kernel self-check") < out.index("launcher detached"), "the check runs before anything starts"
+    warning = next(line for line in out.splitlines() if line.startswith("WARNING kernel patch moe"))
+    assert "GPU 5" in warning and "wrong_result" in warning and "switched OFF for this run" in warning
+    run = latest(box)
+    plan = json.loads((run / "plan.json").read_text())
+    assert dict(map(tuple, plan["patches"])) == {n: n != "moe" for n in SWITCHES}
+    for name, sw in worker_switches(run).items():
+        assert sw == {f"V4FLASH_{n.upper()}": "0" if n == "moe" else "1" for n in SWITCHES}, name
+    s = json.loads((run / "selfcheck.json").read_text())
+    assert s["decision"] == "switched_off" and s["switched_off"] == ["moe"] and s["standin"]
+    assert "using the result the detaching launcher wrote" in (run / "launcher.log").read_text()
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    first_start = next(i for i, e in enumerate(events) if e["event"] == "start")
+    assert any(e["event"] == "selfcheck" for e in events[:first_start])
+    st = v4(box, "status", "--run-dir", str(run))
+    assert "moe FAILED on GPU 5" in st.stdout and "switched off for this run" in st.stdout
+    js = json.loads(v4(box, "status", "--json", "--run-dir", str(run)).stdout)
+    assert js["selfcheck"]["switched_off"] == ["moe"] and js["selfcheck"]["standin"]
+
+
+def test_all_pass_changes_nothing_and_is_marked_stand_in(box, stopper):
+    res = up(box, "--detach")
+    assert res.returncode == 0, res.stderr
+    assert "all passed" in res.stdout and "[stand-in: rehearsal, no kernel ran]" in res.stdout
+    assert "FAILED" not in res.stdout
+    assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
+
+
+def test_strict_refuses_before_any_worker_starts(box):
+    res = up(box, "--strict-selfcheck", **{INJECT: "indexer:launch@0"})
+    assert res.returncode == 1
+    assert "error: kernel self-check failed for indexer (launch_error" in res.stderr and "--strict-selfcheck" \
+        in res.stderr and "fix: " in res.stderr and "Traceback" not in res.stderr
+    run = latest(box)
+    assert not list(run.glob("*.log")) and not list(run.glob("*.pid")), "nothing may have been started"
+    assert json.loads((run / "state.json").read_text())["status"] == "failed"
+    assert json.loads((run / "selfcheck.json").read_text())["decision"] == "refused"
+
+
+def test_no_selfcheck_skips_it_and_says_so(box, stopper):
+    res = up(box, "--detach", "--no-selfcheck", **{INJECT: "moe:wrong"})
+    assert res.returncode == 0, res.stderr
+    assert "skipped (--no-selfcheck)" in res.stdout and "unverified" in res.stdout
+    assert not (latest(box) / "selfcheck.json").exists()
+    assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
+
+
+@pytest.mark.slow
+def test_real_kernels_on_the_interpreter_a_broken_one_is_switched_off(box, stopper):
+    """The real `python -m v4flash_kernels.selfcheck` (Triton interpreter, small shapes) in the worker's
+    interpreter and env: the deliberately broken indexer is switched off, the correct kernels pass."""
+    p = fakebox.free_ports(2)
+    res = up(box, "--detach", "--profile", "rtx6000-tp4", "--set", "server.0.gpus=[0]", "--set", "server.0.tp=1",
+             "--set", f"server.0.port={p[0]}", "--set", f"server.0.nccl_port={p[1]}",
+             "--set", "server.0.host=127.0.0.1", config=False, V4FLASH_SELFCHECK_DEVICE="cpu",
+             **{INJECT: "indexer:wrong"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = latest(box)
+    s = json.loads((run / "selfcheck.json").read_text())
+    assert s["interpreter"] and not s["standin"]
+    assert s["patches"]["sparse_decode"]["status"] == "pass" and s["patches"]["moe"]["status"] == "pass"
+    assert s["patches"]["indexer"]["class"] == "wrong_result" and s["switched_off"] == ["indexer"]
+    cases = s["gpus"][0]["patches"]["moe"]["cases"]
+    assert cases and all(c["name"].startswith("small") and c["metrics"]["rel_err"] < 1e-2 for c in cases)
+    assert worker_switches(run)["server-0"] == {f"V4FLASH_{n.upper()}": "0" if n == "indexer" else "1"
+                                                for n in SWITCHES}
+    assert "CPU interpreter, small shapes only" in res.stdout
+
+
+def test_status_of_a_run_without_a_selfcheck_is_unchanged(box, stopper):
+    res = up(box, "--detach", "--no-selfcheck")
+    assert res.returncode == 0
+    st = v4(box, "status", "--json", "--run-dir", str(latest(box)))
+    assert json.loads(st.stdout)["selfcheck"] is None
+
