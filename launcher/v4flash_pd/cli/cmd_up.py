@@ -121,6 +121,28 @@ def _detach(params: dict[str, Any], run: RunDir, ready_timeout: float, url: str)
                          f"watch `v4flash-pd status --run-dir {run.path}`, or `v4flash-pd down --run-dir {run.path}`")
 
 
+def _stdout_lost(run: RunDir, exc: OSError) -> None:
+    """stdout went away before any worker started: record the stop, say so on stderr, exit 1 (as the
+    supervisor does for a closed stdout later on), and keep the exiting interpreter off the dead pipe."""
+    why = exc.strerror or str(exc)
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+    try:
+        run.set_state(status="stopped", stopped=time.time(), reason=f"stdout closed ({why})")
+    except OSError:
+        pass
+    try:
+        print(f"error: stdout closed ({why}) before any worker started; nothing was started", file=sys.stderr,
+              flush=True)
+    except OSError:
+        pass
+    raise SystemExit(1)
+
+
 def ready_line(plan: Plan, took: float) -> str:
     """The one line scripts wait for: `READY <url>` (a cluster's box: `READY box K ...`, no front door)."""
     tag = " [rehearsal]" if plan.rehearse else ""
@@ -161,7 +183,14 @@ def command(params: dict[str, Any]) -> None:
     preflight(r, params["verify_model"])
     run = RunDir.create(params.get("run_dir"))
     check_writable(run)
-    r = selfcheck_gate(r, params, run, click.echo)  # before any worker: a failing patch is switched off (or refused)
+    try:  # before any worker: a failing patch is switched off (or refused)
+        r = selfcheck_gate(r, params, run, click.echo)
+    except BrokenPipeError as exc:  # stdout closed (`up | head`) while it reported: stop as the supervisor would
+        _stdout_lost(run, exc)
+    except OSError as exc:  # its records and logs go into the run dir (a full disk, say); it stopped its checks
+        raise UserError(f"cannot write the kernel self-check's files in {run.path}: {exc.strerror or exc}; no worker "
+                        "was started", f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
+                        "filesystem") from None
     cfg, plan = r.config, r.plan
     if params["detach"]:
         _detach(params, run, cfg.ready_timeout, plan.probe_url)
