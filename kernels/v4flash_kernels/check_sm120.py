@@ -131,15 +131,17 @@ def compile_combine(arch: int) -> CompileResult:
                          SMEM_LIMIT[arch])
 
 
-def _moe_gemm_signature(scale_u8: bool) -> dict:
+def _moe_gemm_signature(scale_mode: int) -> dict:
+    from v4flash_kernels.moe.kernel import SCALE_F32
+
     return {"A": "*bf16", "stride_am": "i32", "W": "*u8", "stride_we": "i64", "stride_wn": "i32",
-            "SC": "*u8" if scale_u8 else "*fp32", "stride_se": "i64", "stride_sn": "i32", "OUT": "*bf16",
+            "SC": "*fp32" if scale_mode == SCALE_F32 else "*u8", "stride_se": "i64", "stride_sn": "i32", "OUT": "*bf16",
             "stride_om": "i32", "IDS": "*i32", "TW": "*fp32", "SORTED": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
             "S": "i32", "N": "i32", "KD": "i32", "A_DIV": "i32", "clamp_limit": "fp32", "out_scale": "fp32",
             "stride_ap": "i32"}
 
 
-def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) -> CompileResult:
+def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int) -> CompileResult:
     """One MoE GEMM binary; inline grouping at its largest slot block (the most registers)."""
     import triton
     import triton.language as tl
@@ -149,14 +151,15 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_u8: bool, arch: int) 
 
     const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
                  BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_U8=scale_u8, DEQ_ASM=True,
+                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
                  DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode)
-    sig = _moe_gemm_signature(scale_u8)
+    sig = _moe_gemm_signature(scale_mode)
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
-    name = f"{'w13' if gated else 'w2'}/{'inline' if inline else 'sorted'}/{'u8' if scale_u8 else 'f32'}/{cfg.name}"
+    scales = {k.SCALE_FAST: "fast", k.SCALE_F32: "f32", k.SCALE_E8M0: "e8m0"}[scale_mode]
+    name = f"{'w13' if gated else 'w2'}/{'inline' if inline else 'sorted'}/{scales}/{cfg.name}"
     return CompileResult("moe_gemm", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
 
 
@@ -191,12 +194,45 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     return out
 
 
+def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
+    """One v2 (repacked experts) MoE GEMM binary; inline grouping at its largest slot block."""
+    import triton
+    import triton.language as tl
+
+    from v4flash_kernels.moe import kernel_v2 as k
+    from v4flash_kernels.moe.kernel import SCALE_FAST
+    from v4flash_kernels.moe.op_v2 import INLINE_MAX_SLOTS
+
+    split = gated and cfg.split_k > 1
+    const = {"GATED": gated, "HAS_CLAMP": True, "INLINE": inline,
+             "BLOCK_S": triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, "BLOCK_T": cfg.block_t,
+             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DEQ_ASM": True, "DOT_DTYPE": tl.bfloat16,
+             "SPLIT_K": cfg.split_k if gated else 1}
+    sig = _moe_gemm_signature(SCALE_FAST)
+    sig.pop("stride_ap")
+    if split:
+        sig.update({"WS": "*fp32", "CNT": "*i32"})
+    else:
+        const.update({"WS": None, "CNT": None})
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
+                                                                 "stride_sn", "stride_om", "KD"]
+    ck = _compile(k.mma_gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    name = f"{'w13' if gated else 'w2'}/{'inline' if inline else 'sorted'}/{cfg.name}"
+    return CompileResult("moe_v2_gemm", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
 def check_moe(arch: int) -> List[CompileResult]:
-    """Every MoE binary the planner can launch (fp32 and e8m0 scales) plus its helper kernels."""
+    """Every MoE binary the planners can launch plus the helper kernels: v1 in the drop-in's scale
+    modes, v1's prefill tiles and the v2 GEMMs in the repacked layers' fast mode."""
+    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe.kernel import SCALE_E8M0, SCALE_F32, SCALE_FAST
     from v4flash_kernels.moe.op import launchable
 
-    results = [compile_moe_gemm(cfg, gated, inline, u8, arch)
-               for cfg, gated, inline in launchable() for u8 in (False, True)]
+    results = [compile_moe_gemm(cfg, gated, inline, mode, arch)
+               for cfg, gated, inline in launchable() for mode in (SCALE_F32, SCALE_E8M0)]
+    results += [compile_moe_gemm(cfg, gated, inline, SCALE_FAST, arch) for cfg, gated, inline in op_v2.launchable_v1()]
+    results += [compile_moe_v2(cfg, gated, inline, arch) for cfg, gated, inline in op_v2.launchable()]
     return results + compile_moe_aux(arch)
 
 
@@ -215,6 +251,51 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     return CompileResult("indexer_logits", cfg.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch],
                          cfg.shared_bytes)
+
+
+def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
+    """The mHC kernels as `mhc.op` launches them: every mix plan (pre and fused), the finish kernel for
+    every partial count the planner can produce (with and without the norm), the post kernel."""
+    import triton
+
+    from v4flash_kernels.mhc import kernel as k
+    from v4flash_kernels.mhc import op as mhc
+
+    out = []
+    mix_sig = {"X": "*bf16", "XIN": "*bf16", "POST_IN": "*fp32", "COMB_IN": "*fp32", "R_OUT": "*bf16",
+               "FN": "*fp32", "PART": "*fp32", "n_tokens": "i32", "h_per_split": "i32"}
+    for plan in mhc.launchable(hidden):
+        for fused in (False, True):
+            const = {"H": hidden, "BLOCK_T": plan.block_t, "BLOCK_H": plan.block_h, "FUSED": fused,
+                     "INTERPRET": False}
+            hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
+            ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
+            regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+            out.append(CompileResult("mhc_mix", f"{'fused/' if fused else 'pre/'}t{plan.block_t}_h{plan.block_h}"
+                                     f"_w{plan.num_warps}", arch, int(ck.metadata.shared), regs, st, ld,
+                                     SMEM_LIMIT[arch]))
+    fin_sig = {"PART": "*fp32", "n_tokens": "i32", "n_splits": "i32", "X": "*bf16", "SCALE": "*fp32",
+               "BASE": "*fp32", "POST": "*fp32", "COMB": "*fp32", "Y": "*bf16", "NORM_W": "*bf16",
+               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32"}
+    warps = {p.finish_warps for p in mhc.launchable(hidden)}
+    s_pads = sorted({triton.next_power_of_2(s) for s in mhc.launchable_splits(hidden)})
+    for w in sorted(warps):
+        for s_pad in s_pads:
+            for norm in (False, True):
+                const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad, "ITERS": 20,
+                         "HAS_NORM": norm, "INTERPRET": False}
+                ck = _compile(k.finish_kernel, fin_sig, const, [n for n, t in fin_sig.items() if t.startswith("*")],
+                              arch, w, 1)
+                regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+                out.append(CompileResult("mhc_finish", f"s{s_pad}{'_norm' if norm else ''}_w{w}", arch,
+                                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
+    post_sig = {"XIN": "*bf16", "RES": "*bf16", "POST": "*fp32", "COMB": "*fp32", "OUT": "*bf16"}
+    const = {"H": hidden, "BLOCK_H": min(mhc.POST_BLOCK_H, triton.next_power_of_2(hidden)), "INTERPRET": False}
+    ck = _compile(k.post_kernel, post_sig, const, list(post_sig), arch, mhc.POST_NUM_WARPS, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    out.append(CompileResult("mhc_post", f"h{const['BLOCK_H']}_w{mhc.POST_NUM_WARPS}", arch, int(ck.metadata.shared),
+                             regs, st, ld, SMEM_LIMIT[arch]))
+    return out
 
 
 def compile_fp8_gemm(binary, arch: int) -> CompileResult:
@@ -253,6 +334,27 @@ def check_fp8_gemm(arch: int) -> List[CompileResult]:
     return results
 
 
+def compile_topk(cfg, k: int, spec: bool, ptb: int, arch: int) -> CompileResult:
+    """One top-K transform binary as `topk.run` launches it (raw indices written too)."""
+    from v4flash_kernels.topk import kernel as tk
+
+    sig = {"SC": "*fp32", "stride_sb": "i32", "SEQ": "*i32", "PT": "*i32", "stride_pb": "i32", "pt_cols": "i32",
+           "OUT": "*i32", "RAW": "*i32", "WS": "*i64", "AUX": "*i32", "B": "i32", "W": "i32", "page_bits": "i32"}
+    const = {"K": k, "CAP": cfg.cap * k // 512, "SMALL": cfg.small, "SPEC": spec, "PTB": ptb, "HAS_RAW": True}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_sb", "stride_pb"]
+    ck = _compile(tk.topk_transform_kernel, sig, const, hinted, arch, cfg.num_warps, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    name = f"{cfg.name}/k{k}{'_spec' if spec else ''}_pt{ptb}"
+    return CompileResult("topk_transform", name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_topk(arch: int) -> List[CompileResult]:
+    """Every top-K binary the planner can launch (`topk.op.launch_variants` of each config)."""
+    from v4flash_kernels.topk.op import CONFIGS, launch_variants
+
+    return [compile_topk(cfg, k, spec, ptb, arch) for cfg in CONFIGS for k, spec, ptb in launch_variants()]
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
@@ -269,7 +371,9 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             from v4flash_kernels.indexer.op import CONFIGS as INDEXER_CONFIGS
 
             results += [compile_indexer(c, arch) for c in INDEXER_CONFIGS]
+            results += check_mhc(arch)
             results += check_fp8_gemm(arch)
+            results += check_topk(arch)
     return results
 
 

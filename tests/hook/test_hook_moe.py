@@ -9,11 +9,12 @@ unpatched runs must enter the function they claim and both match the fp64 refere
 
 from __future__ import annotations
 
+import json
 
 import pytest
 import torch
-
 from hookenv import build_hook_env, sglang_overlay
+
 from v4flash_kernels.moe.reference import ref_of, rel_err
 
 TARGET = "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton"
@@ -147,3 +148,141 @@ def test_changed_upstream_signature_no_moe_patch_one_warning(tmp_path, hook_whee
     moe_lines = [ln for ln in lines if "MoE" in ln]
     assert len(moe_lines) == 1, p.stderr
     assert "WARNING" in moe_lines[0] and "signature differs" in moe_lines[0] and "out=None" in moe_lines[0]
+
+
+# ---------------------------------------------------------------- load-time repack + repacked dispatch
+
+MARLIN = "sglang.srt.layers.quantization.mxfp4_marlin_moe"
+
+REPACK_IDENTITY = """
+import importlib, json
+cls = importlib.import_module("sglang.srt.layers.quantization.mxfp4_marlin_moe").Mxfp4MarlinMoEMethod
+from v4flash_kernels.hook import hook
+from v4flash_kernels.moe import sglang_patch as sp
+res = {"pwal_is_ours": cls.process_weights_after_loading is sp.process_weights_after_loading,
+       "apply_is_ours": cls.apply is sp.apply,
+       "repack": hook.patch_status("moe_repack"), "apply": hook.patch_status("moe_apply")}
+print("PROBE-JSON " + json.dumps(res, default=str))
+"""
+
+REPACK_CONSUMER = """
+import json, os, sys
+from types import SimpleNamespace
+
+from triton.runtime import autotuner as _a
+from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
+_orig = _i._patch_lang_tensor
+def _patched(tensor, scope):
+    _orig(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+_i._patch_lang_tensor = _patched
+_a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
+
+import torch
+import sglang.srt.layers.quantization.mxfp4_marlin_moe as mm
+from sglang.srt.layers.moe.topk import StandardTopKOutput
+from v4flash_kernels.hook import hook
+from v4flash_kernels.moe.reference import MoeCase, make_inputs
+
+seed, scales, out_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+mm.is_sm120_supported = lambda: True  # SGLang's sm_120 branch on a CPU host: the one thing a stand-in must fake
+kw = make_inputs(MoeCase(tokens=3, experts=8, topk=6, hidden=128, inter=64, hole_frac=0.25,
+                         clamp_limit=0.4, routed_scaling_factor=2.5), seed=seed)
+if scales == "any":  # fp32 scales that are not powers of two: the layer must keep SGLang's path
+    kw["w2_scale"] = kw["w2_scale"] * 1.25
+method = mm.Mxfp4MarlinMoEMethod(fp8_method=SimpleNamespace(process_weights_after_loading=lambda layer: None),
+                                 prefix="model.layers.3.mlp.experts")
+layer = torch.nn.Module()
+method.create_weights(layer, num_experts=8, hidden_size=128, intermediate_size_per_partition=64,
+                      params_dtype=torch.bfloat16)
+with torch.no_grad():  # what the checkpoint loader writes into the Parameters create_weights made
+    for p, k in (("w13_weight", "w13_packed"), ("w2_weight", "w2_packed"), ("w13_weight_scale_inv", "w13_scale"),
+                 ("w2_weight_scale_inv", "w2_scale")):
+        getattr(layer, p).copy_(kw[k])
+method.process_weights_after_loading(layer)
+method.runner = SimpleNamespace(config=SimpleNamespace(routed_scaling_factor=kw["routed_scaling_factor"],
+                                                       swiglu_limit=kw["clamp_limit"]))
+dispatch = SimpleNamespace(hidden_states=kw["hidden_states"], topk_output=StandardTopKOutput(
+    topk_weights=kw["topk_weights"], topk_ids=kw["topk_ids"], router_logits=torch.zeros(3, 8)))
+who = {("v4flash_kernels/moe/op_v2.py", "run_repacked"): "v2",
+       ("v4flash_kernels/moe/op.py", "mxfp4_moe_forward"): "v1",
+       ("fused_moe_triton/mxfp4_moe_sm120_triton.py", "mxfp4_moe_forward_triton"): "upstream"}
+entered = []
+def prof(frame, event, arg):
+    if event == "call":
+        for (suffix, name), w in who.items():
+            if frame.f_code.co_name == name and frame.f_code.co_filename.replace(os.sep, "/").endswith(suffix):
+                entered.append(w)
+sys.setprofile(prof)
+try:
+    combine = method.apply(layer, dispatch)
+finally:
+    sys.setprofile(None)
+torch.save({"kw": kw, "out": combine.hidden_states}, out_path)
+print("PROBE-JSON " + json.dumps({
+    "entered": entered, "repacked": getattr(layer, "_v4flash_moe", None) is not None,
+    "scale_dtypes": [str(layer.w13_weight_scale_inv.dtype), str(layer.w2_weight_scale_inv.dtype)],
+    "repack_status": hook.patch_status("moe_repack")}, default=str))
+"""
+
+
+def test_import_swaps_the_repack_and_dispatch_methods(hook_env):
+    p, res, lines = _probe(hook_env, REPACK_IDENTITY, extra_env={})
+    assert p.rc == 0, p.stderr
+    assert res["pwal_is_ours"] and res["apply_is_ours"]
+    assert res["repack"]["active"] is True and res["apply"]["active"] is True, res
+    assert res["repack"]["switch_name"] == "moe" == res["apply"]["switch_name"]
+    assert "no sm_120 MoE layer loaded yet" in res["repack"]["reason"]
+    assert sum("ACTIVE" in ln for ln in lines) == 2, lines
+
+
+def test_moe_switch_off_leaves_the_layer_methods_alone(hook_env):
+    p, res, lines = _probe(hook_env, REPACK_IDENTITY, extra_env={"V4FLASH_MOE": "0"})
+    assert p.rc == 0, p.stderr
+    assert not res["pwal_is_ours"] and not res["apply_is_ours"]
+    assert res["repack"]["active"] is False and "V4FLASH_MOE=0" in res["repack"]["reason"]
+    assert res["apply"]["active"] is False
+    assert not any("WARNING" in ln for ln in lines), lines
+
+
+@pytest.mark.slow  # v2, v1 and upstream under the Triton interpreter
+@pytest.mark.timeout(1200)
+def test_sglang_sm120_layer_repacked_v2_and_fallback_agree(hook_env, tmp_path):
+    """SGLang's own create_weights -> (loader writes) -> process_weights_after_loading -> apply, on CPU.
+
+    Power-of-two scales: the layer is repacked (e8m0 scale Parameters) and apply runs v2. Scales that
+    are not powers of two: the layer is not repacked, one warning names it, the status records it,
+    and apply runs SGLang's path (our v1 drop-in through the moe patch). Switch off: upstream only.
+    All three match the fp64 reference.
+    """
+    runs = {}
+    for mode, scales, extra in (("v2", "pow2", {}), ("kept", "any", {}), ("off", "pow2", {"V4FLASH_MOE": "0"})):
+        out = tmp_path / f"{mode}.pt"
+        st_dir = tmp_path / f"status-{mode}"
+        p, res, lines = _probe(hook_env, REPACK_CONSUMER, "5", scales, str(out), timeout=900,
+                               extra_env={"TRITON_INTERPRET": "1", "V4FLASH_PATCH_STATUS_DIR": str(st_dir), **extra})
+        assert p.rc == 0, p.stderr[-4000:]
+        runs[mode] = (res, torch.load(out, weights_only=False), lines, st_dir)
+    res, data, lines, _ = runs["v2"]
+    assert res["entered"] == ["v2"] and res["repacked"]
+    assert res["scale_dtypes"] == ["torch.float8_e8m0fnu"] * 2
+    assert res["repack_status"]["detail"]["repacked_layers"] == 1
+    assert "repacked 1 of 1" in res["repack_status"]["reason"]
+    assert rel_err(data["out"], ref_of(data["kw"])) <= 1e-2
+
+    res, data, lines, st_dir = runs["kept"]
+    assert res["entered"] == ["v1"] and not res["repacked"]
+    assert res["scale_dtypes"] == ["torch.float32"] * 2
+    warn = [ln for ln in lines if "not repacked" in ln]
+    assert len(warn) == 1 and "model.layers.3.mlp.experts" in warn[0] and "w2_weight_scale_inv" in warn[0], lines
+    kept = res["repack_status"]["detail"]["kept_layers"]
+    assert list(kept) == ["model.layers.3.mlp.experts"] and "not exact powers of two" in kept["model.layers.3.mlp.experts"]
+    (status_file,) = st_dir.glob("patch-*.json")
+    on_disk = json.loads(status_file.read_text())["patches"]["moe_repack"]
+    assert "1 kept SGLang's path" in on_disk["reason"] and on_disk["detail"]["repacked_layers"] == 0
+    assert rel_err(data["out"], ref_of(data["kw"])) <= 1e-2
+
+    res, data, lines, _ = runs["off"]
+    assert res["entered"] == ["upstream"] and not res["repacked"]
+    assert res["scale_dtypes"] == ["torch.float32"] * 2
+    assert rel_err(data["out"], ref_of(data["kw"])) <= 3e-2  # upstream's own bf16 round trips

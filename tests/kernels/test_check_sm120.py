@@ -40,6 +40,13 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert fp8 == {(b.name, a) for b in fp8_launchable() for a in (120, 90)}
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
+    from v4flash_kernels.mhc.op import launchable
+
+    mix = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "mhc_mix"}
+    assert mix == {(f"{v}/t{p.block_t}_h{p.block_h}_w{p.num_warps}", a) for p in launchable() for v in ("pre", "fused")
+                   for a in (120, 90)}
+    assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
+        (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:

@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from v4flash_kernels.moe import kernel, op_v2, repack
 from v4flash_kernels.moe import op as moe
 from v4flash_kernels.moe.reference import (
     MoeCase,
@@ -60,7 +61,7 @@ CASES = {
     # -1 slots, clamp active (small limit), scaling on, fp32 scales, M=5 (no block multiple).
     "holes_clamp_scale": MoeCase(tokens=5, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5),
     # top-1 routing, no clamp, no scaling, e8m0 byte scales, M=7.
-    "top1_u8_plain": MoeCase(tokens=7, topk=1, scale_u8=True),
+    "top1_e8m0_plain": MoeCase(tokens=7, topk=1, scale_e8m0=True),
     # clamp_limit 0 means "no clamp" (upstream's rule: only a positive limit clamps).
     "clamp_zero_is_off": MoeCase(tokens=3, topk=2, clamp_limit=0.0, routed_scaling_factor=1.0),
     # Every token on expert 0 (19 rows: two 16-row blocks) plus 5 other experts each.
@@ -105,18 +106,82 @@ def test_clamp_and_scaling_are_applied():
     assert rel_err(with_both, without.double()) > 0.05
 
 
+def _upstream():
+    """The pinned upstream module (cached by load_module) with one autotune config: the
+    interpreter has no benchmarker to choose between several."""
+    from v4flash_kernels.upstream import MOE_PATH, load_module
+
+    up = load_module(MOE_PATH)
+    kernel = up._mxfp4_slot_gemv_kernel
+    kernel.configs = kernel.configs[1:2] if len(kernel.configs) > 1 else kernel.configs
+    return up
+
+
 def test_matches_upstream_under_interpreter():
     """Ours vs the pinned upstream function executed under the interpreter, and both vs fp64.
 
     The interpreter truncates fp32 -> bf16 (no round-to-nearest); upstream rounds four times
     through bf16 buffers, so its own error is ~1 %: ours must be within 3 % of it and 1 % of fp64.
     """
-    from v4flash_kernels.upstream import MOE_PATH, load_module
-
-    up = load_module(MOE_PATH)
-    # One autotune config: the interpreter has no benchmarker to choose between several.
-    up._mxfp4_slot_gemv_kernel.configs = up._mxfp4_slot_gemv_kernel.configs[1:2]
+    up = _upstream()
     kw = make_inputs(MoeCase(tokens=3, hole_frac=0.25, clamp_limit=0.4, routed_scaling_factor=2.5))
+    ours = moe.mxfp4_moe_forward(**kw)
+    theirs = up.mxfp4_moe_forward_triton(**kw)
+    ref = _assert_matches(kw, ours)
+    assert rel_err(theirs, ref) <= 3e-2
+    assert rel_err(ours, theirs.double()) <= 3e-2
+
+
+def _any_fp32_scales(kw: dict, gen: torch.Generator) -> dict:
+    """The call with fp32 scales that are not powers of two (random mantissas, a few negative and
+    zero): upstream multiplies them in; reading only their exponent was 60-80 % off."""
+    out = dict(kw)
+    for n in ("w13_scale", "w2_scale"):
+        s = kw[n].float() * (1 + torch.rand(kw[n].shape, generator=gen))
+        flip = torch.rand(s.shape, generator=gen)
+        s = torch.where(flip < 0.05, -s, s)
+        out[n] = torch.where(flip > 0.98, torch.zeros_like(s), s)
+    return out
+
+
+@pytest.mark.parametrize("plan", [None, SORTED], ids=["planner", "sorted"])
+def test_fp32_scales_that_are_not_powers_of_two_are_exact(plan):
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = _any_fp32_scales(make_inputs(MoeCase(tokens=5, hole_frac=0.2, clamp_limit=7.0, routed_scaling_factor=1.5)), g)
+    assert ((kw["w13_scale"].view(torch.int32) & 0x7FFFFF) != 0).any()
+    _assert_matches(kw, _call(kw, plan))
+
+
+def test_e8m0_bytes_outside_the_fast_range_are_exact():
+    """e8m0 scales far from MXFP4's usual 2^-9..2^-5: 2^-127 (byte 0), below 2^-62 and above 2^64
+    (the exponent-only decode's limits), as float8_e8m0fnu. Upstream converts them with .to(fp32)."""
+    from v4flash_kernels.moe import kernel as k
+
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = make_inputs(MoeCase(tokens=4, topk=3, scale_e8m0=True, routed_scaling_factor=0.5))
+    s13 = torch.randint(110, 135, kw["w13_scale"].shape, generator=g, dtype=torch.uint8)
+    s13[:, ::5, 0] = 0  # 2^-127
+    s13[:, 1::5, 1] = k.FAST_MIN_BYTE - 20
+    s2 = torch.randint(k.FAST_MAX_BYTE + 1, k.FAST_MAX_BYTE + 10, kw["w2_scale"].shape, generator=g, dtype=torch.uint8)
+    kw = dict(kw, w13_scale=s13.view(torch.float8_e8m0fnu), w2_scale=s2.view(torch.float8_e8m0fnu))
+    out = _call(kw, INLINE)
+    assert torch.isfinite(out.float()).all()
+    _assert_matches(kw, out)
+
+
+def test_integer_scale_dtypes_are_taken_by_value_as_upstream_does():
+    """uint8 scales mean their integer values to upstream (`.to(torch.float32)`), not e8m0 bytes."""
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = make_inputs(MoeCase(tokens=3, topk=2, routed_scaling_factor=1e-4))
+    kw = dict(kw, w13_scale=torch.randint(1, 4, kw["w13_scale"].shape, generator=g, dtype=torch.uint8),
+              w2_scale=torch.randint(1, 4, kw["w2_scale"].shape, generator=g, dtype=torch.uint8))
+    _assert_matches(kw, _call(kw, SORTED))
+
+
+def test_matches_upstream_on_fp32_scales_that_are_not_powers_of_two():
+    up = _upstream()
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    kw = _any_fp32_scales(make_inputs(MoeCase(tokens=2, clamp_limit=7.0, routed_scaling_factor=1.5)), g)
     ours = moe.mxfp4_moe_forward(**kw)
     theirs = up.mxfp4_moe_forward_triton(**kw)
     ref = _assert_matches(kw, ours)
@@ -138,11 +203,12 @@ def test_reference_dequant_follows_the_definition():
     vals = e2m1_values()
     assert vals.tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
     packed = torch.full((1, 16), 0x2F, dtype=torch.uint8)
-    scale = torch.tensor([[130]], dtype=torch.uint8)  # 2^3
-    w = dequant(packed, scale)
+    scale = torch.tensor([[130]], dtype=torch.uint8)
+    w = dequant(packed, scale.view(torch.float8_e8m0fnu))  # 2^3
     assert w.shape == (1, 32)
     assert w[0, 0].item() == -48.0 and w[0, 1].item() == 8.0
     assert torch.equal(dequant(packed, scale.view(torch.float8_e8m0fnu).to(torch.float32)), w)
+    assert dequant(packed, scale).abs().max().item() == 6 * 130  # a uint8 scale is a value, as upstream
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -201,3 +267,165 @@ def test_rejects_bad_shapes():
     kw = make_inputs(MoeCase(tokens=2))
     with pytest.raises(ValueError, match="weight shapes"):
         moe.mxfp4_moe_forward(**dict(kw, intermediate_size=32))
+
+
+# ---------------------------------------------------------------- v2: repacked experts (moe.repack, moe.op_v2)
+
+V2_T8 = op_v2.MmaConfig(8, 32, 64, 2, 1)
+V2_T16 = op_v2.MmaConfig(16, 32, 64, 2, 1)
+V2_PLANS = {
+    "inline_t8": op_v2.PlanV2(True, V2_T8, V2_T8),
+    "sorted_t8": op_v2.PlanV2(False, V2_T8, V2_T8),
+    "sorted_t16_g2_t8": op_v2.PlanV2(False, V2_T16, V2_T8),
+    "inline_splitk4": op_v2.PlanV2(True, op_v2.MmaConfig(8, 32, 32, 2, 1, split_k=4), V2_T8),
+    "sorted_splitk2": op_v2.PlanV2(False, op_v2.MmaConfig(8, 32, 64, 2, 1, split_k=2), V2_T16),
+}
+V2_CASES = {
+    "holes_clamp_scale": MoeCase(tokens=5, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5),
+    # expert 0 on every one of 19 tokens: 3 chunks / blocks of 8 rows (and 2 of 16)
+    "hot_expert": MoeCase(tokens=19, topk=3, routing="hot", clamp_limit=0.4),
+    "dup_experts_top1": MoeCase(tokens=6, topk=1, routing="dup", routed_scaling_factor=0.7),
+}
+
+
+def _repacked(kw: dict) -> repack.RepackedExperts:
+    return repack.repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"])
+
+
+def _call_v2(kw: dict, plan=None) -> torch.Tensor:
+    out = torch.full_like(kw["hidden_states"], float("nan"))
+    o = op_v2.run_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+                           kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    return o
+
+
+def _v2_combinations():
+    """Every (case, plan) pair the planner could produce: split-K with inline grouping only for
+    tokens <= block_t (run_repacked refuses the rest, tested below)."""
+    for name, case in sorted(V2_CASES.items()):
+        for plan_name, plan in sorted(V2_PLANS.items()):
+            if not (plan.inline and plan.gemm1.split_k > 1 and case.tokens > plan.gemm1.block_t):
+                yield name, plan_name
+
+
+@pytest.mark.parametrize("name,plan", list(_v2_combinations()))
+def test_v2_matches_fp64_reference(name, plan):
+    kw = make_inputs(V2_CASES[name])
+    _assert_matches(kw, _call_v2(kw, V2_PLANS[plan]))
+
+
+def test_v2_split_k_inline_at_one_token():
+    kw = make_inputs(MoeCase(tokens=1, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5))
+    _assert_matches(kw, _call_v2(kw, V2_PLANS["inline_splitk4"]))
+
+
+def test_v2_e8m0_input_scales_and_planner_default():
+    kw = make_inputs(MoeCase(tokens=2, hole_frac=0.2, scale_e8m0=True, clamp_limit=0.4, routed_scaling_factor=1.5))
+    _assert_matches(kw, _call_v2(kw))  # the planner's own plan (inline, split-K GEMM1)
+
+
+def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
+    """Past V2_MAX_ROWS_PER_EXPERT the planner hands back v1's plan; v1 then reads the checked
+    uint8 scales with the exponent-only decode."""
+    assert isinstance(op_v2.make_plan(4096, 6, 256, 4096, 512), moe.Plan)
+    kw = make_inputs(MoeCase(tokens=7, topk=4, hole_frac=0.1, clamp_limit=0.4, routed_scaling_factor=2.0))
+    _assert_matches(kw, _call_v2(kw, SORTED))
+    _assert_matches(kw, _call_v2(kw, INLINE))
+
+
+def test_v2_split_k_leaves_counters_zero_and_repeats_exactly():
+    """The last split to arrive reduces and zeroes its counter: a second call (as a graph replay
+    would) sees clean counters and gives the same bits."""
+    from v4flash_kernels.attention.op import arrival_counters
+
+    kw = make_inputs(MoeCase(tokens=1, clamp_limit=0.4, routed_scaling_factor=1.5))
+    plan = V2_PLANS["inline_splitk4"]
+    a = _call_v2(kw, plan)
+    assert int(arrival_counters(a.device, 1).abs().sum()) == 0
+    b = _call_v2(kw, plan)
+    assert torch.equal(a, b)
+    _assert_matches(kw, a)
+
+
+def test_v2_refuses_split_k_inline_with_more_tokens_than_a_chunk():
+    kw = make_inputs(MoeCase(tokens=9, topk=2))
+    with pytest.raises(ValueError, match="split-K"):
+        _call_v2(kw, V2_PLANS["inline_splitk4"])
+
+
+def test_v2_plan_depends_on_shapes_only():
+    p1 = op_v2.make_plan(1, 6, 256, 4096, 512)
+    assert p1 == op_v2.make_plan(1, 6, 256, 4096, 512) and p1.inline and p1.gemm1.split_k > 1
+    assert p1.gemm1.block_t >= 1  # M=1 fits one chunk: split-K is allowed
+    p2 = op_v2.make_plan(2, 6, 256, 4096, 512)
+    assert p2.inline and p2.gemm1.split_k == 1
+    p16 = op_v2.make_plan(16, 6, 256, 4096, 512)
+    assert not p16.inline and p16.gemm1.block_t == 8
+    p256 = op_v2.make_plan(256, 6, 256, 4096, 512)
+    assert isinstance(p256, op_v2.PlanV2) and p256.gemm1.block_t == 16
+    assert isinstance(op_v2.make_plan(1024, 6, 256, 4096, 512), moe.Plan)
+    for cfg, _, _ in op_v2.launchable():
+        assert cfg.block_n % 16 == 0 and cfg.block_k % 32 == 0 and cfg.block_t in (8, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e8m0fnu])
+def test_repack_accepts_powers_of_two_in_range(dtype):
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    b = torch.randint(kernel.FAST_MIN_BYTE, kernel.FAST_MAX_BYTE + 1, (3, 64, 4), generator=g, dtype=torch.uint8)
+    s = b.view(torch.float8_e8m0fnu)
+    s = s if dtype == torch.float8_e8m0fnu else s.to(torch.float32)
+    assert repack.check_scales(s) is None
+    assert torch.equal(repack.e8m0_bytes(s), b)
+
+
+@pytest.mark.parametrize("bad,why", [
+    (lambda s: s * 1.5, "not exact powers of two"),
+    (lambda s: -s, "not exact powers of two"),
+    (lambda s: s * 0, "not exact powers of two"),
+    (lambda s: s * 2.0**-80, "not exact powers of two"),
+    (lambda s: s * 2.0**80, "not exact powers of two"),
+])
+def test_repack_names_the_scales_it_refuses(bad, why):
+    kw = make_inputs(MoeCase(tokens=1))
+    s2 = kw["w2_scale"].clone()
+    s2[3, 17, 1] = bad(s2[3, 17, 1])
+    with pytest.raises(repack.ScaleError, match=why) as err:
+        repack.repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], s2)
+    msg = str(err.value)
+    assert msg.startswith("w2_scale: 1 of ") and "[3, 17, 1]=" in msg
+
+
+def test_repack_refuses_integer_scales_and_bad_shapes():
+    kw = make_inputs(MoeCase(tokens=1))
+    u8 = kw["w13_scale"].to(torch.uint8)
+    with pytest.raises(repack.ScaleError, match="dtype torch.uint8"):
+        repack.repack_experts(kw["w13_packed"], kw["w2_packed"], u8, kw["w2_scale"])
+    ex = _repacked(kw)
+    with pytest.raises(ValueError, match="RepackedExperts.s2"):
+        repack.RepackedExperts(ex.w13, ex.w2, ex.s13, ex.s13)
+    assert ex.w13.data_ptr() == kw["w13_packed"].data_ptr()  # weights are viewed, not copied
+    assert (ex.experts, ex.hidden, ex.inter) == (8, 128, 64)
+
+
+def test_bench_sweep_candidates_and_tables():
+    """The GPU bench's pure parts: every swept plan is one the kernels accept, the planner's own plan
+    comes first, and both tables format a row (synthetic numbers, no GPU)."""
+    from v4flash_kernels.moe import bench
+
+    for m in (1, 2, 16, 64, 256, 1024, 4096):
+        plans = bench.v2_candidates(bench.Shape(4, m))
+        first = next(iter(plans.values()))
+        assert first == op_v2.make_plan(m, 6, 256, 4096, 512)
+        for p in plans.values():
+            if isinstance(p, op_v2.PlanV2):
+                for cfg in (p.gemm1, p.gemm2):
+                    assert cfg.block_n % 16 == 0
+                    assert cfg.block_n >= 16 * cfg.num_warps and 4096 % cfg.block_k == 0
+                assert p.gemm2.split_k == 1
+                assert not (p.inline and p.gemm1.split_k > 1 and m > p.gemm1.block_t)
+    v = {"ok": True, "rel_err": 3e-3, "nan": False, "us": 10.0, "note": "graph"}
+    row = {"tp": 4, "tokens": 1, "routing": "random", "hole_frac": 0.0, "experts_touched": 6.0, "bytes": 2e7,
+           "floor_h200_us": 4.6, "floor_rtx6000_us": 11.0, "plan_v2": "v2-inline/...",
+           "variants": {"v1": dict(v, us=40.0), "v2": v, "upstream": dict(v, us=250.0)}}
+    assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])

@@ -192,7 +192,22 @@ def patch_status(name: str, why_undecided: Optional[str] = None) -> dict:
     }
     if spec is SPARSE_DECODE:
         rec["sglang_sm120_triton_flashmla"] = _sglang_backend()
+    if spec.detail and rec["active"]:
+        try:
+            mod_name, _, fn_name = spec.detail.partition(":")
+            detail = getattr(importlib.import_module(mod_name), fn_name)()
+            rec["detail"] = detail
+            if detail.get("summary"):
+                rec["reason"] = f"{rec['reason']}; {detail['summary']}"
+        except Exception as exc:  # a report must not break the status
+            rec["detail"] = {"error": f"{type(exc).__name__}: {exc}"}
     return rec
+
+
+def refresh_status_file() -> None:
+    """Rewrite this process's status file now (a patch's `detail` changed, e.g. a layer was loaded)."""
+    with _lock:
+        _write_status_file()
 
 
 def apply() -> dict:
@@ -455,7 +470,7 @@ def find_spec_after(finder: Any, fullname: str, path: Any, target: Any) -> Any:
 
 __all__ = [
     "Decision", "PINNED_SGLANG", "PATCHES", "apply", "decide", "parse_switch", "patch_status",
-    "signature_mismatch", "status",
+    "refresh_status_file", "signature_mismatch", "status",
 ]
 
 

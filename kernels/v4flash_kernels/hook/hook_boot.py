@@ -17,8 +17,10 @@ TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
 TARGET_MODULES = frozenset({
     TARGET_MODULE,
     "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton",
+    "sglang.srt.layers.quantization.mxfp4_marlin_moe",
     "sglang.srt.layers.attention.dsv4.indexer",
     "sglang.srt.layers.quantization.fp8_utils",
+    "sglang.srt.models.deepseek_v4",
 })
 
 

@@ -50,6 +50,9 @@ class PatchSpec:
     returns the function actually installed, for patches that need per-process facts the upstream
     call does not pass (e.g. the attention-TP rank); it must keep upstream's signature.
     `target_attr` is a module attribute (`"f"`) or a class attribute of one (`"Cls.method"`).
+    `detail` ("module:function") returns a JSON-able dict added to the patch's status record while
+    it is active (e.g. what a load-time hook did to each layer); its "summary" string, if any, is
+    appended to the record's reason, which `status` prints.
     """
 
     name: str  # unique key of the status records
@@ -60,6 +63,7 @@ class PatchSpec:
     ours_module: str
     ours_attr: str
     adapter: Optional[str] = None
+    detail: Optional[str] = None
 
     @property
     def switch_env(self) -> str:
@@ -84,6 +88,12 @@ SWITCHES: Tuple[Switch, ...] = (
            selfcheck="v4flash_kernels.indexer.selfcheck"),
     Switch("fp8_gemm", "block-FP8 linear",
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+    Switch("mhc", "mHC pre/post",
+           "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
+           "upstream's sm_120 torch + TileLang path (off)."),
+    Switch("topk", "top-512 transform",
+           "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
+           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -118,6 +128,31 @@ INDEXER = PatchSpec(
     ours_attr="fp8_paged_mqa_logits",
 )
 
+# The MoE switch also repacks the sm_120 layers' experts at load time and runs the decode kernel v2
+# on them (v4flash_kernels/moe/sglang_patch.py). Each of the three is correct without the others: a
+# repacked layer keeps the loader's weight bytes and exact e8m0 scales.
+MOE_REPACK = PatchSpec(
+    name="moe_repack",
+    title="MXFP4 MoE load-time repack",
+    switch="moe",
+    target_module="sglang.srt.layers.quantization.mxfp4_marlin_moe",
+    target_attr="Mxfp4MarlinMoEMethod.process_weights_after_loading",
+    ours_module="v4flash_kernels.moe.sglang_patch",
+    ours_attr="process_weights_after_loading",
+    detail="v4flash_kernels.moe.sglang_patch:status_detail",
+)
+
+MOE_APPLY = PatchSpec(
+    name="moe_apply",
+    title="MXFP4 MoE repacked-layer dispatch",
+    switch="moe",
+    target_module="sglang.srt.layers.quantization.mxfp4_marlin_moe",
+    target_attr="Mxfp4MarlinMoEMethod.apply",
+    ours_module="v4flash_kernels.moe.sglang_patch",
+    ours_attr="apply",
+)
+
+
 # What SGLang's sm_120 FP8 dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend) hands every
 # block-FP8 linear, looked up in the module at dispatch time: the quant + GEMM pair is replaced whole.
 FP8_GEMM = PatchSpec(
@@ -130,7 +165,41 @@ FP8_GEMM = PatchSpec(
     ours_attr="w8a8_block_fp8_linear",
 )
 
-PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, INDEXER, FP8_GEMM)
+
+# DeepSeek-V4's hyper-connections (mHC). On sm_120 upstream runs `hc_pre` as torch + the TileLang
+# Sinkhorn + torch (then its RMSNorm as a separate kernel) and `hc_post` as TileLang, and keeps its
+# fused post+pre unreachable. The switch installs our two methods and our fused op, and then lets the
+# model take its own fused structure (the enable check says yes only while our fused op is the one
+# `deepseek_v4` calls, so a refused fused patch leaves the model unfused).
+_DSV4 = "sglang.srt.models.deepseek_v4"
+MHC_PRE = PatchSpec(name="mhc_pre", title="mHC pre", switch="mhc", target_module=_DSV4,
+                    target_attr="DeepseekV4DecoderLayer.hc_pre", ours_module="v4flash_kernels.mhc.op",
+                    ours_attr="hc_pre")
+MHC_POST = PatchSpec(name="mhc_post", title="mHC post", switch="mhc", target_module=_DSV4,
+                     target_attr="DeepseekV4DecoderLayer.hc_post", ours_module="v4flash_kernels.mhc.op",
+                     ours_attr="hc_post")
+MHC_FUSED = PatchSpec(name="mhc_fused", title="mHC fused post+pre", switch="mhc", target_module=_DSV4,
+                      target_attr="mhc_fused_post_pre", ours_module="v4flash_kernels.mhc.op",
+                      ours_attr="mhc_fused_post_pre")
+MHC_FUSED_ON = PatchSpec(name="mhc_fused_on", title="mHC fused path enable", switch="mhc", target_module=_DSV4,
+                         target_attr="_is_fused_mhc_post_pre_enabled", ours_module="v4flash_kernels.mhc.op",
+                         ours_attr="fused_post_pre_enabled")
+
+# The c4 indexer's top-K of the logits, page-translated: the indexer module imports the JIT wrapper
+# by name (`from sglang.jit_kernel.dsv4 import topk_transform_512`) and calls that global at call
+# time, so the name is replaced where it is resolved, in the indexer module.
+TOPK = PatchSpec(
+    name="topk",
+    title="top-512 transform",
+    switch="topk",
+    target_module="sglang.srt.layers.attention.dsv4.indexer",
+    target_attr="topk_transform_512",
+    ours_module="v4flash_kernels.topk.op",
+    ours_attr="topk_transform_512",
+)
+
+PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK)
 
 
 def by_name(name: str) -> PatchSpec:

@@ -1,20 +1,27 @@
-"""Benchmark of the grouped MXFP4 MoE: check against fp64, then time ours and upstream side by side.
+"""Benchmark of the MXFP4 MoE: ours v1 (drop-in) vs ours v2 (repacked experts) vs upstream.
 
-    python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--tp 4,1] [--decode 1,2,...]
-                                        [--prefill 256,...] [--quick] [--no-upstream]
+    python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
+                                        [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 8]
+    python -m v4flash_kernels.moe.bench --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
 
-Per shape (DeepSeek-V4-Flash routed experts per GPU: E=256, topk=6, hidden 4096, intermediate
-512 at TP4 / 2048 at TP1) it draws `--copies` independent sets of expert weights (each ~1 GB at
-TP4, together far past the 60 MB L2) and routings, checks ours (and every swept plan) and the
-pinned upstream `mxfp4_moe_forward_triton` (loaded from the sglang wheel) against the fp64
-reference (all tokens, or a random subset for big M) with NaN-poisoned outputs, then times each:
-decode sizes as one CUDA graph holding one call per weight copy (so consecutive calls stream
-different weights, as consecutive layers do), replayed under `triton.testing.do_bench` (L2
-flushed before each replay, median / copies); prefill sizes the same way without a graph. Upstream
-at huge M costs ~1 s per call, so it is timed with a single call there (or skipped, noted).
+Per TP (DeepSeek-V4-Flash routed experts per GPU: E=256, top-6, hidden 4096, intermediate 512 at
+TP4 / 1024 at TP2 / 2048 at TP1) it draws `--copies` independent sets of expert weights once (int8
+nibbles and fp32 power-of-two scales, as SGLang's sm_120 loader leaves them; each ~1 GB at TP4,
+together far past the 60 MB L2) and their repacked form (`repack.repack_experts`: the same bytes,
+uint8 e8m0 scales). Per shape it draws routings and activations, checks every variant against the
+fp64 reference (all tokens, or 48 random ones for big M) with NaN-poisoned outputs, then times it:
+decode sizes (M <= 64) as one CUDA graph holding one call per weight copy (consecutive calls stream
+different weights, as consecutive layers do) replayed under `triton.testing.do_bench` (L2 flushed
+before each replay, median / copies); larger sizes the same way without a graph. Upstream from
+M=256 on is timed with one call (~40-620 ms each).
 
-`--quick` instead sweeps the candidate GEMM configs (one GEMM varied at a time) and routing modes
-at a few sizes and prints which wins, to pick the planner's table in one GPU round.
+Variants: `v1` = `op.mxfp4_moe_forward` on the loader's fp32 scales (what the `moe` patch runs
+without the repack), `v2` = `op_v2.moe_forward_repacked` on the repacked experts (what a repacked
+layer runs), `upstream` = the pinned `mxfp4_moe_forward_triton` from the sglang wheel.
+
+`--quick` instead sweeps candidate v2 plans (one GEMM varied at a time around the planner's) and,
+from M=256 on, v1's plan on the fast scales, with a per-kernel device-time breakdown (torch
+profiler), to pick the planner's table in one GPU round.
 """
 
 from __future__ import annotations
@@ -23,20 +30,23 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Callable, Dict, List, Optional
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Tuple
 
-from v4flash_kernels.attention.bench import variant_summary
 from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
 REL_TOL = 1e-2
 REF_TOKENS = 48  # fp64 check on this many random tokens when M is larger
+GRAPH_MAX_M = 64  # decode sizes: timed as CUDA-graph replays
 UPSTREAM_ONE_CALL_M = 256  # from here upstream is timed with one call
 UPSTREAM_SKIP_FLOPS = 1.2e12  # skip upstream above this many FLOPs per call (~2.4 s on H200)
-
-TP = {4: 512, 1: 2048, 8: 256}  # intermediate size per GPU
+EXPERTS, TOPK, HIDDEN = 256, 6, 4096
+INTER = {1: 2048, 2: 1024, 4: 512, 8: 256}  # routed-expert intermediate size per GPU at each TP
+CLAMP, SCALING = 10.0, 1.5
+DEFAULT_SIZES = "1,2,4,8,16,32,64,256,1024,4096"
+QUICK_SIZES = "1,16,64,256,1024"
 
 
 @dataclass(frozen=True)
@@ -47,50 +57,144 @@ class Shape:
     hole_frac: float = 0.0
 
 
-def _moe_case(shape: Shape, scale_u8: bool = False):
-    from v4flash_kernels.moe.reference import MoeCase
-
-    return MoeCase(tokens=shape.tokens, experts=256, topk=6, hidden=4096, inter=TP[shape.tp],
-                   routing=shape.routing, hole_frac=shape.hole_frac, scale_u8=scale_u8,
-                   clamp_limit=10.0, routed_scaling_factor=1.5)
+# ---------------------------------------------------------------- inputs
 
 
-def build(shape: Shape, copies: int, seed: int) -> List[dict]:
-    """`copies` call argument sets with distinct weights and routing, on the GPU."""
+def build_weights(tp: int, copies: int, seed: int) -> List[dict]:
+    """`copies` expert sets on the GPU: the loader's tensors plus their repacked form."""
     import torch
 
-    from v4flash_kernels.moe.reference import make_routing
+    from v4flash_kernels.moe.repack import repack_experts
 
-    case = _moe_case(shape)
-    g = torch.Generator().manual_seed(seed)
+    inter = INTER[tp]
     gd = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(copies):
-        w13 = torch.randint(0, 256, (256, 2 * case.inter, 2048), dtype=torch.uint8, device="cuda", generator=gd)
-        w2 = torch.randint(0, 256, (256, 4096, case.inter // 2), dtype=torch.uint8, device="cuda", generator=gd)
-        s13 = torch.randint(118, 123, (256, 2 * case.inter, 128), dtype=torch.uint8, device="cuda", generator=gd)
-        s2 = torch.randint(118, 123, (256, 4096, case.inter // 32), dtype=torch.uint8, device="cuda", generator=gd)
-        ids, w = make_routing(case, g, "cuda")
-        x = torch.randn((case.tokens, 4096), generator=g).to(torch.bfloat16).cuda()
-        out.append(dict(
-            hidden_states=x, w13_packed=w13.view(torch.int8), w2_packed=w2.view(torch.int8),
-            w13_scale=s13.view(torch.float8_e8m0fnu).to(torch.float32),
-            w2_scale=s2.view(torch.float8_e8m0fnu).to(torch.float32),
-            topk_ids=ids, topk_weights=w, hidden_size=4096, intermediate_size=case.inter,
-            routed_scaling_factor=case.routed_scaling_factor, clamp_limit=case.clamp_limit,
-        ))
+        def r(shape, lo, hi):
+            return torch.randint(lo, hi, shape, dtype=torch.uint8, device="cuda", generator=gd)
+
+        w13, w2 = r((EXPERTS, 2 * inter, HIDDEN // 2), 0, 256), r((EXPERTS, HIDDEN, inter // 2), 0, 256)
+        s13 = r((EXPERTS, 2 * inter, HIDDEN // 32), 118, 123).view(torch.float8_e8m0fnu).to(torch.float32)
+        s2 = r((EXPERTS, HIDDEN, inter // 32), 118, 123).view(torch.float8_e8m0fnu).to(torch.float32)
+        w13, w2 = w13.view(torch.int8), w2.view(torch.int8)
+        out.append({"w13_packed": w13, "w2_packed": w2, "w13_scale": s13, "w2_scale": s2,
+                    "experts": repack_experts(w13, w2, s13, s2)})
     return out
 
 
-def bind_plan(plan) -> Callable:
-    """`fn(out=None, **upstream_kwargs)` running ours with an explicit plan."""
-    from v4flash_kernels.moe import op as moe
+def build_calls(shape: Shape, weights: List[dict], seed: int) -> List[dict]:
+    """One call's arguments per weight copy (upstream's keywords, plus the repacked experts)."""
+    import torch
+
+    from v4flash_kernels.moe.reference import MoeCase, make_routing
+
+    case = MoeCase(tokens=shape.tokens, experts=EXPERTS, topk=TOPK, hidden=HIDDEN, inter=INTER[shape.tp],
+                   routing=shape.routing, hole_frac=shape.hole_frac, clamp_limit=CLAMP, routed_scaling_factor=SCALING)
+    g = torch.Generator().manual_seed(seed)
+    calls = []
+    for w in weights:
+        ids, tw = make_routing(case, g, "cuda")
+        x = torch.randn((shape.tokens, HIDDEN), generator=g).to(torch.bfloat16).cuda()
+        calls.append(dict(w, hidden_states=x, topk_ids=ids, topk_weights=tw, hidden_size=HIDDEN,
+                          intermediate_size=INTER[shape.tp], routed_scaling_factor=SCALING, clamp_limit=CLAMP))
+    return calls
+
+
+def upstream_kwargs(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k != "experts"}
+
+
+# ---------------------------------------------------------------- variants
+
+
+def v1_fn(plan=None) -> Callable:
+    """`fn(out=None, **call)` running v1 (the drop-in) on the loader's fp32 scales."""
+    from v4flash_kernels.moe import op as v1
 
     def call(out=None, **kw):
-        return moe.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
-                       kw["topk_ids"], kw["topk_weights"], kw["intermediate_size"],
-                       kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+        return v1.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
+                      kw["topk_ids"], kw["topk_weights"], kw["intermediate_size"], kw["routed_scaling_factor"],
+                      kw["clamp_limit"], plan=plan, out=out)
     return call
+
+
+def v2_fn(plan=None) -> Callable:
+    """`fn(out=None, **call)` running the repacked-experts forward (planner's plan, or `plan`)."""
+    from v4flash_kernels.moe import op_v2
+
+    def call(out=None, **kw):
+        return op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+                                  kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+    return call
+
+
+def upstream_fn(upstream) -> Callable:
+    def call(out=None, **kw):
+        return upstream.mxfp4_moe_forward_triton(**upstream_kwargs(kw))
+    return call
+
+
+def default_variants(shape: Shape, upstream) -> Dict[str, Callable]:
+    v = {"v1": v1_fn(), "v2": v2_fn()}
+    if upstream is not None:
+        v["upstream"] = upstream_fn(upstream)
+    return v
+
+
+def _mma(bt, bn, bk, w, s, sk=1):
+    from v4flash_kernels.moe.op_v2 import MmaConfig
+
+    return MmaConfig(bt, bn, bk, w, s, sk)
+
+
+def v2_candidates(shape: Shape) -> Dict[str, object]:
+    """Plans to sweep at this size: one GEMM varied at a time around the planner's plan."""
+    from v4flash_kernels.moe import op as v1
+    from v4flash_kernels.moe import op_v2
+
+    inter = INTER[shape.tp]
+    base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    plans: List[object] = [base]
+    if isinstance(base, op_v2.PlanV2):
+        t = base.gemm1.block_t
+        g1s = [_mma(t, 64, 256, 4, 3), _mma(t, 64, 128, 4, 4), _mma(t, 64, 512, 4, 2), _mma(t, 32, 256, 2, 4),
+               _mma(t, 128, 256, 8, 3), _mma(t, 64, 256, 4, 4)]
+        g2s = [_mma(t, 64, 256, 4, 3), _mma(t, 64, 128, 4, 4), _mma(t, 32, 256, 2, 3), _mma(t, 128, 256, 8, 3),
+               _mma(t, 128, 128, 4, 3)]
+        if base.inline and shape.tokens <= 8:
+            g1s += [_mma(8, 64, 256, 4, 3, 2), _mma(8, 64, 256, 4, 3, 4), _mma(8, 32, 256, 2, 4, 4),
+                    _mma(8, 64, 128, 4, 4, 4), _mma(8, 64, 256, 4, 3, 8)]
+        else:
+            other = 16 if t == 8 else 8
+            g1s += [_mma(other, 64, 256, 4, 3)]
+            g2s += [_mma(other, 64, 256, 4, 3)]
+            if shape.tokens >= 256:
+                g1s += [_mma(32, 64, 256, 4, 3)]
+                g2s += [_mma(32, 64, 256, 4, 3)]
+        plans += [op_v2.PlanV2(base.inline, g, base.gemm2) for g in g1s]
+        plans += [op_v2.PlanV2(base.inline, base.gemm1, g) for g in g2s]
+        if not base.inline and shape.tokens >= 128:
+            plans.append(v1.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter))  # v1 tiles, fast scales
+    else:  # a v1 plan (fast scales): the v2 tiles with the most tokens per MMA against it
+        for t in (16, 32):
+            plans.append(op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)))
+    out: Dict[str, object] = {}
+    for p in plans:
+        out.setdefault(p.name, p)
+    return out
+
+
+def sweep_variants(shape: Shape) -> Dict[str, Callable]:
+    """The candidates as named variants: the planner's first, v1 tiles (on the fast scales) marked."""
+    from v4flash_kernels.moe import op as v1
+
+    plans = v2_candidates(shape)
+    first = next(iter(plans))
+    return {("v2 (planner) " if name == first else "") + ("v1 tiles, fast scales " if isinstance(p, v1.Plan) else "")
+            + name: v2_fn(p) for name, p in plans.items()}
+
+
+# ---------------------------------------------------------------- measurement
 
 
 def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
@@ -98,15 +202,12 @@ def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
 
     from v4flash_kernels.moe.reference import rel_err
 
-    extra = {}
-    if poison:
-        extra["out"] = torch.full_like(kw["hidden_states"], float("nan"))
+    extra = {"out": torch.full_like(kw["hidden_states"], float("nan"))} if poison else {}
     out = fn(**kw, **extra)
     torch.cuda.synchronize()
     nan = bool(torch.isnan(out).any())
-    o = out if tokens is None else out[tokens]
-    err = rel_err(o, ref)
-    return dict(ok=(not nan) and err <= REL_TOL, rel_err=err, nan=nan)
+    err = rel_err(out if tokens is None else out[tokens], ref)
+    return {"ok": (not nan) and err <= REL_TOL, "rel_err": err, "nan": nan}
 
 
 def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
@@ -117,7 +218,7 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     def seq():
         for kw in kws:
             fn(**kw)
-    seq()  # compile / autotune outside the capture
+    seq()  # compile outside the capture
     torch.cuda.synchronize()
     if graph:
         g = torch.cuda.CUDAGraph()
@@ -136,8 +237,21 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     return ms * 1e3 / len(kws)
 
 
+def time_once(fn: Callable, kw: dict) -> float:
+    """µs of one call (upstream at large M; its correctness call ran just before, so it is warm)."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn(**kw)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
 def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
-    """Mean device µs per call of each kernel (torch profiler, eager calls over the weight copies)."""
+    """Mean device µs per call of each kernel (torch profiler, eager calls over the weight copies);
+    the n-th GEMM launch of a call is GEMM1 (w13) or GEMM2 (w2)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -149,19 +263,18 @@ def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
             fn(**kw)
         torch.cuda.synchronize()
     out: Dict[str, float] = {}
-    try:  # per launch, in order: the n-th gemm_kernel of a call is GEMM1 (w13) or GEMM2 (w2)
+    try:
         from torch.autograd import DeviceType
 
-        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
         n_gemm = 0
         for e in evs:
             name = e.name[:60]
-            if name.startswith("gemm_kernel"):
+            if "gemm_kernel" in name:
                 name = "gemm1 (w13)" if n_gemm % 2 == 0 else "gemm2 (w2)"
                 n_gemm += 1
             out[name] = out.get(name, 0.0) + e.time_range.elapsed_us() / len(kws)
-    except Exception:  # profiler API drift: fall back to totals per kernel name
+    except Exception:  # profiler API drift: totals per kernel name
         out = {}
         for ev in prof.key_averages():
             t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
@@ -170,183 +283,108 @@ def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def time_once(fn: Callable, kw: dict) -> float:
-    """µs of one call (for upstream at huge M; its correctness call ran just before, so it is warm)."""
-    import torch
+def shape_bytes(calls: List[dict]) -> Tuple[float, float, float]:
+    """(experts touched, bytes with fp32 scales, bytes with uint8 scales), mean over the copies:
+    touched experts' weights and scales plus activations in and out."""
+    from v4flash_kernels.moe.reference import touched_experts
 
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn(**kw)
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3
+    kw = calls[0]
+    w = kw["w13_packed"][0].numel() + kw["w2_packed"][0].numel()
+    s = kw["w13_scale"][0].numel() + kw["w2_scale"][0].numel()
+    act = 2 * kw["hidden_states"].numel() * 2 + kw["topk_ids"].numel() * 8
+    touched = sum(touched_experts(c["topk_ids"]) for c in calls) / len(calls)
+    return touched, touched * (w + 4 * s) + act, touched * (w + s) + act
 
 
-def run_shape(shape: Shape, variants: Dict[str, Callable], upstream, copies: int, seed: int,
+def run_shape(shape: Shape, weights: List[dict], variants: Dict[str, Callable], seed: int,
               breakdown: bool = False) -> dict:
     import torch
 
-    from v4flash_kernels.moe.reference import flops, floor_bytes, ref_of, subset_tokens, touched_experts
+    from v4flash_kernels.moe.reference import flops, ref_of, subset_tokens
 
-    kws = kws_f32 = build(shape, copies, seed)
-    kw = kws[0]
-    g = torch.Generator().manual_seed(seed + 1)
-    tokens = subset_tokens(shape.tokens, REF_TOKENS, g, "cuda")
-    ref = ref_of(kw, tokens)
-    touched = sum(touched_experts(k["topk_ids"]) for k in kws) / len(kws)
-    nbytes = sum(floor_bytes(k, touched_experts(k["topk_ids"])) for k in kws) / len(kws)
+    calls = build_calls(shape, weights, seed)
+    kw = calls[0]
+    tokens = subset_tokens(shape.tokens, REF_TOKENS, torch.Generator().manual_seed(seed + 1), "cuda")
+    ref = ref_of(upstream_kwargs(kw), tokens)
+    touched, bytes_f32, bytes_u8 = shape_bytes(calls)
     fl = flops(kw)
-    graph = shape.tokens <= 64
-    row = dict(asdict(shape), experts_touched=touched, bytes=nbytes, flops=fl,
-               floor_h200_us=nbytes / BW_H200 * 1e6, floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6,
+    graph = shape.tokens <= GRAPH_MAX_M
+    row = dict(asdict(shape), experts_touched=touched, bytes_fp32_scales=bytes_f32, bytes=bytes_u8, flops=fl,
+               floor_h200_us=bytes_u8 / BW_H200 * 1e6, floor_rtx6000_us=bytes_u8 / BW_RTX6000 * 1e6,
                checked_tokens=shape.tokens if tokens is None else int(tokens.numel()), variants={})
-    fns = dict(variants)
-    if upstream is not None:
-        fns["upstream"] = lambda out=None, **k: upstream.mxfp4_moe_forward_triton(**k)
-    kws_u8 = [e8m0_scales(k) for k in kws] if any(n.startswith(E8M0) for n in fns) else None
-    for name, fn in fns.items():
-        if name.startswith(E8M0):
-            kw, kws = kws_u8[0], kws_u8
-        else:
-            kw, kws = kws_f32[0], kws_f32
+    for name, fn in variants.items():
         if name == "upstream" and fl > UPSTREAM_SKIP_FLOPS:
-            row["variants"][name] = dict(ok=True, rel_err=float("nan"), nan=False, us=float("nan"),
-                                         note="skipped: > 2 s per call")
+            row["variants"][name] = {"ok": True, "rel_err": float("nan"), "nan": False, "us": float("nan"),
+                                     "note": "skipped: > 2 s per call"}
             continue
         try:
             chk = check(fn, kw, ref, tokens, poison=name != "upstream")
             if name == "upstream" and shape.tokens >= UPSTREAM_ONE_CALL_M:
-                us, note = time_once(fn, kws[1 % len(kws)]), "one call"
+                us, note = time_once(fn, calls[1 % len(calls)]), "one call"
             else:
-                us, note = time_calls(fn, kws, graph), ("graph" if graph else "eager")
+                us, note = time_calls(fn, calls, graph), ("graph" if graph else "eager")
         except Exception as exc:  # a swept config that does not launch must not end the run
-            if name == "ours":
+            if name in ("v1", "v2") or name.startswith("v2 (planner)"):
                 raise
-            chk, us, note = dict(ok=False, rel_err=float("nan"), nan=False), float("nan"), f"error: {exc}"[:300]
+            chk, us, note = {"ok": False, "rel_err": float("nan"), "nan": False}, float("nan"), f"error: {exc}"[:300]
         row["variants"][name] = dict(chk, us=us, note=note)
         if breakdown and name != "upstream" and row["variants"][name]["ok"]:
-            row["variants"][name]["breakdown_us"] = kernel_breakdown(fn, kws)
-    del kws, kw, ref, kws_f32, kws_u8
+            row["variants"][name]["breakdown_us"] = kernel_breakdown(fn, calls)
+    del calls, kw, ref
     torch.cuda.empty_cache()
     return row
 
 
-E8M0 = "e8m0 scales:"  # variant-name prefix: same kernel fed e8m0 bytes instead of fp32 scales
-
-
-def e8m0_scales(kw: dict) -> dict:
-    """The call's arguments with both scale tensors as e8m0 bytes (what a load-time repack would keep)."""
-    import torch
-
-    def u8(s):
-        return ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
-
-    return dict(kw, w13_scale=u8(kw["w13_scale"]), w2_scale=u8(kw["w2_scale"]))
-
-
-def default_variants(shape: Shape) -> Dict[str, Callable]:
-    """Ours as the planner runs it, plus the same plan on e8m0 byte scales (25 % fewer bytes)."""
-    from v4flash_kernels.moe import op as moe
-
-    plan = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
-    return {"ours": bind_plan(plan), f"{E8M0} ours": bind_plan(plan)}
-
-
-# ---------------------------------------------------------------- --quick: candidate sweep
-
-# Candidates for --quick (block_m, block_n, block_k, warps, stages, mode); mode 0 = tl.dot(x, w^T),
-# 1 = tl.dot(w, x^T), 2 = FMA. Decode sweeps whole plans (inline and sorted grouping); prefill varies
-# one GEMM at a time around the planner's choice.
-# Decode: whole plans, (inline?, gemm1, gemm2) with configs (block_m, block_n, block_k, warps,
-# stages, mode, split_k).
-_G1 = dict(A=(16, 16, 256, 4, 3, 0, 1), B=(16, 16, 256, 4, 3, 0, 2), C=(16, 16, 256, 4, 3, 0, 4),
-           D=(16, 32, 256, 4, 3, 0, 4), E=(16, 16, 256, 2, 3, 0, 4), F=(1, 32, 256, 4, 1, 3, 4),
-           G=(16, 16, 128, 4, 4, 0, 8), H=(16, 16, 512, 4, 3, 0, 1))
-_G2 = dict(a=(16, 32, 128, 4, 3, 0), b=(16, 16, 128, 4, 3, 0), c=(16, 32, 128, 2, 3, 0), d=(16, 64, 128, 4, 3, 0))
-DECODE_PLANS = tuple((True, _G1[g], _G2["a"]) for g in "ABCDEFGH") + tuple(
-    (True, _G1["A"], _G2[x]) for x in "bcd") + tuple((False, _G1[g], _G2["a"]) for g in "ABCD") + tuple(
-    (False, _G1["A"], _G2[x]) for x in "bc") + (
-    # one stage: W bytes straight to registers (no cp.async round trip through shared memory)
-    (False, (16, 16, 256, 4, 1, 0, 1), (16, 32, 128, 4, 1, 0)), (False, (16, 16, 256, 8, 1, 0, 1), (16, 32, 128, 8, 1, 0)),
-    (True, (16, 16, 256, 4, 1, 0, 4), (16, 32, 128, 4, 1, 0)))
-SWEEP_G1_PREFILL = ((32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 2),
-                    (64, 64, 128, 4, 3), (128, 64, 64, 8, 3, 1))
-SWEEP_G2_PREFILL = ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 32, 64, 4, 3), (32, 64, 128, 4, 3),
-                    (64, 64, 64, 4, 4))
-
-
-def sweep_variants(shape: Shape) -> Dict[str, Callable]:
-    """Ours (the planner's plan) plus every candidate plan for this size."""
-    from v4flash_kernels.moe import op as moe
-
-    base = moe.make_plan(shape.tokens, 6, 256, 4096, TP[shape.tp])
-    out = {"ours": bind_plan(base)}
-    seen = {base}
-    plans = []
-    if base.gemm1.block_m <= 16:
-        plans += [moe.Plan(inl, moe.GemmConfig(*a), moe.GemmConfig(*b)) for inl, a, b in DECODE_PLANS]
-    else:
-        plans += [replace(base, gemm1=moe.GemmConfig(*c)) for c in SWEEP_G1_PREFILL]
-        plans += [replace(base, gemm2=moe.GemmConfig(*c)) for c in SWEEP_G2_PREFILL]
-    for p in plans:
-        if p not in seen:
-            seen.add(p)
-            out[p.name] = bind_plan(p)
-    return out
-
+# ---------------------------------------------------------------- output
 
 
 def format_table(rows: List[dict]) -> str:
-    head = (f"{'tp':>2} {'M':>5} {'routing':<8} {'exp':>5} {'floorH200':>9} {'floor6K':>8} {'ours':>9} "
-            f"{'best':>9} {'upstream':>10} {'x_up':>7} {'TFLOP/s':>7} {'GB/s':>6} {'err':>8}  best variant")
+    head = (f"{'tp':>2} {'M':>5} {'routing':<8} {'exp':>4} {'floorH200':>9} {'floor6K':>8} {'v1':>8} {'v2':>8} "
+            f"{'upstream':>10} {'v2/v1':>6} {'x_up':>6} {'err v2':>8}  plan v2")
     lines = [head, "-" * len(head)]
     for r in rows:
-        ours, best_name, best, up, err, bad = variant_summary(r["variants"])
+        v = r["variants"]
+        v1, v2 = v.get("v1", {}).get("us", float("nan")), v.get("v2", {}).get("us", float("nan"))
+        up = v.get("upstream", {}).get("us", float("nan"))
         rt = r["routing"] + (f"-{int(r['hole_frac'] * 100)}%" if r["hole_frac"] else "")
+        bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
         lines.append(
-            f"{r['tp']:>2} {r['tokens']:>5} {rt:<8} {r['experts_touched']:>5.0f} {r['floor_h200_us']:>9.1f} "
-            f"{r['floor_rtx6000_us']:>8.1f} {ours:>9.1f} {best:>9.1f} {up:>10.1f} {up / ours:>7.1f} "
-            f"{r['flops'] / ours / 1e6:>7.1f} {r['bytes'] / ours / 1e3:>6.0f} {err:>8.1e}  {best_name}{bad}"
-        )
+            f"{r['tp']:>2} {r['tokens']:>5} {rt:<8} {r['experts_touched']:>4.0f} {r['floor_h200_us']:>9.1f} "
+            f"{r['floor_rtx6000_us']:>8.1f} {v1:>8.1f} {v2:>8.1f} {up:>10.1f} {v1 / v2:>6.2f} {up / v2:>6.1f} "
+            f"{v.get('v2', {}).get('rel_err', float('nan')):>8.1e}  {r.get('plan_v2', '')}{bad}")
     return "\n".join(lines)
 
 
 def format_markdown(rows: List[dict]) -> str:
-    """The BENCH.md table: µs per layer call and the floors."""
+    """The BENCH.md table: µs per layer call (median), the floors, v1 vs v2 vs upstream."""
     lines = [
-        "| TP | M | routing | experts | floor H200 µs | floor RTX 6000 µs | **ours µs** | ours, e8m0 scales µs "
-        "| upstream µs | ours vs upstream | TFLOP/s | GB/s | rel. err | plan |",
+        "| TP | M | routing | experts | floor H200 µs (u8 scales) | floor RTX 6000 µs | v1 µs | **v2 µs** | upstream µs "
+        "| v2 vs v1 | v2 vs upstream | GB/s (v2) | rel. err v1 / v2 / upstream | plan v2 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         v = r["variants"]
-        ours = v["ours"]
-        upv = v.get("upstream", {})
-        up = upv.get("us", float("nan"))
-        note = f" ({upv['note']})" if upv.get("note") in ("one call",) or str(upv.get("note", "")).startswith("skip") else ""
-        ok = "" if ours["ok"] else " FAIL"
+        us = {k: v.get(k, {}).get("us", float("nan")) for k in ("v1", "v2", "upstream")}
+        err = " / ".join(f"{v.get(k, {}).get('rel_err', float('nan')):.1e}" for k in ("v1", "v2", "upstream"))
+        note = v.get("upstream", {}).get("note", "")
+        up = f"{us['upstream']:.0f}" + (f" ({note})" if note in ("one call",) or note.startswith("skip") else "")
+        ok = "" if all(x["ok"] for x in v.values()) else " FAIL"
         rt = r["routing"] + (f", {int(r['hole_frac'] * 100)}% -1" if r["hole_frac"] else "")
         lines.append(
             f"| {r['tp']} | {r['tokens']} | {rt} | {r['experts_touched']:.0f} | {r['floor_h200_us']:.1f} | "
-            f"{r['floor_rtx6000_us']:.1f} | **{ours['us']:.1f}** | {v.get(E8M0 + ' ours', {}).get('us', float('nan')):.1f} | {up:.0f}{note} | {up / ours['us']:.0f}x | "
-            f"{r['flops'] / ours['us'] / 1e6:.1f} | {r['bytes'] / ours['us'] / 1e3:.0f} | {ours['rel_err']:.1e}{ok} | "
-            f"{r.get('plan', '')} |"
-        )
+            f"{r['floor_rtx6000_us']:.1f} | {us['v1']:.1f} | **{us['v2']:.1f}** | {up} | {us['v1'] / us['v2']:.2f}x | "
+            f"{us['upstream'] / us['v2']:.0f}x | {r['bytes'] / us['v2'] / 1e3:.0f} | {err}{ok} | {r.get('plan_v2', '')} |")
     return "\n".join(lines)
 
 
-def default_shapes(tps, decode, prefill) -> List[Shape]:
-    shapes = []
-    for tp in tps:
-        shapes += [Shape(tp, m) for m in decode]
-        shapes += [Shape(tp, m) for m in prefill]
-        if tp == 4:  # adversarial routings
-            shapes += [Shape(4, 64, "hot"), Shape(4, 16, "random", 0.25), Shape(4, 64, "dup"),
-                       Shape(4, 1024, "hot"), Shape(4, 1024, "random", 0.25), Shape(4, 4096, "dup")]
+def default_shapes(tps: List[int], sizes: List[int], adversarial: bool) -> List[Shape]:
+    shapes = [Shape(tp, m) for tp in tps for m in sizes]
+    if adversarial and 4 in tps:
+        shapes += [Shape(4, 64, "hot"), Shape(4, 16, "random", 0.25), Shape(4, 64, "dup"), Shape(4, 1024, "hot")]
     return shapes
 
 
-QUICK_SIZES = "1,16,64,1024,4096"
+# ---------------------------------------------------------------- compile up front
 
 
 def _warm_worker(job) -> int:
@@ -354,10 +392,10 @@ def _warm_worker(job) -> int:
     shape, quick, name = job
     import torch
 
-    kws = build(shape, 1, 0)
     try:
-        kw = e8m0_scales(kws[0]) if name.startswith(E8M0) else kws[0]
-        (sweep_variants(shape) if quick else default_variants(shape))[name](**kw)
+        weights = build_weights(shape.tp, 1, 0)
+        kw = build_calls(shape, weights, 0)[0]
+        (sweep_variants(shape) if quick else default_variants(shape, None))[name](**kw)
         torch.cuda.synchronize()
     except Exception as exc:  # reported again (and recorded) by the timing process
         print(f"prewarm: {name} at M={shape.tokens}: {exc}"[:300], file=sys.stderr)
@@ -370,10 +408,17 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
     (same GPU, same cache directory, so the timing process then finds every binary cached)."""
     import multiprocessing as mp
 
+    from v4flash_kernels.moe import op as v1
+    from v4flash_kernels.moe import op_v2
+
     jobs, seen = [], set()
     for sh in shapes:
-        for name in (sweep_variants(sh) if quick else default_variants(sh)):
-            key = (sh.tp, sh.tokens if sh.tokens <= 64 else 0, name)  # decode M changes BLOCK_S
+        names = sweep_variants(sh) if quick else default_variants(sh, None)
+        plans = {"v1": v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name,
+                 "v2": op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name}
+        for name in names:
+            # one job per binary set: the plan, and for inline grouping the slot block (follows M)
+            key = (sh.tp, plans.get(name, name), sh.tokens if sh.tokens * TOPK <= 16 else 0)
             if key not in seen:
                 seen.add(key)
                 jobs.append((sh, quick, name))
@@ -383,14 +428,14 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
         pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.moe.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--tp", default="4,1")
-    ap.add_argument("--decode", default="1,2,4,8,16,32,64")
-    ap.add_argument("--prefill", default="256,1024,4096,8192")
+    ap.add_argument("--tp", default="4")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help="tokens per call (M)")
+    ap.add_argument("--no-adversarial", action="store_true", help="skip the hot / dup / -1 routings")
     ap.add_argument("--copies", type=int, default=4, help="weight copies rotated per timed call")
-    ap.add_argument("--quick", action="store_true", help="sweep candidate configs at a few sizes (TP4)")
-    ap.add_argument("--quick-sizes", default=QUICK_SIZES, help="the sizes --quick sweeps")
+    ap.add_argument("--quick", action="store_true", help="sweep candidate v2 plans at a few sizes (TP4)")
+    ap.add_argument("--quick-sizes", default=QUICK_SIZES)
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--prewarm", type=int, default=8, help="processes compiling kernels up front (0 = off)")
     ap.add_argument("--json", default=None)
@@ -402,15 +447,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     import triton
 
     if not torch.cuda.is_available():
-        print("bench_moe needs a CUDA GPU", file=sys.stderr)
+        print("moe.bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    from v4flash_kernels.moe import op as moe
+    from v4flash_kernels.moe import op as v1
+    from v4flash_kernels.moe import op_v2
+
+    def ints(s: str) -> List[int]:
+        return [int(x) for x in s.split(",") if x]
 
     if args.quick:
-        shapes = [Shape(4, int(m)) for m in args.quick_sizes.split(",") if m]
+        shapes = [Shape(4, m) for m in ints(args.quick_sizes)]
     else:
-        ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-        shapes = default_shapes(ints(args.tp), ints(args.decode), ints(args.prefill))
+        shapes = default_shapes(ints(args.tp), ints(args.sizes), not args.no_adversarial)
     upstream = None
     if not args.no_upstream and not args.quick:
         from v4flash_kernels.upstream import MOE_PATH, load_module
@@ -421,35 +469,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.prewarm:
         prewarm(shapes, args.quick, args.prewarm)
         print(f"[{time.time() - t0:6.1f}s] kernels compiled", flush=True)
-    rows = []
+    rows: List[dict] = []
+    weights: Dict[int, List[dict]] = {}
     for i, sh in enumerate(shapes):
-        variants = sweep_variants(sh) if args.quick else default_variants(sh)
-        copies = args.copies if sh.tp == 4 else max(2, args.copies - 1)
-        r = run_shape(sh, variants, upstream, copies, seed + i, breakdown=args.quick)
-        r["plan"] = moe.make_plan(sh.tokens, 6, 256, 4096, TP[sh.tp]).name
+        if sh.tp not in weights:
+            weights.clear()  # one TP's copies at a time (4 GB at TP4, 16 GB at TP1)
+            torch.cuda.empty_cache()
+            weights[sh.tp] = build_weights(sh.tp, args.copies, seed)
+        variants = sweep_variants(sh) if args.quick else default_variants(sh, upstream)
+        r = run_shape(sh, weights[sh.tp], variants, seed + 1 + i, breakdown=args.quick)
+        r["plan_v1"] = v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
+        r["plan_v2"] = op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
         rows.append(r)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
-        up = r["variants"].get("upstream", {}).get("us", float("nan"))
-        print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: ours {r['variants']['ours']['us']:.1f} us"
-              f" err {r['variants']['ours']['rel_err']:.2e} upstream {up:.1f} us", flush=True)
+                json.dump({"meta": {"partial": True, "seed": seed}, "rows": rows}, f, indent=1)
+        us = {k: x["us"] for k, x in r["variants"].items()}
+        print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: "
+              + " ".join(f"{k}={v:.1f}" for k, v in us.items() if not args.quick or k.startswith("v2 (planner)")),
+              flush=True)
         if args.quick:
             for name, v in sorted(r["variants"].items(), key=lambda kv: kv[1]["us"]):
-                parts = " ".join(f"{k.split(' ')[0]}={us:.1f}" for k, us in v.get("breakdown_us", {}).items())
+                parts = " ".join(f"{k.split(' ')[0]}={t:.1f}" for k, t in v.get("breakdown_us", {}).items())
                 print(f"    {v['us']:9.1f} us  err {v['rel_err']:.1e} {'ok' if v['ok'] else 'FAIL'}  {name}  [{parts}]",
                       flush=True)
     props = torch.cuda.get_device_properties(0)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name,
-                sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                commit=measured_commit(), argv=sys.argv[1:], seed=seed,
-                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "seconds": round(time.time() - t0, 1),
+            "upstream_origin": getattr(upstream, "__v4flash_origin__", None)}
     print(json.dumps(meta))
-    print(format_table(rows))
+    if not args.quick:
+        print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    if args.md:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if args.md and not args.quick:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")
     return 0 if all(x["ok"] for r in rows for x in r["variants"].values()) else 1

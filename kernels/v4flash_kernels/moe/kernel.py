@@ -15,15 +15,23 @@ A call is two grouped GEMMs plus a per-token sum, no torch glue in between:
   ``routed_scaling_factor`` fused, writes the weighted slot row (bf16) ``[slots, K]``.
 * ``combine_kernel``: sums each token's valid slot rows in fixed order (deterministic) and casts.
 
-FP4 decode (why the bit tricks): one packed byte holds two e2m1 values, k even in the low nibble.
-Placing each nibble's sign at bf16 bit 15 and its 3 exponent/mantissa bits at bf16 bits 8..6
-gives a bf16 whose value is ``e2m1 * 2^-126`` *exactly* (e=0 lands in the subnormal range, which is
-what makes 0.5 come out right). Both values of a byte are built in one 32-bit word with two integer
-multiplies and masks, then one ``mul.rn.bf16x2`` by ``2^(scale_exp - 64)`` finishes both (bf16
-multiplies keep subnormal inputs). The missing ``2^63`` is applied to the fp32 accumulator in
-the epilogue. Exact for e8m0 scales in ``[2^-62, 2^64]``; MXFP4 weight scales live far inside.
-Scales are read as e8m0 bytes (uint8) or as fp32 powers of two (upstream's loader converts the
-bytes to fp32); only the exponent field is used.
+FP4 decode (why the bit tricks): one packed byte holds two e2m1 values. Placing each nibble's sign
+at bf16 bit 15 and its 3 exponent/mantissa bits at bf16 bits 8..6 gives a bf16 whose value is
+``e2m1 * 2^-126`` *exactly* (e=0 lands in the subnormal range, which is what makes 0.5 come out
+right). Both values of a byte are built in one 32-bit word with two integer multiplies and masks.
+How the scale is applied depends on ``SCALE_MODE`` (a constexpr; the host picks it from the scale
+tensor and the weight layout):
+
+* ``SCALE_FAST`` (e8m0 bytes checked at load time to lie in ``[FAST_MIN_BYTE, FAST_MAX_BYTE]``,
+  i.e. scales ``2^-62 .. 2^64``): one ``mul.rn.bf16x2`` by ``2^(byte - 64)`` finishes both values
+  of a byte (bf16 multiplies keep subnormal inputs); the missing ``2^63`` is applied to the fp32
+  accumulator in the epilogue. Exact inside that range, wrong outside it, so only layers whose
+  every scale was range-checked (``moe.repack``) take it.
+* ``SCALE_F32`` (any fp32 value) and ``SCALE_E8M0`` (any e8m0 byte, incl. 2^-127 and NaN): the
+  e2m1 pair is made exact in bf16 (``* 2^126``), widened to fp32 and multiplied by the fp32 scale;
+  each weight is that fp32 product rounded once to the dot operand type (exact for power-of-two
+  scales; upstream multiplies in fp32 too). This is what the drop-in runs for its inputs: an fp32
+  scale that is not a power of two must not be read by its exponent alone.
 
 ``DEQ_ASM`` is True on the GPU; under ``TRITON_INTERPRET=1`` (no inline asm) the same bit pattern
 is widened to fp32 and multiplied there, and ``DOT_DTYPE`` is fp32 (the interpreter computes bf16
@@ -35,7 +43,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-SHIFT = tl.constexpr(9.223372036854775808e18)  # 2^63: the accumulator factor the decode leaves out
+SHIFT = tl.constexpr(9.223372036854775808e18)  # 2^63: the accumulator factor SCALE_FAST leaves out
+TWO_126 = tl.constexpr(8.507059173023462e37)  # 2^126: makes the e2m1 bit pattern its exact value
+
+# Scale modes (constexpr SCALE_MODE of every GEMM kernel).
+SCALE_FAST = 0  # e8m0 bytes in [FAST_MIN_BYTE, FAST_MAX_BYTE] (checked by the caller), exponent-only
+SCALE_F32 = 1  # fp32 scales, any value
+SCALE_E8M0 = 2  # e8m0 bytes, any value (0 = 2^-127, 255 = NaN)
+FAST_MIN_BYTE = 65  # 2^-62: smallest e8m0 byte SCALE_FAST decodes exactly (bf16 products stay normal)
+FAST_MAX_BYTE = 191  # 2^64: largest (the bf16 multiplier 2^(byte - 64) stays finite)
 
 
 @triton.jit
@@ -48,34 +64,60 @@ def _e2m1_pair_bits(p):
 
 
 @triton.jit
-def _dequant(packed, sexp, DEQ_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """packed [R, G, 16] uint8, sexp [R, G] int32 (e8m0 exponent) -> (even, odd) [R, G, 16] * 2^-63."""
-    word = _e2m1_pair_bits(packed)
-    mexp = sexp[:, :, None] + 63  # bf16/fp32 exponent field of 2^(sexp - 64)
-    if DEQ_ASM:
-        mword = (mexp << 7) | (mexp << 23)
-        lo, hi = tl.inline_asm_elementwise(
-            asm="{ .reg .b32 t; mul.rn.bf16x2 t, $2, $3; mov.b32 {$0, $1}, t; }",
-            constraints="=h,=h,r,r",
-            args=[word, mword],
-            dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True,
-            pack=1,
-        )
-        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
-    else:
-        mult = (mexp << 23).to(tl.float32, bitcast=True)
-        lo = (word << 16).to(tl.float32, bitcast=True) * mult
-        hi = (word & -65536).to(tl.float32, bitcast=True) * mult
-        return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
+def _e8m0_value(b):
+    """e8m0 byte(s) -> fp32 2^(b - 127) exactly: 0 is the subnormal 2^-127, 255 is NaN."""
+    b = b.to(tl.int32)
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    bits = tl.where(b == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _scale_exp(sc, SCALE_U8: tl.constexpr):
-    if SCALE_U8:
-        return sc.to(tl.int32)
+def _dequant(packed, sc, SCALE_MODE: tl.constexpr, DEQ_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """packed [R, G, 16] uint8, sc [R, G] scales (uint8 bytes or fp32) -> (even, odd) [R, G, 16].
+
+    SCALE_FAST: the values times 2^-63 (the caller multiplies its fp32 accumulator by SHIFT);
+    otherwise the exact values fp32(e2m1) * fp32(scale), rounded once to DOT_DTYPE.
+    """
+    word = _e2m1_pair_bits(packed)
+    if SCALE_MODE == 0:
+        mexp = sc.to(tl.int32)[:, :, None] + 63  # bf16/fp32 exponent field of 2^(byte - 64)
+        if DEQ_ASM:
+            mword = (mexp << 7) | (mexp << 23)
+            lo, hi = tl.inline_asm_elementwise(
+                asm="{ .reg .b32 t; mul.rn.bf16x2 t, $2, $3; mov.b32 {$0, $1}, t; }",
+                constraints="=h,=h,r,r",
+                args=[word, mword],
+                dtype=(tl.bfloat16, tl.bfloat16),
+                is_pure=True,
+                pack=1,
+            )
+            return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
+        else:
+            mult = (mexp << 23).to(tl.float32, bitcast=True)
+            lo = (word << 16).to(tl.float32, bitcast=True) * mult
+            hi = (word & -65536).to(tl.float32, bitcast=True) * mult
+            return lo.to(DOT_DTYPE), hi.to(DOT_DTYPE)
     else:
-        return (sc.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        if SCALE_MODE == 1:
+            s = sc.to(tl.float32)[:, :, None]
+        else:
+            s = _e8m0_value(sc)[:, :, None]
+        if DEQ_ASM:  # bf16 multiply by 2^126 (exact, keeps the subnormal 0.5), then widen
+            lo16, hi16 = tl.inline_asm_elementwise(
+                asm="{ .reg .b32 t, c; mov.b32 c, 0x7E807E80; mul.rn.bf16x2 t, $2, c; mov.b32 {$0, $1}, t; }",
+                constraints="=h,=h,r",
+                args=[word],
+                dtype=(tl.bfloat16, tl.bfloat16),
+                is_pure=True,
+                pack=1,
+            )
+            lo = lo16.to(tl.float32)
+            hi = hi16.to(tl.float32)
+        else:
+            lo = (word << 16).to(tl.float32, bitcast=True) * TWO_126
+            hi = (word & -65536).to(tl.float32, bitcast=True) * TWO_126
+        return (lo * s).to(DOT_DTYPE), (hi * s).to(DOT_DTYPE)
 
 
 @triton.jit
@@ -94,7 +136,7 @@ def gemm_kernel(
     W,  # uint8 [E, NW_TOTAL, KD/2], last dim contiguous
     stride_we,
     stride_wn,
-    SC,  # scales [E, NW_TOTAL, KD/32] fp32 or uint8, last dim contiguous
+    SC,  # scales [E, NW_TOTAL, KD/32] fp32 or uint8 e8m0 bytes (SCALE_MODE), last dim contiguous
     stride_se,
     stride_sn,
     OUT,  # GATED: [S, N] bf16; else [S, N] weighted slot rows
@@ -117,7 +159,7 @@ def gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SCALE_U8: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
     DEQ_ASM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     stride_ap=0,  # elements between split-K partial planes (SPLIT_K > 1 output / A_PARTS > 0 input)
@@ -207,12 +249,12 @@ def gemm_kernel(
                 a = a.to(DOT_DTYPE)
             a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
             if MODE >= 2:
-                lo, hi = _dequant(packed, _scale_exp(sc, SCALE_U8), DEQ_ASM, tl.float32)
+                lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, tl.float32)
                 lo = tl.reshape(lo, [NW, BLOCK_K // 2])
                 hi = tl.reshape(hi, [NW, BLOCK_K // 2])
                 acc3 += a_even[:, None, :] * lo[None, :, :] + a_odd[:, None, :] * hi[None, :, :]
             else:
-                lo, hi = _dequant(packed, _scale_exp(sc, SCALE_U8), DEQ_ASM, DOT_DTYPE)
+                lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, DOT_DTYPE)
                 lo = tl.reshape(lo, [NW, BLOCK_K // 2])
                 hi = tl.reshape(hi, [NW, BLOCK_K // 2])
                 if MODE == 1:
@@ -221,12 +263,13 @@ def gemm_kernel(
                 else:
                     acc = tl.dot(a_even, tl.trans(lo), acc)
                     acc = tl.dot(a_odd, tl.trans(hi), acc)
+        ACC_SCALE: tl.constexpr = SHIFT if SCALE_MODE == 0 else 1.0
         if MODE >= 2:
-            acc = tl.sum(acc3, axis=2) * SHIFT
+            acc = tl.sum(acc3, axis=2) * ACC_SCALE
         elif MODE == 1:
-            acc = tl.trans(acc_t) * SHIFT
+            acc = tl.trans(acc_t) * ACC_SCALE
         else:
-            acc = acc * SHIFT
+            acc = acc * ACC_SCALE
         if GATED:
             gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
             ocol = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -134,17 +134,25 @@ def _work_dtype() -> torch.dtype:
     return torch.float32 if _interpret() else torch.bfloat16
 
 
-def _scale_view(scale: torch.Tensor) -> Tuple[torch.Tensor, bool]:
-    """(tensor the kernel reads, whether it holds e8m0 bytes)."""
+def _scale_view(scale: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """(tensor the kernel reads, its SCALE_MODE) for a scale tensor as the drop-in receives it.
+
+    Upstream's function converts every non-fp32 scale with `.to(torch.float32)`: float8_e8m0fnu
+    bytes become 2^(b - 127), any other dtype (uint8, int8, bf16, ...) is taken *by value*. The
+    same here: e8m0 bytes are decoded exactly in the kernel (no copy), other dtypes are converted
+    as upstream does, and fp32 values of any kind are multiplied in exactly (SCALE_F32). The fast
+    exponent-only decode is never chosen from a tensor's dtype: only a repacked layer whose scales
+    were range-checked at load time takes it.
+    """
     if scale.dtype == torch.float32:
-        s, u8 = scale, False
-    elif scale.element_size() == 1:  # uint8 / int8 / float8_e8m0fnu bytes
-        s, u8 = scale.view(torch.uint8), True
+        s, mode = scale, _k.SCALE_F32
+    elif scale.dtype == torch.float8_e8m0fnu:
+        s, mode = scale.view(torch.uint8), _k.SCALE_E8M0
     else:
-        s, u8 = scale.float(), False
+        s, mode = scale.to(torch.float32), _k.SCALE_F32
     if s.stride(-1) != 1:
         s = s.contiguous()
-    return s, u8
+    return s, mode
 
 
 def _weight_view(w: torch.Tensor) -> torch.Tensor:
@@ -152,7 +160,7 @@ def _weight_view(w: torch.Tensor) -> torch.Tensor:
     return u if u.stride(-1) == 1 else u.contiguous()
 
 
-def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
+def _launch_gemm(cfg, grid, a, w, s, s_mode, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
                  clamp, scaling, gated, inline, block_s, stride_ap=0, split_k=1, a_parts=0):
     bk = fit_block_k(cfg, kd // split_k)
     _k.gemm_kernel[grid](
@@ -161,7 +169,7 @@ def _launch_gemm(cfg, grid, a, w, s, s_u8, out, ids, tw, sorted_, blk_e, blk_r, 
         slots, n, kd, a_div,
         float(clamp) if clamp is not None else 0.0, float(scaling),
         GATED=gated, HAS_CLAMP=clamp is not None, INLINE=inline, BLOCK_S=block_s,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_U8=s_u8,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, SCALE_MODE=s_mode,
         DEQ_ASM=not _interpret(), DOT_DTYPE=tl.float32 if _interpret() else tl.bfloat16,
         stride_ap=stride_ap, SPLIT_K=split_k, A_PARTS=a_parts,
         MODE=cfg.mode, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -177,19 +185,21 @@ def run(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     intermediate_size: int,
-    routed_scaling_factor: Optional[float] = None,
-    clamp_limit: Optional[float] = None,
-    plan: Optional[Plan] = None,
-    out: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float | None = None,
+    clamp_limit: float | None = None,
+    plan: Plan | None = None,
+    out: torch.Tensor | None = None,
+    fast_scales: bool = False,
 ) -> torch.Tensor:
     """The MoE forward with an optional explicit plan (the benchmark sweeps plans through this).
 
     `out` ([M, hidden], input dtype) may be given so tests can poison it and prove every element
-    is written.
+    is written. `fast_scales`: both scale tensors are uint8 e8m0 bytes that `repack.check_scales`
+    accepted (a `repack.RepackedExperts`), read with the exponent-only decode.
     """
     M, K = hidden_states.shape
     E = w13_packed.shape[0]
-    I = int(intermediate_size)
+    I = int(intermediate_size)  # noqa: E741
     topk = topk_ids.shape[1]
     dev = hidden_states.device
     if K % 32 or I % 32:
@@ -211,8 +221,13 @@ def run(
     ids = ids.contiguous()
     tw = topk_weights.reshape(-1).contiguous()
     w13, w2 = _weight_view(w13_packed), _weight_view(w2_packed)
-    s13, u13 = _scale_view(w13_scale)
-    s2, u2 = _scale_view(w2_scale)
+    if fast_scales:
+        if w13_scale.dtype != torch.uint8 or w2_scale.dtype != torch.uint8:
+            raise ValueError("fast_scales needs the checked uint8 e8m0 bytes of a RepackedExperts")
+        (s13, m13), (s2, m2) = (w13_scale, _k.SCALE_FAST), (w2_scale, _k.SCALE_FAST)
+    else:
+        s13, m13 = _scale_view(w13_scale)
+        s2, m2 = _scale_view(w2_scale)
     clamp = float(clamp_limit) if clamp_limit is not None and clamp_limit > 0 else None
     scaling = float(routed_scaling_factor) if routed_scaling_factor is not None else 1.0
 
@@ -235,10 +250,10 @@ def run(
         else:
             sorted2, blk_e2, blk_r2, nb2 = _sort_slots(ids, S, E, g2.block_m)
     inter2d = inter[0] if sk > 1 else inter
-    _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n), sk), x, w13, s13, u13, inter2d, ids, tw,
+    _launch_gemm(g1, (nb1, triton.cdiv(I, g1.block_n), sk), x, w13, s13, m13, inter2d, ids, tw,
                  sorted1, blk_e1, blk_r1, S, I, K, topk, clamp, 1.0, True, plan.inline, block_s,
                  stride_ap=S * 2 * I, split_k=sk)
-    _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter2d, w2, s2, u2, down, ids, tw,
+    _launch_gemm(g2, (nb2, triton.cdiv(K, g2.block_n)), inter2d, w2, s2, m2, down, ids, tw,
                  sorted2, blk_e2, blk_r2, S, K, I, 1, clamp if sk > 1 else None, scaling, False, plan.inline,
                  block_s, stride_ap=S * 2 * I, a_parts=sk if sk > 1 else 0)
     _k.combine_kernel[(M, triton.cdiv(K, COMBINE_BLOCK))](
@@ -277,8 +292,8 @@ def mxfp4_moe_forward(
     hidden_size: int,
     intermediate_size: int,
     inplace: bool = False,
-    routed_scaling_factor: Optional[float] = None,
-    clamp_limit: Optional[float] = None,
+    routed_scaling_factor: float | None = None,
+    clamp_limit: float | None = None,
 ) -> torch.Tensor:
     """Routed-expert MLP over MXFP4 weights; same contract as upstream `mxfp4_moe_forward_triton`.
 

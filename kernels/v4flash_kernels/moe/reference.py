@@ -3,8 +3,10 @@
 MXFP4 (OCP microscaling): each weight is an e2m1 nibble (sign, 2 exponent bits, 1 mantissa bit:
 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte with the even index in the low nibble (the
 order SGLang's checkpoint loader and its sm_120 kernel use), and every 32 consecutive weights along
-the reduction axis share one e8m0 scale 2^(byte - 127). The scales may be given as those bytes or
-as the fp32 values upstream's loader converts them to.
+the reduction axis share one e8m0 scale 2^(byte - 127). The scales may be given as those bytes
+(float8_e8m0fnu) or as fp32 values (what upstream's loader converts them to); as in upstream's
+function, any other dtype is taken by value (`.to(float32)`), and fp32 values need not be powers
+of two (the reference multiplies whatever it is given).
 
 Semantics follow upstream's `mxfp4_moe_forward_triton`: w13 rows [0, I) are the gate projection,
 [I, 2I) the up projection; with `clamp_limit > 0` the gate is clamped above and the up projection
@@ -15,7 +17,6 @@ by its top-k weight and the token sum is multiplied by `routed_scaling_factor` w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -29,10 +30,10 @@ def e2m1_values(dtype=torch.float64, device="cpu") -> torch.Tensor:
 
 
 def scale_values(scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
-    """e8m0 bytes (uint8/int8/float8_e8m0fnu) -> 2^(b-127); fp32 scales are taken as given."""
-    if scale.element_size() == 1:
+    """float8_e8m0fnu bytes -> 2^(b-127) (255 = NaN); any other dtype is taken by value."""
+    if scale.dtype == torch.float8_e8m0fnu:
         b = scale.view(torch.uint8).to(dtype)
-        return torch.pow(2.0, b - 127.0)
+        return torch.where(b == 255, torch.full_like(b, float("nan")), torch.pow(2.0, b - 127.0))
     return scale.to(dtype)
 
 
@@ -53,13 +54,13 @@ def moe_ref(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     intermediate_size: int,
-    routed_scaling_factor: Optional[float] = None,
-    clamp_limit: Optional[float] = None,
-    tokens: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float | None = None,
+    clamp_limit: float | None = None,
+    tokens: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """Reference output [len(tokens) or M, hidden] in `dtype` (only the rows `tokens` if given)."""
-    I = int(intermediate_size)
+    I = int(intermediate_size)  # noqa: E741
     x = hidden_states.to(dtype)
     ids = topk_ids.to(torch.int64)
     tw = topk_weights.to(dtype)
@@ -105,12 +106,12 @@ class MoeCase:
     inter: int = 64
     routing: str = "random"  # random | hot (all tokens on expert 0 first) | dup (few experts shared)
     hole_frac: float = 0.0  # fraction of slots set to -1
-    scale_u8: bool = False  # scales as e8m0 bytes instead of fp32
-    clamp_limit: Optional[float] = None
-    routed_scaling_factor: Optional[float] = None
+    scale_e8m0: bool = False  # scales as e8m0 bytes (float8_e8m0fnu) instead of fp32
+    clamp_limit: float | None = None
+    routed_scaling_factor: float | None = None
 
 
-def make_weights(experts: int, hidden: int, inter: int, scale_u8: bool, gen: torch.Generator,
+def make_weights(experts: int, hidden: int, inter: int, scale_e8m0: bool, gen: torch.Generator,
                  device="cpu", copies: int = 1) -> list:
     """`copies` sets of (w13 int8 [E,2I,K/2], w2 int8 [E,K,I/2], s13, s2) with random nibbles and
     e8m0 exponents 2^-9..2^-5 (weights of magnitude ~0.01-0.1, like a real checkpoint's)."""
@@ -121,9 +122,9 @@ def make_weights(experts: int, hidden: int, inter: int, scale_u8: bool, gen: tor
         s13 = torch.randint(118, 123, (experts, 2 * inter, hidden // 32), dtype=torch.uint8, generator=gen)
         s2 = torch.randint(118, 123, (experts, hidden, inter // 32), dtype=torch.uint8, generator=gen)
         w13, w2, s13, s2 = (t.to(device) for t in (w13, w2, s13, s2))
-        if not scale_u8:  # what upstream's loader leaves: fp32 powers of two
-            s13 = s13.view(torch.float8_e8m0fnu).to(torch.float32)
-            s2 = s2.view(torch.float8_e8m0fnu).to(torch.float32)
+        s13, s2 = s13.view(torch.float8_e8m0fnu), s2.view(torch.float8_e8m0fnu)
+        if not scale_e8m0:  # what upstream's loader leaves: fp32 powers of two
+            s13, s2 = s13.to(torch.float32), s2.to(torch.float32)
         res.append((w13.view(torch.int8), w2.view(torch.int8), s13, s2))
     return res
 
@@ -150,20 +151,20 @@ def make_routing(case: MoeCase, gen: torch.Generator, device="cpu"):
     return ids.to(device), w.to(device)
 
 
-def make_inputs(case: MoeCase, device="cpu", seed: Optional[int] = None) -> dict:
+def make_inputs(case: MoeCase, device="cpu", seed: int | None = None) -> dict:
     """Keyword arguments of the upstream signature (and the reference), drawn fresh for `case`."""
     g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
-    w13, w2, s13, s2 = make_weights(case.experts, case.hidden, case.inter, case.scale_u8, g, device)[0]
+    w13, w2, s13, s2 = make_weights(case.experts, case.hidden, case.inter, case.scale_e8m0, g, device)[0]
     ids, w = make_routing(case, g, device)
     x = torch.randn((case.tokens, case.hidden), generator=g).to(torch.bfloat16).to(device)
-    return dict(
-        hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2,
-        topk_ids=ids, topk_weights=w, hidden_size=case.hidden, intermediate_size=case.inter,
-        routed_scaling_factor=case.routed_scaling_factor, clamp_limit=case.clamp_limit,
-    )
+    return {
+        "hidden_states": x, "w13_packed": w13, "w2_packed": w2, "w13_scale": s13, "w2_scale": s2,
+        "topk_ids": ids, "topk_weights": w, "hidden_size": case.hidden, "intermediate_size": case.inter,
+        "routed_scaling_factor": case.routed_scaling_factor, "clamp_limit": case.clamp_limit,
+    }
 
 
-def ref_of(kw: dict, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+def ref_of(kw: dict, tokens: torch.Tensor | None = None) -> torch.Tensor:
     """`moe_ref` on the keyword arguments of `make_inputs`."""
     return moe_ref(
         kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
@@ -178,7 +179,6 @@ def touched_experts(topk_ids: torch.Tensor) -> int:
 
 def floor_bytes(kw: dict, experts_touched: int) -> int:
     """Bytes a call must move: touched experts' weights + scales as given, activations in and out."""
-    E = kw["w13_packed"].shape[0]
     per_expert = sum(kw[n][0].numel() * kw[n].element_size()
                      for n in ("w13_packed", "w2_packed", "w13_scale", "w2_scale"))
     x = kw["hidden_states"]
@@ -189,11 +189,11 @@ def flops(kw: dict) -> float:
     """Useful FLOPs: 2 * valid slots * (K * 2I + I * K)."""
     valid = int((kw["topk_ids"] >= 0).sum())
     K = kw["hidden_states"].shape[1]
-    I = kw["intermediate_size"]
+    I = kw["intermediate_size"]  # noqa: E741
     return 2.0 * valid * (K * 2 * I + I * K)
 
 
-def subset_tokens(M: int, limit: int, gen: torch.Generator, device="cpu") -> Optional[torch.Tensor]:
+def subset_tokens(M: int, limit: int, gen: torch.Generator, device="cpu") -> torch.Tensor | None:
     """Tokens checked against fp64 for big M (None = all)."""
     if M <= limit:
         return None

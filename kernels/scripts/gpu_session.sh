@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call: run named GPU jobs in order, each under its own time limit, and bring back one
+# tarball of their logs and JSON ($OUT/results.tgz) plus a summary line per job ($OUT/summary.txt).
+#
+#   V4FLASH_COMMIT=<sha> bash kernels/scripts/gpu_session.sh JOB[:SECONDS] ...
+#
+# A job is a function below; a job that fails or times out never stops the next one, so one broken
+# kernel cannot cost the session the other measurements. Run from the repository root.
+set -u
+. kernels/scripts/gpu_setup.sh
+R=$OUT/r
+mkdir -p "$R"
+export V4FLASH_COMMIT=${V4FLASH_COMMIT:-unknown}
+WHEEL=${V4FLASH_SGLANG_WHEEL:-}
+py() { python3 "$@"; }
+pyt() { python3 -m pytest -q -x -p no:cacheprovider -m gpu "$@"; }
+
+job_env() { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; }
+job_t_fp8() { pyt tests/kernels/test_fp8_gemm_gpu.py; }
+job_t_mhc() { pyt tests/kernels/test_mhc_gpu.py; }
+job_t_topk() { pyt tests/kernels/test_topk_gpu.py; }
+job_t_moe() { pyt tests/kernels/test_moe_gpu.py; }
+job_t_attn() { pyt tests/kernels/test_decode_gpu.py tests/kernels/test_indexer_gpu.py; }
+job_t_allreduce() { pyt tests/kernels/test_allreduce_gpu.py; }
+job_t_selfcheck() { V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/kernels/test_selfcheck_gpu.py; }
+job_b_fp8() { py -m v4flash_kernels.fp8_gemm.bench --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
+job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_sweep.json"; }
+job_b_mhc() { py -m v4flash_kernels.mhc.bench --json "$R/mhc.json"; }
+job_b_topk() { py -m v4flash_kernels.topk.bench --json "$R/topk.json"; }
+job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.md"; }
+job_b_allreduce() { py -m v4flash_kernels.allreduce.bench --json "$R/allreduce.json"; }
+job_step() { py -m v4flash_kernels.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
+
+export -f py pyt $(declare -F | awk '{print $3}' | grep '^job_')
+export R
+for spec in "$@"; do
+  name=${spec%%:*}; limit=${spec#*:}; [ "$limit" = "$spec" ] && limit=300
+  t0=$(date +%s)
+  # timeout signals the job's whole process group (pytest and its compile workers included)
+  timeout -k 10 "$limit" bash -c "job_$name" >"$R/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 ))s | $(tail -n 1 "$R/$name.log" | cut -c1-200)" | tee -a "$OUT/summary.txt"
+done
+tar -C "$OUT" -czf "$OUT/results.tgz" r

@@ -1,0 +1,1 @@
+"""DeepSeek-V4 hyper-connection (mHC) pre/post (sm_120 drop-in): Triton kernels, host-side op, fp64 reference, bench."""

@@ -1,0 +1,388 @@
+"""Benchmark of the mHC boundary: check against fp64 (and upstream), then time under CUDA-graph replay.
+
+    python -m v4flash_kernels.mhc.bench [--json out.json] [--tokens 1,16,64,1024,8192]
+        [--no-upstream] [--upstream-fused] [--sweep] [--seed N]
+
+Per token count it draws DeepSeek-V4-Flash-shaped inputs (4 streams x 4096, `hc_fn` [24, 16384]),
+runs ours: the pre alone (`mhc_pre`, without and with the sub-layer's RMSNorm), the post alone
+(`mhc_post`) and the fused post+pre with the norm (`mhc_post_pre`, what the model runs at every
+boundary once the patch is on), checks each against the fp64 reference, then times each with
+`triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median µs).
+
+Upstream, when `tilelang` imports here: the pinned sm_120 path, i.e. `DeepseekV4DecoderLayer.hc_pre`
+(torch fp32 GEMV + RMS, `torch.compile`d as under SGLang's graph capture; TileLang
+`hc_split_sinkhorn`; torch combine) and `hc_post` (TileLang `mhc_post`), read from the sglang wheel
+at run time; with `--upstream-fused` also the gated-off TileLang `mhc_fused_post_pre` (several
+TileLang JIT compiles: minutes). `--sweep` times alternative mix plans at the decode sizes.
+
+This module also holds the run-time loaders of upstream's mHC code that the tests share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import sys
+import time
+import types
+from typing import Callable, Dict, Iterator, List
+
+import torch
+
+from v4flash_kernels import upstream as _up
+from v4flash_kernels.mhc import reference as R
+from v4flash_kernels.provenance import measured_commit
+
+MODEL_PATH = "sglang/srt/models/deepseek_v4.py"
+MHC_PATH = "sglang/srt/layers/mhc.py"
+MHC_MODULE = "sglang.srt.layers.mhc"
+BW_H200 = 4.3e12
+TOKENS = (1, 16, 64, 1024, 8192)
+
+# --------------------------------------------------------------------------- upstream, at run time
+
+_LAYER_PRELUDE = '''
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_is_hip = False
+_MHC_POST_MULT_VALUE = 2.0
+
+
+def compile_in_capture_mode(fn):  # eager: what SGLang runs outside CUDA-graph capture
+    return fn
+
+
+class _Flag:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class envs:  # the switches as server_args leaves them on sm_120
+    SGLANG_OPT_USE_TILELANG_MHC_PRE = _Flag(False)
+    SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
+    SGLANG_OPT_USE_AITER_MHC_PRE = _Flag(False)
+    SGLANG_OPT_USE_AITER_MHC_POST = _Flag(False)
+    SGLANG_OPT_USE_TILELANG_MHC_POST = _Flag({tilelang_post})
+'''
+
+# The gated-off fused path additionally reads DeepGEMM's switch (off on sm_120).
+_FUSED_PRELUDE = _up.MHC_PRELUDE + '''
+
+class _Flag:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class envs:  # sm_120: no DeepGEMM prenorm GEMM
+    SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
+'''
+_FUSED_DEFS = (
+    "pass_configs", "FP8", "BF16", "FP32", "INT32", "mhc_pre_big_fuse_tilelang", "mhc_pre_gemm_sqrsum_tilelang",
+    "_compute_num_split_for_mhc_pre", "mhc_pre_big_fuse_with_norm_tilelang", "mhc_post_tilelang",
+    "mhc_fused_post_pre_fma_tilelang", "mhc_fused_post_pre",
+)
+
+
+def upstream_layer(tilelang_post: bool) -> type:
+    """A class carrying upstream's `DeepseekV4DecoderLayer.hc_pre` / `hc_post`, verbatim from the wheel.
+
+    Instances need `hc_mult`, `hc_sinkhorn_iters`, `hc_eps`, `rms_norm_eps` (see `make_layer`).
+    The methods import `sglang.srt.layers.mhc` when called: wrap calls in `mhc_module(...)`.
+    """
+    text, origin = _up.source_of(MODEL_PATH)
+    src = _LAYER_PRELUDE.format(tilelang_post=tilelang_post) + "\n\n" + _up.extract_methods(
+        text, "DeepseekV4DecoderLayer", ("hc_pre", "hc_post"))
+    mod = types.ModuleType(f"_v4flash_upstream_dsv4_layer_{int(tilelang_post)}")
+    exec(compile(src, f"{origin} (DeepseekV4DecoderLayer.hc_pre, hc_post)", "exec"), mod.__dict__)
+    return type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post, "origin": origin})
+
+
+def make_layer(cls: type, p: R.MhcParams = R.MhcParams()):
+    layer = cls()
+    layer.hc_mult = R.HC
+    layer.hc_sinkhorn_iters = p.iters
+    layer.hc_eps = p.pre_eps
+    layer.rms_norm_eps = p.rms_eps
+    return layer
+
+
+def sinkhorn_standin(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, hc_mult: int = 4,
+                     sinkhorn_iters: int = 20, eps: float = 1e-6):
+    """`hc_split_sinkhorn`'s contract from the fp64 reference (TileLang cannot run on CPU); fp32 out."""
+    b, s, _ = mixes.shape
+    p = R.MhcParams(pre_eps=eps, sinkhorn_eps=eps, iters=sinkhorn_iters, post_mult=2.0)
+    pre, post, comb = R.split_mixes(mixes.reshape(b * s, -1), hc_scale, hc_base, p)
+    return (pre.float().view(b, s, hc_mult), post.float().view(b, s, hc_mult),
+            comb.float().view(b, s, hc_mult, hc_mult))
+
+
+@contextlib.contextmanager
+def mhc_module(**functions: Callable) -> Iterator[None]:
+    """Make `sglang.srt.layers.mhc` importable with these functions (unless a real one is loaded)."""
+    if MHC_MODULE in sys.modules:
+        yield
+        return
+    mod = types.ModuleType(MHC_MODULE)
+    mod.__dict__.update(functions)
+    sys.modules[MHC_MODULE] = mod
+    try:
+        yield
+    finally:
+        sys.modules.pop(MHC_MODULE, None)
+
+
+def tilelang_available() -> bool:
+    return importlib.util.find_spec("tilelang") is not None
+
+
+def upstream_tilelang_fused() -> types.ModuleType:
+    """Upstream's gated-off TileLang `mhc_fused_post_pre` and its kernels (`layers/mhc.py`), verbatim."""
+    return _up.load_defs(MHC_PATH, _FUSED_DEFS, _FUSED_PRELUDE)
+
+
+class UpstreamSm120:
+    """The pinned sm_120 boundary: `hc_pre` (torch GEMV + RMS, Sinkhorn split, torch combine), `hc_post`.
+
+    kind "compiled": TileLang Sinkhorn and post, the torch parts `torch.compile`d as SGLang runs them
+    under CUDA-graph capture (`upstream.load_dsv4_mhc_methods`, the step bench's loader); "eager":
+    the same, eager; "torch" (no tilelang, e.g. a CPU): the reference split stands in for the TileLang
+    Sinkhorn and `hc_post` takes its own torch branch.
+    """
+
+    def __init__(self, p: R.MhcParams = R.MhcParams(), kind: str = "eager"):
+        self.kind = kind
+        if kind == "torch":
+            self.functions = {"hc_split_sinkhorn": sinkhorn_standin}
+            cls = upstream_layer(tilelang_post=False)
+        else:
+            tl = _up.load_mhc()
+            self.functions = {"hc_split_sinkhorn": tl.hc_split_sinkhorn, "mhc_post": tl.mhc_post}
+            if kind == "compiled":
+                mod = _up.load_dsv4_mhc_methods()
+                cls = type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post})
+            else:
+                cls = upstream_layer(tilelang_post=True)
+        self.layer = make_layer(cls, p)
+
+    def pre(self, x, fn, scale, base):
+        with mhc_module(**self.functions):
+            return self.layer.hc_pre(x, fn, scale, base)
+
+    def post(self, x, residual, post, comb):
+        with mhc_module(**self.functions):
+            return self.layer.hc_post(x, residual, post, comb)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+# bf16 outputs: max |err| / max |ref| (one rounding to nearest is <= 2^-9 relative to the element);
+# post/comb: absolute (an fp32 GEMV over 16K terms, then 20 Sinkhorn rounds). The kernels round to
+# nearest under the interpreter too (kernel._bf16), so CPU and GPU share these.
+TOL = {"bf16": 5e-3, "mix": 1e-4}
+
+
+def check_pre(y, post, comb, ref: Dict, layer_input: torch.Tensor, tol: Dict[str, float]) -> Dict:
+    e = {"y": R.max_rel(y, layer_input), "post": R.max_abs(post, ref["post"]), "comb": R.max_abs(comb, ref["comb"])}
+    shapes = (tuple(post.shape) == tuple(ref["post"].shape) and tuple(comb.shape) == tuple(ref["comb"].shape)
+              and tuple(y.shape) == tuple(layer_input.shape))
+    finite = bool(torch.isfinite(y.float()).all() and torch.isfinite(post).all() and torch.isfinite(comb).all())
+    ok = shapes and finite and e["y"] <= tol["bf16"] and e["post"] <= tol["mix"] and e["comb"] <= tol["mix"]
+    return {"ok": ok, "err": e}
+
+
+def check_streams(out, ref, tol: Dict[str, float]) -> Dict:
+    e = R.max_rel(out, ref)
+    ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == torch.bfloat16 and e <= tol["bf16"]
+    return {"ok": ok, "err": {"streams": e}}
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def _time(fn: Callable) -> float:
+    from v4flash_kernels.attention.bench import time_graph
+
+    return time_graph(fn)
+
+
+def bytes_floor(n: int, hidden: int = 4096) -> Dict[str, int]:
+    """Minimum HBM bytes per call: hc_fn once, the streams / sub-layer output / results once."""
+    fn = R.MIX * R.HC * hidden * 4
+    s = n * R.HC * hidden * 2
+    y = n * hidden * 2
+    return {"pre": fn + s + y, "post": 2 * s + y, "post_pre": fn + 2 * s + 2 * y}
+
+
+def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused: types.ModuleType | None,
+               sweep: bool, device: str = "cuda", hidden: int = 4096, timer: Callable | None = None) -> Dict:
+    """One token count: every variant checked against fp64, then timed (`timer`, default CUDA-graph replay)."""
+    from v4flash_kernels.mhc import op
+
+    _time_fn = timer or _time
+    case = R.MhcCase(tokens=n, hidden=hidden)
+    p = case.params
+    kw = R.make_inputs(case, device=device, seed=seed)
+    tol = TOL
+    x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
+    fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
+    common = {"rms_eps": p.rms_eps, "hc_eps": p.pre_eps, "sinkhorn_iters": p.iters}
+    plan = op.plan_for(n, case.hidden, op._num_sms(x.device))
+    floor = bytes_floor(n, hidden)
+    row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
+                     "variants": {}}
+    v = row["variants"]
+
+    ref = R.pre_ref(res, fn, sc, ba, p)
+    plain = R.layer_input_ref(ref["y"], None, p.norm_eps)
+    normed = R.layer_input_ref(ref["y"], w, p.norm_eps)
+    pre_fn = lambda: op.mhc_pre(res, fn, sc, ba, **common)  # noqa: E731
+    pre_norm_fn = lambda: op.mhc_pre(res, fn, sc, ba, **common, norm_weight=w, norm_eps=p.norm_eps)  # noqa: E731
+    v["pre"] = check_pre(*pre_fn(), ref, plain, tol)
+    v["pre_norm"] = check_pre(*pre_norm_fn(), ref, normed, tol)
+    post_ref = R.post_ref(x, res, post_in, comb_in)
+    post_fn = lambda: op.mhc_post(x, res, post_in, comb_in)  # noqa: E731
+    v["post"] = check_streams(post_fn(), post_ref, tol)
+    fref = R.post_pre_ref(kw, p)
+
+    def post_pre_fn(plan_=None):
+        return lambda: op.mhc_post_pre(x, res, post_in, comb_in, fn, sc, ba, **common, norm_weight=w,
+                                       norm_eps=p.norm_eps, plan=plan_)
+
+    def check_fused(out) -> Dict:
+        cur, y, post, comb = out
+        c = check_pre(y, post, comb, fref, fref["layer_input"], tol)
+        s = check_streams(cur, fref["residual"], tol)
+        return {"ok": c["ok"] and s["ok"], "err": {**c["err"], **s["err"]}}
+
+    v["post_pre"] = check_fused(post_pre_fn()())
+    for name, f in (("pre", pre_fn), ("pre_norm", pre_norm_fn), ("post", post_fn), ("post_pre", post_pre_fn())):
+        v[name]["us"] = _time_fn(f) if v[name]["ok"] else float("nan")
+    if sweep and n <= op.DECODE_MAX_TOKENS:
+        for bt in sorted({16, plan.block_t}):  # 16: several token blocks, hc_fn re-read from L2
+            for splits in (32, 64, 128):
+                alt = op.make_plan(bt, splits, op.BLOCK_H, case.hidden)
+                name = f"sweep:{alt.name}"
+                v[name] = check_fused(post_pre_fn(alt)())
+                v[name]["us"] = _time_fn(post_pre_fn(alt)) if v[name]["ok"] else float("nan")
+    if upstream is not None:
+        ref = R.pre_ref(res, fn, sc, ba, p)
+        up_pre = lambda: upstream.pre(res, fn, sc, ba)  # noqa: E731
+        y, post, comb, fused = up_pre()
+        v["upstream_sm120_pre"] = check_pre(y, post, comb, ref, plain, tol)
+        v["upstream_sm120_post"] = check_streams(upstream.post(x, res, post_in, comb_in), post_ref, tol)
+        v["upstream_sm120_pre"]["us"] = _time_fn(up_pre)
+        v["upstream_sm120_post"]["us"] = _time_fn(lambda: upstream.post(x, res, post_in, comb_in))
+        if upstream_fused is not None:
+            tlm = upstream_fused
+
+            def up_fused():
+                return tlm.mhc_fused_post_pre(x, res, post_in.unsqueeze(-1), comb_in, fn, sc, ba, p.rms_eps, p.pre_eps,
+                                              p.sinkhorn_eps, p.post_mult, p.iters, norm_weight=w,
+                                              norm_eps=p.norm_eps)
+
+            cur, post, comb, y = up_fused()
+            v["upstream_tilelang_post_pre"] = check_fused((cur, y, post.squeeze(-1), comb))
+            v["upstream_tilelang_post_pre"]["us"] = _time_fn(up_fused)
+    # Per layer: the model with the patch runs two fused boundaries; upstream's sm_120 path two pre
+    # + two post (its two RMSNorms not included).
+    row["layer_us"] = {"ours": 2 * v["post_pre"]["us"]}
+    if "upstream_sm120_pre" in v:
+        row["layer_us"]["upstream_sm120"] = 2 * (v["upstream_sm120_pre"]["us"] + v["upstream_sm120_post"]["us"])
+    if "upstream_tilelang_post_pre" in v:
+        row["layer_us"]["upstream_tilelang_fused"] = 2 * v["upstream_tilelang_post_pre"]["us"]
+    return row
+
+
+def format_table(rows: List[Dict]) -> str:
+    cols = ("pre", "pre_norm", "post", "post_pre", "upstream_sm120_pre", "upstream_sm120_post",
+            "upstream_tilelang_post_pre")
+    head = f"{'tokens':>6} {'plan':<18}" + "".join(f"{c[-18:]:>20}" for c in cols) + f"{'layer ours':>11}  check"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        v = r["variants"]
+        cells = "".join(f"{v[c]['us']:>20.1f}" if c in v else f"{'-':>20}" for c in cols)
+        bad = [k for k, x in v.items() if not x["ok"]]
+        lines.append(f"{r['tokens']:>6} {r['plan']:<18}{cells}{r['layer_us']['ours']:>11.1f}  "
+                     + ("ok" if not bad else "FAIL:" + ",".join(bad)))
+    sweeps = [(r["tokens"], k, x) for r in rows for k, x in r["variants"].items() if k.startswith("sweep:")]
+    if sweeps:
+        lines.append("\nsweep (fused post+pre, us):")
+        lines += [f"  tokens={n:<5} {k[6:]:<22} {x['us']:8.1f}  {'ok' if x['ok'] else 'FAIL'}" for n, k, x in sweeps]
+    return "\n".join(lines)
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.mhc.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--upstream-fused", action="store_true", help="also TileLang mhc_fused_post_pre (slow JIT)")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("mhc bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    upstream, up_fused, up_note = None, None, "not requested"
+    if not args.no_upstream:
+        if tilelang_available():
+            upstream, up_note = UpstreamSm120(kind="compiled"), "tilelang; torch part compiled as under graph capture"
+            up_fused = upstream_tilelang_fused() if args.upstream_fused else None
+        else:
+            up_note = "tilelang not importable: upstream not timed"
+    rows: List[Dict] = []
+    failed: List[Dict] = []
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+                "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+                "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "upstream": up_note,
+                "upstream_origin": getattr(getattr(upstream, "tl", None), "__v4flash_origin__", None)}
+
+    def dump(partial: bool) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": dict(meta, partial=partial), "rows": rows, "failed": failed}, f, indent=1)
+
+    for i, n in enumerate(int(t) for t in args.tokens.split(",")):
+        try:
+            r = run_tokens(n, seed + i, upstream, up_fused, args.sweep)
+            torch.cuda.empty_cache()
+        except Exception as exc:  # one broken shape must not lose the others' rows
+            import traceback
+
+            traceback.print_exc()
+            failed.append({"tokens": n, "error": f"{type(exc).__name__}: {exc}"})
+            torch.cuda.empty_cache()
+            continue
+        rows.append(r)
+        dump(True)
+        v = r["variants"]
+        print(f"[{time.time() - t0:6.1f}s] tokens={n}: pre {v['pre']['us']:.1f} us, post {v['post']['us']:.1f}, "
+              f"post+pre {v['post_pre']['us']:.1f}, layer {r['layer_us']}", flush=True)
+    print(json.dumps(meta))
+    print(format_table(rows))
+    dump(False)
+    for f_ in failed:
+        print(f"FAILED: {f_}")
+    return 0 if not failed and all(x["ok"] for r in rows for x in r["variants"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
