@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from v4flash_pd import docformat
+from v4flash_pd.config.layout import ADVERTISE
 from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.plan import Plan, build_plan
+from v4flash_pd.profiles import PROFILES
 from v4flash_pd.textfile import read_text_file
 from v4flash_pd.topology import Gpu, NumaNode, Topology
 
@@ -102,6 +104,10 @@ def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any
     profile = doc.get("profile")
     if not isinstance(profile, str):
         raise UserError(f"{where} has no profile name", "render it again with `v4flash-pd render slurm|k8s`")
+    if profile not in PROFILES:  # the plan stands in for the profile layer: an unknown one must not mean defaults
+        raise UserError(f"{where} names unknown profile {profile!r}, which this v4flash-pd does not have",
+                        f"render it again with `v4flash-pd render slurm|k8s` of this version (profiles: "
+                        f"{', '.join(sorted(PROFILES))})")
     return doc["config"], profile
 
 
@@ -124,7 +130,9 @@ def placeholder_hosts(cfg: Config) -> Config:
     if spec.hosts:
         return cfg
     hosts = tuple(f"box-{k}" for k in range(spec.boxes))
-    workers = tuple(replace(w, advertise=hosts[w.box or 0]) for w in cfg.workers)
+    bound = spec.bind_host == ADVERTISE  # shown bound to the name that stands for the box's address
+    workers = tuple(replace(w, advertise=hosts[w.box or 0], host=hosts[w.box or 0] if bound else w.host)
+                    for w in cfg.workers)
     return replace(cfg, workers=workers, cluster=replace(spec, hosts=hosts))
 
 

@@ -66,13 +66,14 @@ def eval_gate(questions: int, min_accuracy: float) -> Callable[[Supervisor], Non
 def run_launch(launch: Launch, rundir: RunDir, echo: Callable[[str], None]) -> None:
     """Take the run dir (a second `up` on it is refused), record what runs, and run it start to stop."""
     rundir.lock()  # held until this process exits
-    try:
-        rundir.write_json("config.json", launch.config)
-        rundir.write_json("plan.json", launch.plan.to_dict())
-        rundir.write_json("fingerprint.json", launch.fingerprint)
-    except OSError as exc:  # nothing started yet: refuse cleanly
-        raise RuntimeFailure(f"cannot write the run dir {rundir.path}: {exc.strerror or exc}",
-                             "free space there or pass a writable --run-dir") from None
+    for name, doc in (("config.json", launch.config), ("plan.json", launch.plan.to_dict()),
+                      ("fingerprint.json", launch.fingerprint)):
+        try:  # nothing has started yet: a full or failing disk is refused here, before any process
+            rundir.write_json(name, doc)
+        except OSError as exc:
+            raise UserError(f"cannot write {rundir.file(name)}: {exc.strerror or exc}; nothing was started",
+                            f"free space in {rundir.path} (df -h {rundir.path}) or pass a --run-dir on another "
+                            "filesystem") from None
     Supervisor(launch.plan, rundir, echo=echo, grace=launch.grace, ready_timeout=launch.ready_timeout,
                smoke_prompt=launch.smoke_prompt, hang_timeout=launch.hang_timeout,
                after_ready=eval_gate(launch.eval_questions, launch.eval_min_accuracy) if launch.eval_questions

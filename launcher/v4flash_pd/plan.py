@@ -17,10 +17,12 @@ from v4flash_pd.config.types import Config, Speculative, WorkerSpec
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import Binding, numactl_prefix
+from v4flash_pd.interconnect import loopback_binds
 from v4flash_pd.memory import MemoryFit
 from v4flash_pd.memory import fit as memory_arithmetic
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
+from v4flash_pd.workerauth import entry as worker_entry
 
 SGLANG_MODULE = "sglang.launch_server"
 REHEARSAL_MODULE = "v4flash_pd.rehearsal.engine"
@@ -35,6 +37,10 @@ LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
 # HF_HUB_OFFLINE and reads only HF_ENDPOINT: offline, point that at a closed loopback port so the
 # attempt fails at once, locally, and nothing reaches out.
 OFFLINE_HF_ENDPOINT = "http://127.0.0.1:1"
+# sglang 0.5.13's /health (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default) sends a one-token
+# request and checks for a scheduler answer after each `asyncio.sleep(1)`: no answer comes in under
+# a second. The watchdog gives a probe hang_timeout/3, so a window below this is all false alarms.
+SLOW_HEALTH_WINDOW = 10.0
 
 # What a plan warns about, one code per kind of finding (doctor files each under its own check).
 WarningCode = Literal[
@@ -54,6 +60,7 @@ WarningCode = Literal[
     "exposed",  # workers, bootstrap, NCCL or metrics listen beyond this box
     "memory-unfit",  # a worker's weights do not fit its static pool: `up` will refuse (plan, rehearsal)
     "memory-tight",  # it fits, but its KV pool or the memory left outside it is short
+    "hang-timeout-short",  # hang_timeout below what SGLang's /health can answer in: false hangs
 ]
 WARNING_CODES: tuple[str, ...] = get_args(WarningCode)
 
@@ -267,9 +274,14 @@ def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, stric
             warnings.append(PlanWarning("numa-unbindable", f"{w.name}: this host cannot honour NUMA node {node}: {problem}; "
                                                            "`up` will refuse."))
             return Binding(node, _intended(cfg, node).policy, problem)
-        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}",
-                     "install numactl (apt-get install numactl) and run on the box the plan describes, or "
-                     "--set numa=off to start without binding")
+        if not host.numactl:
+            fix = ("install numactl (apt-get install numactl) and run on the box the plan describes, or "
+                   "--set numa=off to start without binding")
+        else:  # numactl works; the node is missing here or outside this container's cpuset
+            have = list(host.allowed_nodes) or [0]
+            fix = (f"run on the box the plan describes (its GPUs on node {node}), bind a node this host has "
+                   f"(--set {key}={have[0]}; it has {have}), or --set numa=off to start without binding")
+        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}", fix)
         return _intended(cfg, node)
     detail = probe.detail if probe else "not probed"
     if probe is not None and probe.membind_ok and cfg.numa == "bind":
@@ -368,7 +380,9 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, py
     # decode gets prefill-0's bootstrap port as its fallback: SGLang substitutes its own
     # --disaggregation-bootstrap-port when the router sends bootstrap_port = null.
     boot = w.bootstrap_port if w.role == "prefill" else (first_bootstrap if w.role == "decode" else None)
-    argv = numactl_prefix(binding, host.numactl) + (python, "-m", module) + engine_args(cfg, w, boot)
+    # behind a router with an API key the worker takes the same key (the router passes it on)
+    argv = numactl_prefix(binding, host.numactl) + (python, "-m", *worker_entry(module, cfg.client_auth)) \
+        + engine_args(cfg, w, boot)
     # GPU indices come from nvidia-smi, which numbers GPUs in PCI bus order; CUDA's default order
     # (FASTEST_FIRST) need not match, and then CUDA_VISIBLE_DEVICES and the NUMA map disagree.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **env_base}
@@ -454,6 +468,10 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
         problems.add(f"the workers' interpreter {python!r} (config key python) is not an executable on this host",
                      "--set python=/path/to/python3 of the serving environment, or leave python unset to use the "
                      "interpreter running v4flash-pd")
+    if cfg.cluster is not None:  # a box's workers bound to a name that is loopback here: unreachable
+        local = [(w.name, w.host, w.box) for w in cfg.local_workers()]
+        for msg, fix in loopback_binds(local, cfg.cluster.hosts, host.resolve):
+            problems.add(msg, fix)
     if cfg.router is not None and host.router_installed is False:
         msg = f"sglang-router is not installed for {python}, and the plan starts the router with it"
         fix = "pip install sglang-router==0.3.2 (the pinned router; `make demo` sets up an env with it)"
@@ -494,6 +512,13 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
                               "(--set prefill.0.gpus=[0,1]), or describe the target box with --topology FILE")
         else:
             warnings.append(PlanWarning("gpus-missing", msg + " (fine for a rehearsal or for planning another box)"))
+    if cfg.hang_timeout < SLOW_HEALTH_WINDOW and local:
+        warnings.append(PlanWarning(
+            "hang-timeout-short",
+            f"hang_timeout = {cfg.hang_timeout:g}s is short: SGLang's /health generates one token and polls for "
+            f"the answer once a second, and each probe may take hang_timeout/3, so a healthy but busy worker "
+            f"can be declared hung and the whole run stopped; use >= {SLOW_HEALTH_WINDOW:g}s "
+            "(--set hang_timeout=60, the default)"))
     python = cfg.python or host.python
     _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
     bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in local}
@@ -523,7 +548,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             url = f"http://{url_host(cfg.cluster.hosts[0])}:{r.port}"  # the router runs on box 0
         probe_url = f"http://{reach_host(r.host)}:{r.port}"
         expected = (("prefill", len(prefills)), ("decode", len(cfg.role("decode"))))
-        auth = ("file", r.api_key_file) if r.api_key_file else ("env", r.api_key_env) if r.api_key_env else ("", "")
+        auth = cfg.client_auth
         if not auth[0]:
             where = "every interface" if r.host in WILDCARD_HOSTS else r.host
             warnings.append(PlanWarning(

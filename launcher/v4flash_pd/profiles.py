@@ -45,10 +45,14 @@ _RTX6000_ENGINE = {
     "chunked_prefill_size": 8192,
 }
 
+# What /v1/models lists and what clients put in "model": the model's name, not its directory (SGLang's
+# fallback); `--set model.served_name=NAME` overrides it.
+SERVED_NAME = "DeepSeek-V4-Flash"
+
 PROFILES: dict[str, dict[str, Any]] = {
     "rtx6000-8x-pd": {
         "mode": "pd",
-        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
         "prefill": [
@@ -80,7 +84,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # keeps no prefix cache, so the router spreads streams round-robin instead of by prefix.
     "rtx6000-8x-pd-2xtp2": {
         "mode": "pd",
-        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
         "prefill": [
@@ -120,7 +124,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # engine, no KV transfer, no router).
     "rtx6000-tp4": {
         "mode": "aggregated",
-        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE, transfer_backend=None),
         "env": dict(OFFLINE_ENV),
         "server": [

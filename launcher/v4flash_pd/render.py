@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from v4flash_pd import exposure
 from v4flash_pd.config.types import Config
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.table import format_table
@@ -22,7 +23,8 @@ def auth_text(plan: Plan) -> str:
         return ""
     if not kind:
         return "NONE: the router accepts requests without authentication"
-    return f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}"
+    return (f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}; "
+            "the workers take the same key (the router passes it on)")
 
 
 def plan_text(plan: Plan, show_commands: bool = True) -> str:
@@ -55,6 +57,11 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
         for p in plan.processes:
             lines.append(f"  {p.name}:")
             lines.append(f"    {command_line(p)}")
+    exposed = exposure.lines(plan)
+    if exposed:
+        lines.append("")
+        lines.append("reachable from other machines:")
+        lines += [f"  - {x}" for x in exposed]
     if plan.warnings:
         lines.append("")
         lines.append("warnings:")

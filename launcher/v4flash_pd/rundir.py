@@ -137,8 +137,11 @@ class RunDir:
         st, problem = self.read_state()
         procs: dict[str, Identity] = {}
         launcher = None
+        recorded = st.get("procs") or {}
+        if not isinstance(recorded, dict):
+            problem = problem or f"state.json is corrupt (procs is a JSON {type(recorded).__name__}, not a table)"
         if not problem:
-            for name, d in (st.get("procs") or {}).items():
+            for name, d in recorded.items():
                 try:
                     procs[str(name)] = Identity.from_dict(d)
                 except (ValueError, TypeError, AttributeError):

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from v4flash_pd.diskwatch import DiskWatch
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
@@ -439,7 +440,8 @@ class Supervisor:
             self._health_gate([(w.name, w.health_url) for w in workers], deadline)
         # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
         # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
-        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers], is_miss_while_loading)
+        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers] + list(self.plan.upstream),
+                                          is_miss_while_loading)
         router = self.plan.router()
         if router is not None:
             self.start(router)
@@ -462,12 +464,21 @@ class Supervisor:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
         headers = auth_headers(self.plan.router_auth)  # should the router guard its probes one day
         router_fetch: Fetch = lambda url, timeout: request(url, timeout=timeout, headers=headers)  # noqa: E731
-        watch = _HangWatch(self, [(n, _liveness_url(self.plan.get(n))) for n in self.order], is_miss_when_ready,
-                           lambda name: router_fetch if headers and self.procs[name].role == "router" else None)
+        # the local processes, and (a cluster's router) the workers on other boxes it routes to: one
+        # of those dying or hanging fails this part as a local worker fails a one-box run
+        targets = [(n, _liveness_url(self.plan.get(n))) for n in self.order] + list(self.plan.upstream)
+        watch = _HangWatch(self, targets, is_miss_when_ready,
+                           lambda name: router_fetch if headers and name in self.procs
+                           and self.procs[name].role == "router" else None)
+        disk = DiskWatch(self.rundir.path)  # a full run dir loses every log line: say so, keep serving
 
         def tick() -> bool:
             self._guard("unexpectedly")
             watch.tick("after READY")
+            change = disk.check(self.clock.now())
+            if change:
+                self.say(change)
+                self.set_state(run_dir_full=disk.full)  # best effort: on a full disk `status` looks itself
             return False
 
         poll_until(tick, math.inf, self.poll, self.clock)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from bundle_helpers import flip_byte, make_model, make_wheel, run_cli
+from bundle_helpers import flip_byte, make_model, make_wheel, reseal, run_cli
 
 from v4flash_pd.bundle import image, modelmanifest, preflight, sbom, sums
 from v4flash_pd.errors import UserError
@@ -229,6 +229,22 @@ def test_wheel_not_in_the_lock_is_refused_by_verify(tiny_lock, tmp_path: Path) -
     ver = run_cli("bundle", "verify", str(out))
     assert ver.returncode == 1
     assert "v4tinypkg-0.1-py3-none-any.whl: sha256 is not in stack.lock" in ver.stderr, ver.stderr
+
+
+@pytest.mark.parametrize("text", ["[]", "\"CycloneDX\"", '{"metadata": [], "components": []}',
+                                  '{"metadata": {"properties": {"a": 1}}}', '{"metadata": {"properties": [1, "x"]}}'],
+                         ids=["list", "string", "metadata-list", "properties-object", "properties-not-objects"])
+def test_sbom_of_the_wrong_shape_is_a_failed_check_not_a_traceback(text: str, tiny_lock, tmp_path: Path) -> None:
+    """A re-hashed bundle whose SBOM parses as JSON but is no CycloneDX object: one failed row, exit 1."""
+    lock, _ = tiny_lock
+    out = tmp_path / "b"
+    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--lock", str(lock)).returncode == 0
+    (out / "sbom.cdx.json").write_text(text)
+    reseal(out, json.loads((out / "MANIFEST.json").read_text()))
+    res = run_cli("bundle", "verify", str(out), "--no-progress")
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "sbom.cdx.json" in res.stderr and "CycloneDX" in res.stderr, res.stderr
 
 
 def test_wheelhouse_dir_missing_a_locked_package_is_refused(tiny_lock, tmp_path: Path) -> None:

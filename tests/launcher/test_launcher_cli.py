@@ -104,7 +104,8 @@ def test_plan_human_output(cli) -> None:
 
 def test_plan_rehearse_swaps_only_the_engine_module(plan_json) -> None:
     real = plan_json("--topology", T8)
-    reh = plan_json("--topology", T8, "--rehearse")
+    # the same listen address (a rehearsal defaults its router to 127.0.0.1: test_send_a_request)
+    reh = plan_json("--topology", T8, "--rehearse", "--set", "router.host=0.0.0.0")
     assert reh["rehearse"] is True
     for a, b in zip(real["processes"], reh["processes"]):
         if a["role"] == "router":

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from v4flash_pd import exposure
 from v4flash_pd.cli.common import json_option
 from v4flash_pd.cli.options import Options, RunOptions, pass_options, prepare, resolve, run_options
 from v4flash_pd.doctor import (
@@ -20,8 +21,9 @@ from v4flash_pd.doctor import (
     system_probe,
     to_json,
 )
+from v4flash_pd.doctor.rehearsal import relax
 from v4flash_pd.errors import UserError
-from v4flash_pd.plan import PlanWarning, WarningCode
+from v4flash_pd.plan import Plan, PlanWarning, WarningCode
 from v4flash_pd.selfcheck.rows import doctor_rows
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
@@ -40,6 +42,16 @@ def plan_row(warnings: tuple[PlanWarning, ...]) -> Check:
     if rest:
         return Check("plan", "warn", "; ".join(rest), "see `v4flash-pd plan` for the whole plan and adjust the config")
     return Check("plan", "ok", "the plan `up` would start builds on this box")
+
+
+def exposure_row(plan: Plan) -> Check:
+    """What listens beyond this box unauthenticated (the router's own row is router-auth)."""
+    open_ = [x for x in exposure.unguarded(plan) if x.owner not in ("router http", "KV transfer")]
+    if open_:
+        return Check("exposure", "warn", "reachable from other machines WITHOUT authentication: "
+                     + "; ".join(f"{x.owner} on {x.where}" for x in open_), exposure.advice(plan))
+    said = exposure.lines(plan)
+    return Check("exposure", "ok", "; ".join(said) if said else "nothing listens beyond this box")
 
 
 @click.command("doctor", short_help="Check this box against the plan `up` would start (same options as up).")
@@ -77,9 +89,13 @@ def command(opts: Options, how: RunOptions, only: str, as_json: bool, gpu_selfch
         inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=opts.topology_file is None)
         # a cluster's router part starts no worker here: GPUs, NUMA, model and KV transport are the boxes'
         chosen = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
-        checks = run_checks(inp, only=chosen)
+        if opts.rehearse:  # one family at a time: what a rehearsal does not need is shown, not counted
+            checks = tuple(relax(name, c) for name, fn in FAMILIES if not chosen or name in chosen
+                           for c in run_checks(inp, families=[(name, fn)]))
+        else:
+            checks = run_checks(inp, only=chosen)
         if not families:
-            checks = (plan_row(plan.warnings),) + checks
+            checks = (plan_row(plan.warnings), exposure_row(plan)) + checks
         if gpu_selfcheck:
             checks += doctor_rows(plan)
     if as_json:

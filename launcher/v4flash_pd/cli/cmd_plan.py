@@ -6,7 +6,7 @@ import json
 
 import click
 
-from v4flash_pd import docformat
+from v4flash_pd import docformat, exposure
 from v4flash_pd import topology as topo
 from v4flash_pd.cli.common import json_option
 from v4flash_pd.cli.options import (
@@ -44,7 +44,8 @@ def command(opts: Options, as_json: bool) -> None:
         parts = part_plans(cfg, topology, rehearse=opts.rehearse)
         if as_json:
             d = docformat.stamp(docformat.CLUSTER_VIEW, {"parts": {name: p.to_dict() for name, p in parts},
-                                                         "config": cfg.to_dict()})
+                                                         "config": cfg.to_dict(),
+                                                         "exposure": {name: exposure.lines(p) for name, p in parts}})
             click.echo(json.dumps(d, indent=2))
             return
         click.echo(cluster_text(cfg, parts))
@@ -53,6 +54,7 @@ def command(opts: Options, as_json: bool) -> None:
     if as_json:
         d = r.plan.to_dict()
         d["config"] = r.config.to_dict()
+        d["exposure"] = exposure.lines(r.plan)
         click.echo(json.dumps(d, indent=2))
         return
     click.echo(plan_text(r.plan))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,16 @@ from v4flash_pd.render_k8s import K8sOptions, pod_layer, render
 from v4flash_pd.render_k8s import check_options as check_k8s
 from v4flash_pd.render_slurm import SlurmOptions, sbatch_script
 from v4flash_pd.render_slurm import check_options as check_slurm
+from v4flash_pd.safety import check_tree
+
+
+def _layers(opts: Options) -> Layers:
+    """The usual layers, every string free of control characters (each is written into the rendered
+    file: the carried plan, manifests, comments). A rendered cluster keeps the profile's addresses
+    with --rehearse too (no loopback layer): the other boxes and pods must reach them."""
+    layers = config_layers(replace(opts, rehearse=False))
+    check_tree(layers[0])
+    return layers
 
 
 def _cluster_config(layers: Layers, rehearse: bool) -> tuple[Config, ClusterSpec, dict[str, Any]]:
@@ -90,7 +101,7 @@ def slurm(opts: Options, output: Path, container: str, image: str, job_name: str
     slurm_opts = SlurmOptions(container=container, image=image, rehearse=opts.rehearse, job_name=job_name,
                               partition=partition, time_limit=time_limit, account=account)
     check_slurm(slurm_opts)
-    cfg, spec, doc = _cluster_config(config_layers(opts), opts.rehearse)
+    cfg, spec, doc = _cluster_config(_layers(opts), opts.rehearse)
     _write(output, sbatch_script(cfg, doc, slurm_opts), 0o755)
     _write(_plan_path(output), json.dumps(doc, indent=2, sort_keys=True) + "\n")
     click.echo(f"wrote {output} ({spec.boxes} boxes, {spec.prefill} prefill + {spec.decode} decode) and "
@@ -128,7 +139,7 @@ def k8s(opts: Options, output: Path, flavor: str, image: str, namespace: str, ap
         raise UserError("render k8s places one TP worker per pod and lets Kubernetes pick the nodes: --boxes has no "
                         "meaning here (the pods are --prefill P + --decode D)",
                         "drop --boxes; pass --prefill P --decode D")
-    cfg, spec, doc = _cluster_config(_pod_layers(config_layers(opts), k8s_opts), opts.rehearse)
+    cfg, spec, doc = _cluster_config(_pod_layers(_layers(opts), k8s_opts), opts.rehearse)
     _write(output, render(cfg, doc, k8s_opts, rehearse=opts.rehearse))
     _write(_plan_path(output), json.dumps(doc, indent=2, sort_keys=True) + "\n")
     click.echo(f"wrote {output} ({spec.prefill} prefill + {spec.decode} decode pods, router) and {_plan_path(output)}; "

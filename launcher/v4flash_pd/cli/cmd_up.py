@@ -18,12 +18,21 @@ from v4flash_pd.poll import poll_until
 from v4flash_pd.routerauth import read_key
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.selfcheck.gate import gate as selfcheck_gate
+from v4flash_pd.servecheck import missing as missing_stack
 
 
 def preflight(r: Resolved, verify_model: str) -> None:
     """What the plan cannot know and must be refused before a process starts (the plan, built with
     starting=True, has already refused busy ports, a missing model dir and a missing router)."""
     plan = r.plan
+    if not plan.rehearse and plan.workers():
+        gone = missing_stack(plan.python, nixl=r.config.transfer_backend == "nixl")
+        if gone:
+            raise UserError(f"the serving stack is not installed for {plan.python}: {', '.join(gone)} missing, so every "
+                            "worker would exit at once; nothing was started",
+                            "install it with pip install '.[serve]' in the checkout (or pip install --require-hashes "
+                            "-r stack.lock), or run the image (docker run ... v4flash-pd up); `up --rehearse` needs "
+                            "none of it")
     if not plan.rehearse and verify_model != "off":
         from v4flash_pd.bundle.preflight import check_model_against_manifest, find_manifest
 
@@ -37,7 +46,8 @@ def preflight(r: Resolved, verify_model: str) -> None:
                     "re-copy the named files from the bundle (a truncated shard is the classic air-gap "
                     "failure), then `v4flash-pd bundle verify DIR --model PATH --full`",
                 )
-    kind, where = plan.router_auth
+    # the router's key, or (a cluster's box) the same key its workers take
+    kind, where = plan.router_auth if plan.router_auth[0] else r.config.client_auth if plan.workers() else ("", "")
     if kind:
         read_key(kind, where)  # a missing/empty secret is refused now, not after the workers loaded
 
@@ -65,8 +75,25 @@ def _detach(launch: Launch, run: RunDir) -> None:
     except BrokenPipeError:  # it died at once: its log says why (below)
         pass
     click.echo(f"launcher detached (pid {child.pid}); log {run.file('launcher.log')}")
+    click.echo(f"its progress follows until READY; later: v4flash-pd logs launcher -f --run-dir {run.path}")
+    shown = [0]
+
+    def progress() -> None:
+        """Echo what the launcher wrote since the last look (the first start takes tens of minutes)."""
+        try:
+            with open(run.file("launcher.log"), "rb") as f:
+                f.seek(shown[0])
+                chunk = f.read(1 << 20)
+        except OSError:
+            return
+        done = chunk.rfind(b"\n") + 1  # whole lines only
+        shown[0] += done
+        for line in chunk[:done].decode("utf-8", "replace").splitlines():
+            if not line.startswith("READY "):  # ours is printed below, once, as scripts expect
+                click.echo(f"  | {line}")
 
     def settled() -> str | None:
+        progress()
         # a reused run dir holds the previous run's state: only the child's own state counts
         st = run.state()
         mine = st.get("launcher_pid") == child.pid
@@ -99,7 +126,12 @@ def command(opts: Options, how: RunOptions) -> None:
     run = RunDir.create(how.run_dir)
     check_writable(run)
     # before any worker: a patch that fails its self-check is switched off (a typed flag beats every layer)
-    off = selfcheck_gate(r.plan, how.no_selfcheck, how.strict_selfcheck, run, click.echo)
+    try:
+        off = selfcheck_gate(r.plan, how.no_selfcheck, how.strict_selfcheck, run, click.echo)
+    except OSError as exc:  # its records and logs go into the run dir (a full disk, say); it stopped its checks
+        raise UserError(f"cannot write the kernel self-check's files in {run.path}: {exc.strerror or exc}; no worker "
+                        "was started", f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
+                        "filesystem") from None
     if off:
         r = resolve(replace(opts, flags=opts.flags + tuple((f"patches.{n}", False) for n in off)), "up")
         cfg = r.config

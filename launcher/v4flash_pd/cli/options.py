@@ -232,8 +232,9 @@ def config_layers(opts: Options) -> Layers:
         raise UserError("--cluster-plan already holds the whole config; --config/--profile would start something "
                         "other than what was rendered",
                         "drop --config/--profile (use --set KEY=VALUE for a deliberate override), or render again")
+    # a one-box rehearsal listens on 127.0.0.1 unless a layer above the profile says otherwise
     return merged_layers(opts.config_file, opts.profile, dict(opts.flags), sets=opts.sets, base=base,
-                         env_overrides=dict(opts.env_flags))
+                         env_overrides=dict(opts.env_flags), rehearsal=opts.rehearse)
 
 
 def load(opts: Options) -> Config:

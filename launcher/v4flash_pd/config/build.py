@@ -21,7 +21,7 @@ from v4flash_pd.config.keys import (
 from v4flash_pd.config.speculative import check_combination
 from v4flash_pd.config.speculative import resolve as resolve_speculative
 from v4flash_pd.config.types import ClusterSpec, Config, RouterSpec, Speculative, WorkerSpec
-from v4flash_pd.config.values import check_extra_chunk, want
+from v4flash_pd.config.values import api_key_flag, check_extra_chunk, want
 from v4flash_pd.errors import UserError
 
 
@@ -120,11 +120,21 @@ def _router(raw: Mapping[str, Any]) -> RouterSpec:
         api_key_file=_get(r, "router.api_key_file"),
         api_key_env=_get(r, "router.api_key_env"),
     )
-    if "--api-key" in router.extra_args or any(a.startswith("--api-key=") for a in router.extra_args):
-        raise UserError("router.extra_args passes --api-key on the command line, where `ps`, the .command "
-                        "file and the logs show it",
+    flag = api_key_flag(router.extra_args)  # argparse also takes any prefix (--api-ke) as --api-key
+    if flag:
+        raise UserError(f"router.extra_args passes {flag.split('=', 1)[0]!r}, which the router reads as --api-key, "
+                        "on the command line, where `ps`, the .command file and the logs show it",
                         "put the key in a file (router.api_key_file) or a variable (router.api_key_env) instead")
     return router
+
+
+def client_auth(router: RouterSpec | None) -> tuple[str, str]:
+    """Where the key clients send comes from: ("file", path), ("env", NAME) or ("", "")."""
+    if router is not None and router.api_key_file:
+        return ("file", router.api_key_file)
+    if router is not None and router.api_key_env:
+        return ("env", router.api_key_env)
+    return ("", "")
 
 
 def cluster_spec(raw: Mapping[str, Any], mode: str) -> ClusterSpec:
@@ -198,4 +208,5 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         sources=sources,
         cluster=cluster if cluster.boxes else None,
         speculative=speculative,
+        client_auth=client_auth(router),
     )

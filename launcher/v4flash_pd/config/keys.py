@@ -9,12 +9,15 @@ Keys of a worker table (`[[prefill]]`, `[[decode]]`, `[[server]]`) are `WORKER_K
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.config import values as v
-from v4flash_pd.config.values import Check
+from v4flash_pd.config.values import BadValue, Check
+from v4flash_pd.errors import UserError
+from v4flash_pd.profiles import DEFAULT_PROFILE, get_profile
 
 # Choices of the pinned sglang 0.5.13.post1 argument parser (tests check them against the real one),
 # so `plan` can refuse a bad value in milliseconds instead of importing torch.
@@ -62,10 +65,14 @@ class Key:
     required: bool = False  # no usable default: the default is a placeholder `check` refuses
 
     def parse(self, value: Any, key: str | None = None) -> Any:
-        """The checked value of this key (None stays None for an optional key)."""
+        """The checked value of this key (None stays None for an optional key). A value of the wrong
+        type or range is refused with a fix that works: the `--set` of the default profile's value."""
         if value is None and self.optional:
             return None
-        return self.check(value, key or self.path)
+        try:
+            return self.check(value, key or self.path)
+        except BadValue as exc:
+            raise UserError(exc.message, set_hint(exc.key, exc.what)) from None
 
 
 def _choice(path: str, choices: tuple[str, ...], default: str | None, help: str, *,
@@ -145,7 +152,9 @@ KEYS: tuple[Key, ...] = (
         Flag("--port-offset", "V4FLASH_PORT_OFFSET", "cluster",
              "Add K x N to every port of box K (logical nodes sharing one network namespace; real clusters need 0).",
              0, 10000)),
-    Key("cluster.bind_host", str, "0.0.0.0", v.host, "where cluster workers listen"),
+    Key("cluster.bind_host", str, "advertise", v.host,
+        "where cluster workers listen: \"advertise\" = each box's own cluster.hosts entry (0.0.0.0 while no hosts "
+        "are known), or an address for every box"),
     _choice("cluster.network", NETWORK_TRANSPORTS, "tcp", "the UCX transport KV takes between boxes"),
     Key("cluster.hosts", tuple, [], v.hosts, "the boxes' host names, in box order",
         Flag("--hosts", "V4FLASH_CLUSTER_HOSTS", "hosts",
@@ -157,7 +166,7 @@ KEYS: tuple[Key, ...] = (
     Key("router.metrics_port", int, 29000, v.port, "the router's Prometheus port"),
     Key("router.policy", str, "", v.text("a router policy name or \"\""), "the router's load-balancing policy"),
     Key("router.api_key_file", str, "", v.text("a file path"), "file holding the API key clients must send"),
-    Key("router.api_key_env", str, "", v.optional_env_name, "environment variable holding the API key"),
+    Key("router.api_key_env", str, "", v.key_env_name, "environment variable holding the API key"),
     Key("router.extra_args", tuple, [], v.args, "more sglang-router flags"),
     Key("router.env", tuple, {}, v.env_table, "environment of the router"),
 )
@@ -199,3 +208,37 @@ WORKER_DEFAULTS: dict[str, Any] = _nested(WORKER_KEYS)
 
 def flagged() -> tuple[Key, ...]:
     return tuple(k for k in KEYS if k.flag is not None)
+
+
+def _over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on `base`, tables merged key by key (enough for a profile over the defaults)."""
+    out = dict(base)
+    for k, value in over.items():
+        out[k] = _over(out[k], value) if isinstance(value, dict) and isinstance(out.get(k), dict) else value
+    return out
+
+
+def example(key: str) -> str:
+    """`--set KEY=VALUE` with the value the default profile gives `key` (role entries beyond the
+    profile's take entry 0's; a worker key the profile leaves out, its default), or "" when it has none."""
+    node: Any = _over(DEFAULTS, get_profile(DEFAULT_PROFILE))
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, list):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else (node[0] if node else None)
+            if isinstance(node, dict) and i < len(parts) - 1 and parts[i - 1] in ROLES:
+                node = {**WORKER_DEFAULTS, **node}
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            node = None
+    if node is None or isinstance(node, (dict, bool)):
+        return ""
+    text = json.dumps(node, separators=(",", ":")) if isinstance(node, list) else str(node)
+    return f"--set {key}={text}"
+
+
+def set_hint(key: str, what: str) -> str:
+    """A fix that works, not the error again: `--set prefill.0.tp=4 (a positive integer)`."""
+    found = example(key)
+    return f"{found} ({what})" if found else f"set {key} to {what}"

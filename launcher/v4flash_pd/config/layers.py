@@ -164,6 +164,7 @@ def merged_layers(
     sets: tuple[str, ...] = (),
     base: tuple[Mapping[str, Any], str] | None = None,
     env_overrides: Mapping[str, Any] | None = None,
+    rehearsal: bool = False,
 ) -> Layers:
     """Every layer merged into one raw dict (the vocabulary of a config file), not yet validated.
 
@@ -171,7 +172,9 @@ def merged_layers(
     V4FLASH_<OPTION> variable) < `sets` (--set items) < `overrides` (typed options on the command
     line), both as dotted keys, e.g. {"model.path": "/m"}. `base` = (raw, profile) of a cluster plan
     file: it stands in for defaults < profile < file, so a box starts exactly the config that was
-    rendered; env and flags still go on top.
+    rendered; env and flags still go on top. `rehearsal` adds `loopback_layer` over the profile (a
+    one-box rehearsal listens on 127.0.0.1 unless a later layer says otherwise); a cluster keeps the
+    profile's addresses.
     """
     env = os.environ if env is None else env
     sources = ["defaults"]
@@ -190,6 +193,9 @@ def merged_layers(
         prof_name = profile or file_profile or DEFAULT_PROFILE
         raw = deep_merge(DEFAULTS, get_profile(prof_name))
         sources.append(f"profile:{prof_name}")
+        if rehearsal:
+            raw = deep_merge(raw, loopback_layer(raw))
+            sources.append("rehearsal:loopback")
         if file_raw:
             raw = deep_merge(raw, file_raw)
             sources.append(f"file:{config_file}")
@@ -205,7 +211,33 @@ def merged_layers(
         set_path(raw, key, value)
     if set_keys(raw, overrides) or sets:
         sources.append("flags")
+    if rehearsal and (raw.get("cluster") or {}).get("boxes"):  # other boxes must reach a cluster's listeners
+        return merged_layers(config_file, profile, overrides, env, sets, base, env_overrides, rehearsal=False)
     return raw, prof_name, tuple(sources)
+
+
+# A rehearsal (and so `make demo`) listens on 127.0.0.1 by default: the profiles put the router (or the
+# aggregated server) on 0.0.0.0 for the GPU box, and a rehearsal on a laptop or a CI runner has no
+# reason to offer an unauthenticated endpoint to its network.
+WILDCARDS = ("0.0.0.0", "::", "")
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_layer(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The raw layer that moves the profile's wildcard listeners to 127.0.0.1 (it sits right above the
+    profile: a config file, V4FLASH_SET or a flag that names the address wins)."""
+    layer: dict[str, Any] = {}
+    router = raw.get("router")
+    if isinstance(router, Mapping) and router.get("host") in WILDCARDS:
+        layer["router"] = {"host": LOOPBACK}
+    for role in ROLES:
+        entries = raw.get(role)
+        if isinstance(entries, list) and entries:
+            moved = [{"host": LOOPBACK} if isinstance(e, Mapping) and e.get("host") in WILDCARDS else {}
+                     for e in entries]
+            if any(moved):
+                layer[role] = moved
+    return layer
 
 
 def set_keys(raw: dict[str, Any], overrides: Mapping[str, Any] | None) -> bool:

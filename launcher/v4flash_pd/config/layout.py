@@ -9,10 +9,22 @@ Config (its workers are the slots, named prefill-i / decode-j across the whole c
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from v4flash_pd.config.types import ClusterSpec, Config, WorkerSpec
 from v4flash_pd.config.values import port
 from v4flash_pd.errors import UserError
+from v4flash_pd.ports import WILDCARD_HOSTS, is_ip
+
+# Where a cluster box's workers listen: its own address on the interconnect, not every interface. A
+# worker's HTTP port, SGLang's KV bootstrap server (it binds the worker's --host) and the KV side
+# channel (SGLANG_HOST_IP) need only be reachable by the router and the other boxes. With
+# `cluster.bind_host = "advertise"` (the default) each box binds its workers to its own entry of
+# cluster.hosts, the address the others reach it by (the sbatch script fills cluster.hosts from each
+# node's NodeAddr, or from V4FLASH_CLUSTER_HOSTS); without hosts it falls back to 0.0.0.0, and
+# Kubernetes pods, each with its own network namespace, listen on 0.0.0.0 behind a NetworkPolicy.
+ADVERTISE = "advertise"
+ANY = "0.0.0.0"
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,21 @@ def _check_ports(cfg: Config, spec: ClusterSpec, workers: list[WorkerSpec]) -> N
             seen[number] = owner
 
 
+def bind_host(bind: str, hosts: Sequence[str], box: int) -> str:
+    """The --host of the workers of `box`."""
+    if bind != ADVERTISE:
+        return bind
+    return hosts[box] if hosts else ANY
+
+
+def side_channel_env(host: str) -> tuple[tuple[str, str], ...]:
+    """SGLANG_HOST_IP for a worker bound to one IP: SGLang binds its ZMQ KV side channel there (and
+    tells peers that address). A host name is left alone: ZMQ binds only numeric addresses."""
+    if is_ip(host) and host not in WILDCARD_HOSTS:
+        return (("SGLANG_HOST_IP", host),)
+    return ()
+
+
 def _with_network(env: tuple[tuple[str, str], ...], network: str) -> tuple[tuple[str, str], ...]:
     """KV goes between boxes: UCX_TLS must carry a network transport (cuda_ipc and sm stay inside a host)."""
     out = []
@@ -128,10 +155,11 @@ def expand(cfg: Config) -> Config:
                 f"give every slot a multiple of {template.tp} GPUs (--set cluster.slot_gpus=[[0,1,2,3],[4,5,6,7]]), "
                 f"or --set {slot.role}.0.tp=N with N a divisor of {len(gpus)}")
         ports = slot_ports(spec, slot)
+        host = bind_host(spec.bind_host, spec.hosts, slot.box)
         workers.append(replace(
-            template, name=slot.name, index=slot.index, gpus=gpus, numa_node=None, host=spec.bind_host,
+            template, name=slot.name, index=slot.index, gpus=gpus, numa_node=None, host=host,
             port=ports["port"], nccl_port=ports["nccl_port"], bootstrap_port=ports.get("bootstrap_port"),
             box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else "",
-            env=_with_network(template.env, spec.network)))  # a worker's own UCX_TLS too
+            env=_with_network(template.env, spec.network) + side_channel_env(host)))  # a worker's own UCX_TLS too
     _check_ports(cfg, spec, workers)
     return replace(cfg, workers=tuple(workers), env=_with_network(cfg.env, spec.network))

@@ -141,6 +141,9 @@ class Config:
     sources: tuple[str, ...] = field(default=())
     cluster: ClusterSpec | None = None
     speculative: Speculative = field(default=Speculative())
+    # Where the router's API key comes from, ("file", path) / ("env", NAME) or ("", ""). Kept when a
+    # cluster part drops the router: its workers take the same key (workerauth.py).
+    client_auth: tuple[str, str] = ("", "")
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)

@@ -7,6 +7,7 @@ They know nothing of Config: `keys.py` attaches one to every key, and the builde
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from typing import Any, Callable
 
@@ -19,12 +20,35 @@ Check = Callable[[Any, str], Any]
 # (dsv4/metadata.py `_LARGE_INDEXER_QUERY_THRESHOLD`, compared with `>`), so the worker crashes.
 MAX_PREFILL_CHUNK = 11673
 
+# A host name (RFC 1123 labels, plus '_' which some clusters use), an IPv4 literal, or an IPv6 literal
+# with an optional zone id (fe80::1%eth0): nothing a shell or a URL would read as syntax. Hosts reach
+# argv, URLs and rendered scripts.
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9_.-]+)?")
+# Variables the launcher, the interpreter or the dynamic loader read for themselves: a secret kept in
+# one of them is not a secret (PATH is in every `env` dump) or changes what runs (LD_PRELOAD).
+_RESERVED_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "TERM", "TMPDIR", "LANG", "TZ",
+                 "HOSTNAME", "IFS", "PS1", "PS4", "ENV", "BASH_ENV", "MAIL", "DISPLAY", "SSH_AUTH_SOCK"}
+_RESERVED_ENV_PREFIXES = ("LD_", "LC_", "PYTHON", "CUDA_", "NCCL_", "UCX_", "HF_", "SGLANG_",
+                          "TRANSFORMERS_", "TORCH", "TRITON_", "NVIDIA_", "SLURM_", "KUBERNETES_", "DYLD_",
+                          "MALLOC_", "GLIBC_", "BASH_FUNC_")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class BadValue(UserError):
+    """A value of the wrong type or out of range. Its fix names only what the key takes; `keys.Key.parse`,
+    which knows the profile's working value of every key, turns it into a `--set KEY=VALUE` that works."""
+
+    def __init__(self, message: str, key: str, what: str) -> None:
+        super().__init__(message, f"set {key} to {what}")
+        self.key = key
+        self.what = what
+
 
 def want(value: Any, types: type | tuple[type, ...], key: str, what: str) -> Any:
     """`value` itself when it is of `types` (a bool never passes for a number)."""
     allowed = types if isinstance(types, tuple) else (types,)
     if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-        raise UserError(f"config key {key} must be {what}, got {value!r}", f"set {key} to {what}")
+        raise BadValue(f"config key {key} must be {what}, got {value!r}", key, what)
     return value
 
 
@@ -42,7 +66,7 @@ def integer(what: str, minimum: int) -> Check:
     def check(value: Any, key: str) -> int:
         want(value, int, key, what)
         if value < minimum:
-            raise UserError(f"config key {key} = {value} must be >= {minimum}", f"set {key} to {what}")
+            raise BadValue(f"config key {key} = {value} must be >= {minimum}", key, what)
         return int(value)
     return check
 
@@ -86,7 +110,7 @@ def fraction(value: Any, key: str) -> float:
 def port(value: Any, key: str) -> int:
     want(value, int, key, "a port number (1-65535)")
     if not 1 <= value <= 65535:
-        raise UserError(f"config key {key} = {value} is not a valid port", "use a port number between 1 and 65535")
+        raise BadValue(f"config key {key} = {value} is not a valid port", key, "a port number between 1 and 65535")
     return int(value)
 
 
@@ -102,6 +126,11 @@ def host(value: Any, key: str) -> str:
     if any(c.isspace() for c in name) or "/" in name or "[" in name or "]" in name:
         raise UserError(f"config key {key} = {value!r} is not a host name or IP address",
                         f"write a bare host, e.g. {key} = \"127.0.0.1\" or \"::1\" (no scheme, port or path)")
+    if not _HOST.fullmatch(name):  # no shell metacharacters (`;`, backticks, `$`)
+        raise UserError(f"config key {key} = {ascii(value)} is not a host name or IP address (only letters, digits, "
+                        "'.', '-', '_' and, for IPv6, ':' and a %zone)",
+                        f"write a bare host, e.g. {key.split('[')[0]} = \"node1\" or \"10.0.0.1\" (no scheme, port, "
+                        "path, spaces or shell characters)")
     return str(name)
 
 
@@ -120,10 +149,23 @@ def env_name(name: str, key: str) -> str:
     return name
 
 
-def optional_env_name(value: Any, key: str) -> str:
-    """An environment variable name, or "" for none."""
+def key_env_name(value: Any, key: str) -> str:
+    """The variable that holds a secret (router.api_key_env), or "" for none: a plain name that nothing
+    else reads."""
     name = want(value, str, key, "an environment variable name")
-    return env_name(name, key) if name else ""
+    if not name:
+        return ""
+    if not _ENV_NAME.fullmatch(name):
+        raise UserError(f"config key {key} = {ascii(name)} is not an environment variable name",
+                        f"use letters, digits and '_' (not starting with a digit), e.g. {key} = \"ROUTER_API_KEY\"")
+    upper = name.upper()
+    if upper in _RESERVED_ENV or upper.startswith(_RESERVED_ENV_PREFIXES):
+        raise UserError(f"config key {key} = {name!r} names a variable the system or the serving stack reads for "
+                        "itself: its value is no secret (PATH is in every environment dump) or it changes what runs "
+                        "(LD_*, PYTHON*)",
+                        f"keep the key in a variable of its own, e.g. {key} = \"ROUTER_API_KEY\", or use "
+                        "router.api_key_file")
+    return str(name)
 
 
 def env_table(value: Any, key: str) -> tuple[tuple[str, str], ...]:
@@ -206,6 +248,18 @@ def check_prefill_chunk(size: int, where: str) -> None:
             f"use --set engine.chunked_prefill_size=8192 (the profile's value; at most {MAX_PREFILL_CHUNK}) "
             "and drop --chunked-prefill-size from extra_args",
         )
+
+
+def api_key_flag(argv: tuple[str, ...], flag_name: str = "--api-key") -> str:
+    """The word of `argv` that argparse would read as `flag_name` (the flag, `flag=V`, or any prefix
+    argparse expands to it, e.g. `--api-ke`), or ''. sglang-router 0.3.2's parser allows abbreviations,
+    and its only other option starting with `--a` is `--assignment-mode`, so every prefix from `--ap`
+    on is unambiguous; `--a` is ambiguous there and refused too (it never helps)."""
+    for a in argv:
+        opt = a.split("=", 1)[0]
+        if len(opt) >= 3 and opt.startswith("--") and flag_name.startswith(opt):
+            return a
+    return ""
 
 
 def arg_value(argv: tuple[str, ...], flag_name: str) -> str | None:

@@ -20,7 +20,8 @@ def check_router_auth(inp: DoctorInput) -> Check:
             read_key(kind, where, inp.probe.env)
         except UserError as exc:
             return error("router-auth", exc.message, exc.hint)
-        return ok("router-auth", f"clients need the API key ({kind} {where})")
+        return ok("router-auth", f"clients need the API key ({kind} {where}); so do direct requests to the workers, "
+                                 "which take the same key")
     if e.router_host in ("0.0.0.0", "::"):
         return warn("router-auth", f"the router listens on every interface ({e.router_host}) without authentication",
                     "set router.api_key_file (or router.api_key_env), or --set router.host=127.0.0.1 behind a "

@@ -8,7 +8,7 @@ that matter to the PD wiring (mode, transfer backend), so a rehearsal catches th
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 # Choices as in sglang 0.5.13 server_args.py.
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
@@ -42,6 +42,7 @@ class EngineArgs:
     speculative_num_draft_tokens: int | None = None
     disaggregation_decode_enable_radix_cache: bool = False
     ignored: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)  # never shown: /server_info leaves it out
 
     @property
     def model_name(self) -> str:
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-draft-tokens", dest="speculative_num_draft_tokens", type=int)
     p.add_argument("--disaggregation-decode-enable-radix-cache", dest="disaggregation_decode_enable_radix_cache",
                    action="store_true")
+    p.add_argument("--api-key", dest="api_key", default=None)
     return p
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -177,9 +178,25 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                        "status": status, "ms": round((time.monotonic() - t0) * 1000, 1),
                        **extra})
 
+        def _refused(self, path: str, t0: float) -> bool:
+            """SGLang's --api-key: every route but /health* and /metrics* wants `Authorization: Bearer KEY`
+            (401 otherwise); the router passes its own key on, so only it gets through."""
+            key = args.api_key
+            if not key or path.startswith(("/health", "/metrics")):
+                return False
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
+                return False
+            self.send_json(401, {"error": "Unauthorized"})
+            self._log(401, t0)
+            return True
+
         def do_GET(self) -> None:
             t0 = time.monotonic()
-            status = self._get(urlsplit(self.path).path)
+            path = urlsplit(self.path).path
+            if self._refused(path, t0):
+                return
+            status = self._get(path)
             self._log(status, t0)
 
         def do_HEAD(self) -> None:
@@ -225,10 +242,12 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             t0 = time.monotonic()
             path = urlsplit(self.path).path
             try:
-                raw = self.read_body()
+                raw = self.read_body()  # read first: the connection may carry the next request
             except (ValueError, OSError) as e:
                 self.send_json(400, P.bad_request_body(P.API_GENERATE, str(e)))
                 return self._log(400, t0)
+            if self._refused(path, t0):
+                return
             if path == "/flush_cache":
                 self.send_text(200, "Cache flushed.\n")
                 return self._log(200, t0)
@@ -370,8 +389,24 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
         return 2
     state = EngineState(args, knobs)
     stop = state.stopping
+    # The handler only records the signal: it runs in the main thread between two bytecodes, maybe
+    # while that thread holds the Event's condition lock inside wait(), so Event.set() there could
+    # deadlock. The main thread turns the record into `stop` (the request threads watch it) within
+    # one poll (_wait_stop polls in short sleeps, which the signal interrupts).
+    signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signalled.append(signum))
+
+    def _wait_stop(seconds: float) -> bool:
+        """Sleep up to `seconds`, True as soon as a stop was signalled (and `stop` is set)."""
+        end = time.monotonic() + seconds
+        while not signalled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, 0.05))
+        stop.set()
+        return True
 
     servers: list[Server] = []
     if state.store is not None:
@@ -387,7 +422,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     if knobs.bind_delay_s > 0:
         # Real SGLang loads weights before uvicorn binds: the port refuses connections meanwhile.
         state.say(f"loading weights (rehearsal): HTTP port opens in {knobs.bind_delay_s:g}s")
-        if stop.wait(knobs.bind_delay_s):
+        if _wait_stop(knobs.bind_delay_s):
             for s in servers:
                 s.server_close()
             return 0
@@ -418,7 +453,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
 
     deadline = None if knobs.crash_after_s is None else time.monotonic() + knobs.crash_after_s
     ready_said = False
-    while not stop.is_set():
+    while not _wait_stop(0.0):
         if not ready_said and not state.loading:
             ready_said = True
             state.check_ready_logged()
@@ -427,7 +462,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
             state.say(f"crashing on purpose after {knobs.crash_after_s:g}s "
                       f"(V4FLASH_REHEARSAL_CRASH_AFTER_S), exit {knobs.crash_exit_code}")
             os._exit(knobs.crash_exit_code)
-        stop.wait(0.05)
+        _wait_stop(0.05)
 
     state.say("received a stop signal, shutting down")
     if knobs.stop_delay_s:

@@ -296,7 +296,7 @@ def server_info(args: Any, active: int, max_running: int = 1024,
                 avg_spec_accept_length: float | None = None) -> dict[str, Any]:
     """/server_info: server args (SGLang field names), scheduler info, version, rehearsal flag; with
     speculative decoding, `internal_states[0].avg_spec_accept_length` once a verify ran (scheduler.py)."""
-    fields = {k: v for k, v in vars(args).items() if k != "ignored"}
+    fields = {k: v for k, v in vars(args).items() if k not in ("ignored", "api_key")}
     state: dict[str, Any] = {"num_running_reqs": active, "rehearsal": True}
     if avg_spec_accept_length is not None:
         state["avg_spec_accept_length"] = avg_spec_accept_length
