@@ -28,6 +28,8 @@ job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_s
 job_b_mhc() { py -m v4flash_kernels.mhc.bench --json "$R/mhc.json"; }
 job_b_topk() { py -m v4flash_kernels.topk.bench --json "$R/topk.json"; }
 job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.md"; }
+job_b_moesweep() { py -m v4flash_kernels.moe.bench --quick --json "$R/moe_sweep.json"; }
+job_b_moeprefill() { py -m v4flash_kernels.moe.bench --prefill --json "$R/moe_prefill.json"; }
 job_b_allreduce() { py -m v4flash_kernels.allreduce.bench --json "$R/allreduce.json"; }
 job_step() { py -m v4flash_kernels.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
 

@@ -23,12 +23,12 @@ def _env(tmp_path):
     return env
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=600,
+        env=_env(tmp_path), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK:" in proc.stdout
@@ -47,6 +47,10 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
                    for a in (120, 90)}
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
+    ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+                  for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
+    assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:
