@@ -340,3 +340,15 @@ def test_the_k8s_header_says_what_an_operator_must_know(cli: Cli, tmp_path: Path
     keyed, _ = rendered(cli, tmp_path, "hdr-key", ["k8s", "--set", "router.api_key_env=ROUTER_KEY"], "yaml")
     text = keyed.read_text()
     assert "UNAUTHENTICATED" not in text and "kubectl create secret generic v4flash-router-key" in text
+
+
+@pytest.mark.parametrize("argv", [["k8s", "--flavor", "lws", "--prefill", "1", "--decode", "1"],
+                                  ["slurm", "--boxes", "2", "--prefill", "1", "--decode", "1"]], ids=["k8s", "slurm"])
+def test_a_rehearsed_render_keeps_the_routers_address(argv: list[str], cli: Cli, tmp_path: Path) -> None:
+    """A one-box rehearsal listens on 127.0.0.1; a rendered cluster must not: the router pod's Service (or
+    the other Slurm nodes) reach it from outside. `render k8s --rehearse` once carried router.host =
+    127.0.0.1 (the loopback layer applied before the pods became the boxes)."""
+    _, plan = rendered(cli, tmp_path, "reh", [*argv, "--rehearse"], "out")
+    config = json.loads(plan.read_text())["config"]
+    assert config["router"]["host"] == "0.0.0.0", config["router"]
+    assert "rehearsal:loopback" not in json.dumps(config)
