@@ -34,6 +34,12 @@ job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.
 job_b_moesweep() { py -m v4flash_kernels.moe.bench --quick --json "$R/moe_sweep.json"; }
 job_b_moeprefill() { py -m v4flash_kernels.moe.bench --prefill --json "$R/moe_prefill.json"; }
 job_b_allreduce() { py -m v4flash_kernels.allreduce.bench --json "$R/allreduce.json"; }
+job_ncu_fp8() {
+  for nk in "1536 4096" "1024 4096"; do set -- $nk
+    timeout 120 ncu -k regex:gemv -s 3 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+      --section Occupancy --section WarpStateStats python3 kernels/scripts/ncu_fp8.py --n "$1" --k "$2" --m 1
+  done
+}
 job_step() { py -m v4flash_kernels.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
 
 export -f py pyt $(declare -F | awk '{print $3}' | grep '^job_')

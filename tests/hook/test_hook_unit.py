@@ -151,7 +151,7 @@ def test_the_launcher_switches_are_the_registry():
     """One table: the launcher's flags, config keys and worker env come from the kernels' registry."""
     from v4flash_kernels.hook import patches
     from v4flash_pd.cli import options
-    from v4flash_pd.config import DEFAULTS, PATCH_SWITCHES
+    from v4flash_pd.config.keys import DEFAULTS, PATCH_SWITCHES
 
     assert PATCH_SWITCHES == tuple((s.name, s.env) for s in patches.SWITCHES)
     assert set(DEFAULTS["patches"]) == {s.name for s in patches.SWITCHES}
