@@ -457,12 +457,12 @@ def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int, spin_li
 
 
 def check_allreduce(arch: int) -> List[CompileResult]:
-    """Every all-reduce binary `launch` can start: both algorithms, 2..8 ranks, bf16 and fp32, and the
+    """Every all-reduce binary `launch` can start: both algorithms, every rank count of `plan.WORLDS`, bf16 and fp32, and the
     start-up probe's bf16 binaries with bounded waits."""
     from v4flash_kernels.allreduce import plan as P
     from v4flash_kernels.allreduce.comm import PROBE_SPINS
 
-    worlds = range(2, P.MAX_RANKS + 1)
+    worlds = P.WORLDS
     return ([compile_allreduce(two, world, dt, arch) for two in (False, True) for world in worlds
              for dt in ("bf16", "fp32")]
             + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])
