@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 SMEM_LIMIT = {120: 101376, 90: 232448}
 
@@ -152,10 +152,10 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int,
     from v4flash_kernels.moe import kernel as k
     from v4flash_kernels.moe.op import INLINE_MAX_SLOTS
 
-    const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
-                 BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
-                 DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode, NIBBLES=nibbles)
+    const = {"GATED": gated, "HAS_CLAMP": True, "INLINE": inline,
+                 "BLOCK_S": triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, "BLOCK_M": cfg.block_m,
+                 "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "SCALE_MODE": scale_mode, "DEQ_ASM": True,
+                 "DOT_DTYPE": tl.bfloat16, "SPLIT_K": cfg.split_k, "A_PARTS": 0, "MODE": cfg.mode, "NIBBLES": nibbles}
     sig = _moe_gemm_signature(scale_mode)
     if nibbles == 1:
         sig["W"] = "*i32"  # PAIR_SPLIT words
@@ -181,17 +181,17 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
                  | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
-             dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
+             {"CHUNK": moe.PREP_CHUNK, "E_P2": e_p2}, 8, "")]
     for bm in bms:
         jobs.append(("moe_scan", k.scan_kernel, {"HIST": "*i32", "OFFS": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
                                                  "NCH": "i32", "E": "i32", "NB": "i32"},
-                     dict(BLOCK_M=bm, E_P2=e_p2, CB=moe.PREP_SCAN_CB, BB=moe.PREP_SCAN_BB), 8, f"m{bm}"))
+                     {"BLOCK_M": bm, "E_P2": e_p2, "CB": moe.PREP_SCAN_CB, "BB": moe.PREP_SCAN_BB}, 8, f"m{bm}"))
     jobs.append(("moe_scatter", k.scatter_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "OFFS": "*i32",
                                                    "SORTED": "*i32", "S": "i32", "E": "i32"},
-                 dict(CHUNK=moe.PREP_CHUNK), 4, ""))
+                 {"CHUNK": moe.PREP_CHUNK}, 4, ""))
     jobs.append(("moe_combine", k.combine_kernel, {"DOWN": "*bf16", "IDS": "*i32", "OUT": "*bf16", "stride_om": "i32",
                                                    "K": "i32"},
-                 dict(TOPK=6, BLOCK=moe.COMBINE_BLOCK), moe.COMBINE_NUM_WARPS, ""))
+                 {"TOPK": 6, "BLOCK": moe.COMBINE_BLOCK}, moe.COMBINE_NUM_WARPS, ""))
     out = []
     for kernel, fn, sig, const, warps, tag in jobs:
         hinted = [n for n, t in sig.items() if t.startswith("*")]
@@ -468,7 +468,7 @@ def check_allreduce(arch: int) -> List[CompileResult]:
             + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])
 
 
-def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
+def check(configs: Iterable | None = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 
@@ -502,7 +502,7 @@ def format_table(results: Sequence[CompileResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.check_sm120", description=__doc__.split("\n")[0])
     ap.add_argument("--arch", type=int, action="append", help="SM arch (default: 120 and 90)")
     ap.add_argument("--json", help="also write the results as JSON here")

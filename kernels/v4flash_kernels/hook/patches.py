@@ -11,7 +11,7 @@ import-free); `hook` does the rest. This module imports nothing heavy: the torch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 
 def switch_env_of(switch: str) -> str:
@@ -31,7 +31,7 @@ class Switch:
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
-    selfcheck: Optional[str] = None
+    selfcheck: str | None = None
 
     @property
     def env(self) -> str:
@@ -62,8 +62,8 @@ class PatchSpec:
     target_attr: str
     ours_module: str
     ours_attr: str
-    adapter: Optional[str] = None
-    detail: Optional[str] = None
+    adapter: str | None = None
+    detail: str | None = None
 
     @property
     def switch_env(self) -> str:
