@@ -257,9 +257,10 @@ def make_layout(batch: VerifyBatch, context: int, gen: torch.Generator, device="
 
 
 def mla_pool(num_pages: int, page_size: int, gen: torch.Generator, device="cpu") -> torch.Tensor:
-    """SGLang's fp8_ds_mla pool `[P, page bytes]` as its `[P, page_size, 1, 584]` view, drawn on `device`
-    (`gen` lives there): garbage in every byte first, then sane fp8 NoPE, ue8m0 scales near 2^0 and
-    bf16 RoPE in each slot (the layout `attention.reference` documents)."""
+    """SGLang's fp8_ds_mla pool `[P, page bytes]` as its `[P, page_size, 1, 584]` view (what the attention
+    backend hands the kernel; `pool_bytes` gives the 2-d buffer back), drawn on `device` (`gen` lives
+    there): garbage in every byte first, then sane fp8 NoPE, ue8m0 scales near 2^0 and bf16 RoPE in
+    each slot (the layout `attention.reference` documents)."""
     P, ps = num_pages, page_size
     pool = torch.randint(0, 256, (P, page_stride(ps)), dtype=torch.uint8, generator=gen, device=device)
     nope = (torch.randn((P, ps, NOPE_DIM), generator=gen, device=device) * 2.0).to(torch.float8_e4m3fn)
@@ -269,6 +270,11 @@ def mla_pool(num_pages: int, page_size: int, gen: torch.Generator, device="cpu")
     sc = pool[:, ps * TOKEN_DATA_BYTES: ps * TOKEN_BYTES].view(P, ps, 8)
     sc[:, :, :7] = torch.randint(123, 131, (P, ps, 7), dtype=torch.uint8, generator=gen, device=device)
     return pool[:, : ps * TOKEN_BYTES].view(P, ps, 1, TOKEN_BYTES)
+
+
+def pool_bytes(view: torch.Tensor) -> torch.Tensor:
+    """The `[P, page bytes]` uint8 buffer under an `mla_pool` view (the memory pool's own tensor)."""
+    return view.as_strided((view.shape[0], view.stride(0)), (view.stride(0), 1)).view(torch.uint8)
 
 
 def _c4_positions(n4: torch.Tensor, gen: torch.Generator, width: int = C4_TOPK) -> torch.Tensor:
