@@ -201,14 +201,14 @@ class VerifyBatch:
         return torch.arange(self.requests).repeat_interleave(self.k + 1)
 
 
-def draw_batch(bs: int, k: int, context: int, gen: torch.Generator) -> VerifyBatch:
-    """Committed lengths for `bs` requests: the first ones put their k + 1 rows across an edge
-    (a 128-token boundary: c128 length and SWA; 2052 tokens: c4 length 512 -> 513, the top-512's
+def draw_batch(bs: int, k: int, context: int, gen: torch.Generator, edges: bool = True) -> VerifyBatch:
+    """Committed lengths for `bs` requests: with `edges` the first ones put their k + 1 rows across an
+    edge (a 128-token boundary: c128 length and SWA; 2052 tokens: c4 length 512 -> 513, the top-512's
     sequential rule -> a real selection; the first tokens: c4/c128 lengths 0), the rest uniform."""
     top = context - k - 1
     h = (k + 1) // 2  # rows L + 1 .. L + k + 1 then straddle the edge E when L = E - 1 - h
-    edges = [min(top, 3 * 128 - 1 - h), min(top, 2052 - 1 - h), 1, min(top, 128 - 1 - h)]
-    lens = edges[:bs]
+    at = [min(top, 3 * 128 - 1 - h), min(top, 2052 - 1 - h), 1, min(top, 128 - 1 - h)]
+    lens = at[:bs] if edges else []
     while len(lens) < bs:
         lens.append(int(torch.randint(1, top + 1, (1,), generator=gen)))
     perm = torch.randperm(bs, generator=gen).tolist()
