@@ -29,6 +29,7 @@ Run from the repository root (no sglang install needed; the wheel is read for th
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Dict, List
 
 import pytest
@@ -102,7 +103,7 @@ def _replay(call: Callable, static: Dict, fresh: Dict, poison: Callable | None =
 
 
 ATTN_CASES = [pytest.param(kind, *p.values, id=f"{kind}-{p.id}") for kind in ("swa", "c4", "c128")
-              for p in _cases(lambda r, kind=kind: V.attention_label(r, kind, GPU))]
+              for p in _cases(partial(V.attention_label, kind=kind, gpu=GPU))]
 
 
 @pytest.mark.parametrize("kind,bs,k,label", ATTN_CASES)
@@ -171,7 +172,7 @@ def test_gpu_topk_verify_graph(bs, k, label):
 FP8_RTOL = 2.0 ** -8  # the bf16 output's round to nearest (as test_fp8_gemm_gpu)
 FP8_ATOL_MAG = 2.0 ** -11  # fp32 accumulation (fp8 MMAs may accumulate with fewer bits) vs the sum of |terms|
 FP8_CASES = [pytest.param(shape, *p.values, id=f"{shape}-{p.id}")
-             for shape in V.FP8_SHAPES for p in _cases(lambda r, s=shape: V.fp8_label(r, s, GPU))]
+             for shape in V.FP8_SHAPES for p in _cases(partial(V.fp8_label, shape=shape, gpu=GPU))]
 
 
 @pytest.mark.parametrize("shape,bs,k,label", FP8_CASES)
@@ -229,7 +230,7 @@ def _routing(lay: V.Layout, seed: int) -> Dict:
 
 
 MOE_CASES = [pytest.param(v, *p.values, id=f"{v}-{p.id}") for v in ("v1", "v2")
-             for p in _cases(lambda r, v=v: V.moe_label(r, v))]
+             for p in _cases(partial(V.moe_label, version=v))]
 
 
 @pytest.mark.parametrize("version,bs,k,label", MOE_CASES)
