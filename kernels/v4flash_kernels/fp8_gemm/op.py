@@ -300,9 +300,11 @@ def launchable() -> Tuple[Binary, ...]:
     shared memory), and the GEMM entry's pre-quantized A (K not a multiple of 128: RAGGED_CONFIGS)."""
     out: Dict[str, Binary] = {}
     for c in CONFIGS:
-        kinds = [("fp8", "bf16", True), ("fp8", "fp32", True)] + ([("fp8", "fp32", False)] if c in RAGGED_CONFIGS else [])
-        if c.fuse_quant:
-            kinds = [("bf16", "bf16", True), ("fp32", "fp32", True)] + kinds
+        # pre-quantized A: after the quant kernel (bf16 out, DeepSeek-V4) unless the config fuses it (then
+        # only the GEMM entry, whose widest output stands for the others)
+        kinds = [("fp8", "fp32", True)] + ([("fp8", "fp32", False)] if c in RAGGED_CONFIGS else [])
+        kinds = [("bf16", "bf16", True), ("fp32", "fp32", True)] + kinds if c.fuse_quant else [
+            ("fp8", "bf16", True)] + kinds
         for fix, sp in _fixups(c):
             for a, o, even in kinds:
                 b = Binary(c, a, o, fix, sp, even)
