@@ -28,7 +28,15 @@ job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_s
 job_b_mhc() { py -m v4flash_kernels.mhc.bench --json "$R/mhc.json"; }
 job_b_topk() { py -m v4flash_kernels.topk.bench --json "$R/topk.json"; }
 job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.md"; }
+job_b_moesweep() { py -m v4flash_kernels.moe.bench --quick --json "$R/moe_sweep.json"; }
+job_b_moeprefill() { py -m v4flash_kernels.moe.bench --prefill --json "$R/moe_prefill.json"; }
 job_b_allreduce() { py -m v4flash_kernels.allreduce.bench --json "$R/allreduce.json"; }
+job_ncu_fp8() {
+  for nk in "1536 4096" "1024 4096"; do set -- $nk
+    timeout 120 ncu -k regex:gemv -s 3 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+      --section Occupancy --section WarpStateStats python3 kernels/scripts/ncu_fp8.py --n "$1" --k "$2" --m 1
+  done
+}
 job_step() { py -m v4flash_kernels.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
 
 export -f py pyt $(declare -F | awk '{print $3}' | grep '^job_')

@@ -3,8 +3,9 @@
 Why: `triton.compile` does not fail when a config needs more shared memory than the target has
 (that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
 far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
-kernel, the MoE, indexer and block-FP8 GEMM kernels) and fails on more than 101376 B of shared
-memory per block on sm_120 or any register spill, reading registers and spills from the bundled ptxas.
+kernel, the MoE, indexer, block-FP8 GEMM and all-reduce kernels) and fails on more than 101376 B of
+shared memory per block on sm_120 or any register spill, reading registers and spills from the bundled
+ptxas. The all-reduce kernels' PTX must also carry the memory scopes their flag protocol relies on.
 
     python -m v4flash_kernels.check_sm120 [--arch 120 --arch 90] [--json PATH]
 """
@@ -36,11 +37,13 @@ class CompileResult:
     smem_limit: int
 
     expected_shared: int = 0  # the table's recorded value (0 = not recorded)
+    ptx_problem: str = ""  # what the PTX lacks (the all-reduce's memory scopes); "" = fine or not checked
 
     @property
     def ok(self) -> bool:
         recorded = self.expected_shared in (0, self.shared_bytes)
-        return recorded and self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+        return (recorded and self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+                and not self.ptx_problem)
 
 
 def _ptxas_stats(ptx: str, arch: int) -> tuple:
@@ -154,6 +157,8 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
                  DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode, NIBBLES=nibbles)
     sig = _moe_gemm_signature(scale_mode)
+    if nibbles == 1:
+        sig["W"] = "*i32"  # PAIR_SPLIT words
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
@@ -171,7 +176,10 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     from v4flash_kernels.moe import op as moe
 
     e_p2 = triton.next_power_of_2(256)
-    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline})
+    from v4flash_kernels.moe import op_v2
+
+    bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
+                 | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
              dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
     for bm in bms:
@@ -395,6 +403,72 @@ def check_topk(arch: int) -> List[CompileResult]:
     return [compile_topk(cfg, k, spec, ptb, arch) for cfg in CONFIGS for k, spec, ptb in launch_variants()]
 
 
+# What the all-reduce's flag protocol needs from the PTX (kernel.py): flags raised with a release at
+# system scope after the CTA barrier, polled with acquire at system scope (peers write them over
+# PCIe/NVLink), the epoch bookkeeping at GPU scope, received data read through L2 (.cg), and the
+# pushes vectorised (16-byte stores: the alignment hints on the IPC pointers took effect).
+ALLREDUCE_PTX_NEEDS = (  # Triton prints scope and semantic in either order (exch: .sys.release, cas: .acquire.sys)
+    (r"atom\.global\.(sys\.release|release\.sys)\.exch\.b64", "flag raise: atom.release.sys"),
+    (r"atom\.global\.(sys\.acquire|acquire\.sys)\.cas\.b64", "flag wait: atom.acquire.sys (cas)"),
+    (r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", "CTA arrival: atom.acq_rel.gpu"),
+    (r"atom\.global\.(gpu\.release|release\.gpu)\.exch\.b64", "epoch store: atom.release.gpu"),
+    (r"ld\.global\.cg\.v4", "received data: 16-byte ld.cg"),
+    (r"st\.global\.v4", "pushes: 16-byte stores"),
+)
+ALLREDUCE_PTX_FORBIDDEN = (
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.cta\.", "a CTA-scoped memory operation (flags cross GPUs)"),
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.(sys\.relaxed|relaxed\.sys)\.",
+     "a relaxed system-scope operation (flags need release/acquire)"),
+)
+
+
+def allreduce_ptx_problem(ptx: str, vectorised: bool = True) -> str:
+    """'' when the PTX has every scope the all-reduce protocol needs and none it must not use
+    (`vectorised=False`: a size that is not a multiple of 16 elements, whose accesses are scalar)."""
+    needs = ALLREDUCE_PTX_NEEDS if vectorised else [n for n in ALLREDUCE_PTX_NEEDS if "16-byte" not in n[1]]
+    missing = [what for pat, what in needs if not re.search(pat, ptx)]
+    wrong = [what for pat, what in ALLREDUCE_PTX_FORBIDDEN if re.search(pat, ptx)]
+    return "; ".join([f"missing {m}" for m in missing] + [f"has {w}" for w in wrong])
+
+
+def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int, spin_limit: int = 0) -> CompileResult:
+    """One all-reduce binary as `allreduce.launch.launch` passes it (spin_limit 0: production's unbounded
+    waits; the start-up probe's bounded ones otherwise)."""
+    from v4flash_kernels.allreduce import kernel as k
+    from v4flash_kernels.allreduce import plan as P
+
+    esize = {"bf16": 2, "fp32": 4}[dtype]
+    sig = {"X": f"*{dtype}", "OUT": f"*{dtype}", **{f"P{i}": "i64" for i in range(P.MAX_RANKS)},
+           "rank": "i32", "n": "i32", "slot": "i32", "span": "i32"}
+    const = {"WORLD": world, "BLOCK": P.BLOCK_BYTES // esize, "DATA_OFF": P.DATA_OFF,
+             "HALF_BYTES": P.Layout().half_bytes, "FLAGS1_OFF": P.FLAGS1_OFF, "MAX_CTAS": P.MAX_CTAS,
+             "SPIN_LIMIT": spin_limit}
+    if two_shot:
+        const["FLAGS2_OFF"] = P.FLAGS2_OFF
+    # what Triton's specialisation gives a real call: 16-byte aligned tensors and IPC addresses,
+    # numel a multiple of 16 (n % 16 != 0 compiles a variant with scalar tails, same scopes)
+    hinted = ["X", "OUT", *(f"P{i}" for i in range(P.MAX_RANKS)), "n", "slot", "span"]
+    fn = k.two_shot_kernel if two_shot else k.one_shot_kernel
+    ck = _compile(fn, sig, const, hinted, arch, P.NUM_WARPS, 1)
+    ptx = ck.asm["ptx"]
+    regs, st, ld = _ptxas_stats(ptx, arch)
+    name = f"{'two' if two_shot else 'one'}_shot/n{world}/{dtype}" + ("/probe" if spin_limit else "")
+    return CompileResult("allreduce", name, arch,
+                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch], ptx_problem=allreduce_ptx_problem(ptx))
+
+
+def check_allreduce(arch: int) -> List[CompileResult]:
+    """Every all-reduce binary `launch` can start: both algorithms, 2..8 ranks, bf16 and fp32, and the
+    start-up probe's bf16 binaries with bounded waits."""
+    from v4flash_kernels.allreduce import plan as P
+    from v4flash_kernels.allreduce.comm import PROBE_SPINS
+
+    worlds = range(2, P.MAX_RANKS + 1)
+    return ([compile_allreduce(two, world, dt, arch) for two in (False, True) for world in worlds
+             for dt in ("bf16", "fp32")]
+            + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])
+
+
 def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
@@ -414,6 +488,7 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             results += check_mhc(arch)
             results += check_fp8_gemm(arch)
             results += check_topk(arch)
+            results += check_allreduce(arch)
     return results
 
 
@@ -445,6 +520,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.json, "w") as f:
             json.dump([dict(asdict(r), ok=r.ok) for r in results], f, indent=1)
     bad = [r for r in results if not r.ok]
+    for r in bad:
+        if r.ptx_problem:
+            print(f"{r.kernel} {r.config} sm_{r.arch}: {r.ptx_problem}", file=sys.stderr)
     if bad:
         print(f"FAIL: {len(bad)} config(s) exceed shared memory, spill registers or differ from the "
               "table's recorded shared_bytes (the dispatcher's occupancy choice relies on it)", file=sys.stderr)

@@ -27,7 +27,7 @@ def _env(tmp_path):
 
 @pytest.mark.timeout(1200)
 def test_check_sm120_passes_on_the_shipped_table(tmp_path):
-    # ~280 binaries: 5 min of CPU, 7-10 min wall on a loaded 2-core box
+    # ~300 binaries: 5+ min of CPU, 7-10+ min wall on a loaded 2-core box
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
@@ -53,6 +53,10 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
                    for a in (120, 90)}
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
+    ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+                  for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
+    assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:

@@ -119,16 +119,16 @@ def engine_args(argv: list[str]) -> list[str]:
 
 def test_every_plan_option_has_an_env_var(tmp_path: Path, plan_json) -> None:
     env = {"V4FLASH_TOPOLOGY": T8, "V4FLASH_NUMA": "off", "V4FLASH_SPARSE_DECODE": "off",
-           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MHC": "false", "V4FLASH_TOPK": "0",
-           "V4FLASH_MODEL": str(tmp_path)}
+           "V4FLASH_MOE": "off", "V4FLASH_INDEXER": "0", "V4FLASH_FP8_GEMM": "off", "V4FLASH_MHC": "false",
+           "V4FLASH_TOPK": "0", "V4FLASH_ALLREDUCE": "off", "V4FLASH_MODEL": str(tmp_path)}
     plan = plan_json(extra_env=env)
     p = plan["processes"][0]
     assert p["argv"][1:3] == ["-m", "sglang.launch_server"]  # numa off
     penv = dict(map(tuple, p["env"]))
     assert (penv["V4FLASH_SPARSE_DECODE"], penv["V4FLASH_MOE"], penv["V4FLASH_INDEXER"], penv["V4FLASH_FP8_GEMM"],
-            penv["V4FLASH_MHC"], penv["V4FLASH_TOPK"]) == ("0", "0", "0", "0", "0", "0")
+            penv["V4FLASH_MHC"], penv["V4FLASH_TOPK"], penv["V4FLASH_ALLREDUCE"]) == ("0",) * 7
     assert plan["patches"] == [["sparse_decode", False], ["moe", False], ["indexer", False], ["fp8_gemm", False],
-                               ["mhc", False], ["topk", False]]
+                               ["mhc", False], ["topk", False], ["allreduce", False]]
     assert plan["model_path"] == str(tmp_path)
     assert plan["config"]["sources"][-1] == "flags"  # click resolved the env vars as option values
     assert plan_json(extra_env={**env, "V4FLASH_JSON": "1"})["format"] == "v4flash-pd/plan/1"

@@ -21,6 +21,7 @@ TARGET_MODULES = frozenset({
     "sglang.srt.layers.attention.dsv4.indexer",
     "sglang.srt.layers.quantization.fp8_utils",
     "sglang.srt.models.deepseek_v4",
+    "sglang.srt.distributed.parallel_state",
 })
 
 

@@ -90,10 +90,13 @@ SWITCHES: Tuple[Switch, ...] = (
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
-           "upstream's sm_120 torch + TileLang path (off)."),
+           "upstream's sm_120 torch + TileLang path (off).",
+           selfcheck="v4flash_kernels.mhc.selfcheck"),
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
+    Switch("allreduce", "IPC all-reduce",
+           "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -198,8 +201,20 @@ TOPK = PatchSpec(
     ours_attr="topk_transform_512",
 )
 
+# Where SGLang's all-reduce lands when no custom all-reduce takes it (NCCL: PyNccl in graphs,
+# torch.distributed eagerly), found through the class at call time: the in-place method replaced whole.
+ALLREDUCE = PatchSpec(
+    name="allreduce",
+    title="IPC all-reduce",
+    switch="allreduce",
+    target_module="sglang.srt.distributed.parallel_state",
+    target_attr="GroupCoordinator._all_reduce_in_place",
+    ours_module="v4flash_kernels.allreduce.op",
+    ours_attr="group_all_reduce_in_place",
+)
+
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
-                                  MHC_FUSED, MHC_FUSED_ON, TOPK)
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK, ALLREDUCE)
 
 
 def by_name(name: str) -> PatchSpec:

@@ -137,17 +137,17 @@ def check_scales(scale: torch.Tensor, name: str = "scale") -> str | None:
         return f"{name}: dtype {scale.dtype} (only float32 values or float8_e8m0fnu bytes are repacked)"
     flat = scale.reshape(-1)
     n_bad = 0
-    first = None
+    first: list = []
     for lo in range(0, flat.numel(), 1 << 24):  # bounded temporaries for any size
         part = flat[lo:lo + (1 << 24)]
         bad = _bad_mask(part)
         k = int(bad.sum())
-        if k and first is None:
-            first = lo + torch.nonzero(bad)[:REPORT_MAX, 0]
+        if k and not first:
+            first = (lo + torch.nonzero(bad)[:REPORT_MAX, 0]).tolist()
         n_bad += k
     if n_bad == 0:
         return None
-    examples = ", ".join(f"{_index_of(idx, tuple(scale.shape))}={float(flat[idx].float())!r}" for idx in first.tolist())
+    examples = ", ".join(f"{_index_of(idx, tuple(scale.shape))}={float(flat[idx].float())!r}" for idx in first)
     return (f"{name}: {n_bad} of {flat.numel()} scales are not exact powers of two in "
             f"[2^{FAST_MIN_BYTE - 127}, 2^{FAST_MAX_BYTE - 127}] (e.g. {examples})")
 

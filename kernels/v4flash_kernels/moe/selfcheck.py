@@ -6,6 +6,10 @@ loader leaves them, at each decode batch size and at one prefill chunk's tokens:
 planner launches its inline, sorted-decode and prefill GEMM binaries. The largest decode batch is
 also captured in a CUDA graph and replayed on new routing. Big calls are compared with fp64 on a
 subset of tokens (every token is still checked for NaN).
+
+The same switch repacks the sm_120 layers at load time and runs them through
+`op_v2.moe_forward_repacked` (what `sglang_patch.apply` calls for a repacked layer), so every shape
+is checked a second time that way, on a repacked copy of the same weights (`repack.repack_experts`).
 """
 
 from __future__ import annotations
@@ -24,26 +28,46 @@ UPSTREAM_MAX_TOKENS = 16  # upstream runs one GEMV per (token, expert) slot: 0.2
 def cases(target: Target) -> List[Case]:
     from v4flash_kernels.moe.reference import MoeCase
 
-    out = [
-        _small("small M=5 holes+clamp", target, MoeCase(tokens=5, hole_frac=0.25, clamp_limit=0.4,
-                                                         routed_scaling_factor=2.5)),
-        _small("small M=19 hot expert (sorted)", target, MoeCase(tokens=19, topk=3, routing="hot", clamp_limit=0.4)),
-    ]
+    out = []
+    for tag, ours in (("", _ours), (" repacked (v2)", _ours_repacked)):
+        out += [
+            _small(f"small M=5 holes+clamp{tag}", target, ours,
+                   MoeCase(tokens=5, hole_frac=0.25, clamp_limit=0.4, routed_scaling_factor=2.5)),
+            _small(f"small M=19 hot expert (sorted){tag}", target, ours,
+                   MoeCase(tokens=19, topk=3, routing="hot", clamp_limit=0.4)),
+        ]
     if target.small_only:
         return out
     inter = INTER_TP1 // max(1, target.tp_size)
-    weights: Dict[str, Any] = {}
+    weights: Dict[Any, Any] = {}
     largest = max(target.batches)
-    for m in target.batches:
-        out.append(_production(f"decode M={m}", m, inter, target, weights, graph=m == largest))
-    if target.prefill_rows:
-        out.append(_production(f"prefill M={target.prefill_rows}", target.prefill_rows, inter, target, weights,
-                               graph=False))
+    for tag, ours in (("", _ours), (" repacked (v2)", _ours_repacked)):
+        for m in target.batches:
+            out.append(_production(f"decode M={m}{tag}", m, inter, target, weights, ours, graph=m == largest))
+        if target.prefill_rows:
+            out.append(_production(f"prefill M={target.prefill_rows}{tag}", target.prefill_rows, inter, target,
+                                   weights, ours, graph=False))
     return out
 
 
 def _ours(kw: Inputs) -> Any:
     return registry_function(PATCH)(*(kw[a] for a in _ARGS))
+
+
+def _ours_repacked(kw: Inputs) -> Any:
+    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
+
+    return moe_forward_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+                                kw["routed_scaling_factor"], kw["clamp_limit"])
+
+
+def _with_repacked(kw: Inputs, cache: Dict[Any, Any], key: Any) -> Inputs:
+    """The call's inputs plus a repacked copy of its experts (drawn once per weight set)."""
+    from v4flash_kernels.moe.repack import repack_experts
+
+    if key not in cache:
+        cache[key] = repack_experts(kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"])
+    return dict(kw, experts=cache[key])
 
 
 _ARGS = ("hidden_states", "w13_packed", "w2_packed", "w13_scale", "w2_scale", "topk_ids", "topk_weights",
@@ -59,24 +83,26 @@ def _upstream(kw: Inputs) -> Any:
     return _UPSTREAM["mod"].mxfp4_moe_forward_triton(*(kw[a] for a in _ARGS))
 
 
-def _small(name: str, target: Target, case: Any) -> Case:
+def _small(name: str, target: Target, ours: Any, case: Any) -> Case:
     from v4flash_kernels.moe.reference import make_inputs
 
     def inputs(seed: int) -> Inputs:
-        kw = make_inputs(case, device=target.device, seed=seed)
-        return _meta(dict(kw, inplace=False), target)
+        kw = _meta(dict(make_inputs(case, device=target.device, seed=seed), inplace=False), target)
+        return _with_repacked(kw, {}, None) if ours is _ours_repacked else kw
 
-    return Case(name, SMALL, inputs, _ours, _reference, _compare,
+    return Case(name, SMALL, inputs, ours, _reference, _compare,
                 upstream=_upstream if target.is_cuda else None,
                 upstream_skip="" if target.is_cuda else "upstream's autotuned Triton kernel needs a GPU to pick its config")
 
 
-def _production(name: str, tokens: int, inter: int, target: Target, weights: Dict[str, Any], graph: bool) -> Case:
+def _production(name: str, tokens: int, inter: int, target: Target, weights: Dict[Any, Any], ours: Any,
+                graph: bool) -> Case:
     def inputs(seed: int) -> Inputs:
-        return _meta(production_inputs(tokens, inter, seed, target.device, weights), target)
+        kw = _meta(production_inputs(tokens, inter, seed, target.device, weights), target)
+        return _with_repacked(kw, weights, ("repacked", inter)) if ours is _ours_repacked else kw
 
     up = tokens <= UPSTREAM_MAX_TOKENS
-    return Case(name, PRODUCTION, inputs, _ours, _reference, _compare, upstream=_upstream if up else None,
+    return Case(name, PRODUCTION, inputs, ours, _reference, _compare, upstream=_upstream if up else None,
                 upstream_skip="" if up else f"upstream is one GEMV per (token, expert): only run up to "
                                             f"M={UPSTREAM_MAX_TOKENS}", graph=graph)
 
@@ -88,7 +114,7 @@ def _meta(kw: Inputs, target: Target) -> Inputs:
     return kw
 
 
-def production_inputs(tokens: int, inter: int, seed: int, device: str, weights: Dict[str, Any]) -> Inputs:
+def production_inputs(tokens: int, inter: int, seed: int, device: str, weights: Dict[Any, Any]) -> Inputs:
     """One call's arguments on `device`. The ~0.8 GB of expert weights are drawn once per process and
     shared by the cases (what changes between seeds is the routing and the activations)."""
     import torch

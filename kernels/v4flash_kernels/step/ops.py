@@ -757,7 +757,10 @@ def upstream_mhc():
         x = torch.randn((1, M.HC_MULT, M.HIDDEN), device=DEVICE).to(torch.bfloat16)
         fn, scale, base = mhc_params(torch.Generator(device=DEVICE).manual_seed(0))
         _y, post, comb, _ = mod.hc_pre(layer, x, fn, scale, base)
-        mod.hc_post(layer, x[:, 0].contiguous(), x, post, comb)
+        # a fresh [1, hidden] tensor: x[:, 0].contiguous() keeps stride 16384 on its size-1 dim, which
+        # PyTorch calls contiguous and TileLang's stride check refuses
+        sub = torch.randn((1, M.HIDDEN), device=DEVICE).to(torch.bfloat16)
+        mod.hc_post(layer, sub, x, post, comb)
         _sync()
     except Exception as exc:
         err = Unavailable(f"TileLang mHC unavailable here: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")

@@ -40,15 +40,24 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               help="Instead of HTTP: time one decode step / prefill chunk op by op on this machine's GPU "
                    "(python -m v4flash_kernels.step), upstream sm_120 path vs our kernels.")
 @click.option("--step-args", default="", help="Options passed on to the step bench, e.g. \"--batches 1,16 --json s.json\".")
+@click.option("--allreduce", is_flag=True,
+              help="Instead of HTTP: check and time the IPC all-reduce against NCCL on this box's GPUs, one process "
+                   "per GPU, 2..N ranks (python -m v4flash_kernels.allreduce.bench); run it with the workers stopped.")
+@click.option("--allreduce-args", default="",
+              help="Options passed on to the all-reduce bench, e.g. \"--worlds 4 --sizes 16384,65536 --json ar.json\".")
 def command(url: str, concurrency: str, n_requests: int | None, input_len: int, output_len: int,
             warmup: int, seed: int, timeout_s: float, as_json: bool, api_key_file: str | None = None,
-            api_key_env: str | None = None, step: bool = False, step_args: str = "") -> None:
+            api_key_env: str | None = None, step: bool = False, step_args: str = "", allreduce: bool = False,
+            allreduce_args: str = "") -> None:
     """Measure output tok/s, req/s, TTFT and ITL p50/p90/p99 per concurrency level.
 
     Exits 1 if any request failed (the table is printed first).
     """
     if step:
         _run_step_bench(step_args)
+        return
+    if allreduce:
+        _run_allreduce_bench(allreduce_args)
         return
     from v4flash_pd import benchmark
 
@@ -107,3 +116,31 @@ def _run_step_bench(step_args: str) -> None:
     if rc != 0:
         raise RuntimeFailure(f"the step bench exited with status {rc}",
                              "read the FAILED lines above: an op disagreed with its reference or raised")
+
+
+def _run_allreduce_bench(args_text: str) -> None:
+    """Run `python -m v4flash_kernels.allreduce.bench` in this interpreter on this box's GPUs."""
+    import importlib.util
+
+    try:
+        extra = shlex.split(args_text)
+    except ValueError as exc:
+        raise UserError(f"--allreduce-args {args_text!r}: {exc}",
+                        "quote it as one shell word, e.g. --allreduce-args '--worlds 4'") from None
+    if importlib.util.find_spec("v4flash_kernels") is None:
+        raise UserError("the kernel package v4flash_kernels is not importable in this environment",
+                        "run from the built environment (`make venv`, or the image), where the kernels are installed")
+    smi = shutil.which("nvidia-smi")
+    probe = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) if smi else None
+    gpus = probe.stdout.count("GPU ") if probe is not None and probe.returncode == 0 else 0
+    if gpus < 2:
+        raise RuntimeFailure(f"the all-reduce bench needs at least 2 NVIDIA GPUs; `nvidia-smi -L` lists {gpus}",
+                             "run it on the GPU box (check the driver and CUDA_VISIBLE_DEVICES)")
+    rc = subprocess.call([sys.executable, "-m", "v4flash_kernels.allreduce.bench", *extra])
+    if rc == 2:
+        raise UserError(f"the all-reduce bench refused --allreduce-args {args_text!r} (its error is above)",
+                        "`python -m v4flash_kernels.allreduce.bench --help` lists its options")
+    if rc != 0:
+        raise RuntimeFailure(f"the all-reduce bench exited with status {rc}",
+                             "a size disagreed with NCCL or a rank failed: see the table above; "
+                             "`v4flash-pd doctor --only p2p` checks peer access, ACS, IOMMU and the PCIe topology")
