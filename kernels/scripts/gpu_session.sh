@@ -29,6 +29,9 @@ job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_s
 job_b_fp8gaps() { py -m v4flash_kernels.fp8_gemm.bench --sweep --m 16,2 --budget-s 110 --json "$R/fp8_sweep_gaps.json"; }
 job_b_mhc() { py -m v4flash_kernels.mhc.bench --json "$R/mhc.json"; }
 job_b_topk() { py -m v4flash_kernels.topk.bench --json "$R/topk.json"; }
+job_b_indexer() { py -m v4flash_kernels.indexer.bench --batches 1,16 --contexts 128K,1M --actual 4K,128K --json "$R/indexer.json"; }
+job_b_attnvar() { py kernels/scripts/attention_variants.py --json "$R/attention_variants.json"; }
+job_b_idxvar() { py kernels/scripts/indexer_variants.py --json "$R/indexer_variants.json"; }
 job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.md"; }
 job_b_moesweep() { py -m v4flash_kernels.moe.bench --quick --json "$R/moe_sweep.json"; }
 job_b_moeprefill() { py -m v4flash_kernels.moe.bench --prefill --json "$R/moe_prefill.json"; }

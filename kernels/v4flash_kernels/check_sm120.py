@@ -104,8 +104,8 @@ def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
     from v4flash_kernels.attention.op import MERGE_COLS, merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
-             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
-             "KSPLIT": cfg.ksplit, "DSPLIT": cfg.dsplit,
+             "BLOCK_T": cfg.block_t,
+             "KSPLIT": cfg.ksplit,
              "DOT_DTYPE": tl.float16 if getattr(cfg, "f16", False) else tl.bfloat16, "EPILOGUE": epilogue,
              "HAS_SINK": True,
              "MERGE_SB": merge_splits_per_load(cfg), "MERGE_COLS": MERGE_COLS}
@@ -254,8 +254,7 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
            "stride_kp8": "i32", "stride_kps": "i32", "W": "*fp32", "stride_wb": "i32", "stride_wh": "i32",
            "SEQ": "*i32", "stride_sb": "i32", "PT": "*i32", "stride_pb": "i32", "OUT": "*fp32", "stride_ob": "i32",
            "H": "i32", "max_seq_len": "i32", "num_pages": "i32"}
-    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True, "WRITE_TAIL": True,
-             "PREFETCH": cfg.prefetch}
+    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True}
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "stride_kp8", "stride_kps"]
     ck = _compile(k.indexer_logits_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
@@ -458,12 +457,12 @@ def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int, spin_li
 
 
 def check_allreduce(arch: int) -> List[CompileResult]:
-    """Every all-reduce binary `launch` can start: both algorithms, 2..8 ranks, bf16 and fp32, and the
+    """Every all-reduce binary `launch` can start: both algorithms, every rank count of `plan.WORLDS`, bf16 and fp32, and the
     start-up probe's bf16 binaries with bounded waits."""
     from v4flash_kernels.allreduce import plan as P
     from v4flash_kernels.allreduce.comm import PROBE_SPINS
 
-    worlds = range(2, P.MAX_RANKS + 1)
+    worlds = P.WORLDS
     return ([compile_allreduce(two, world, dt, arch) for two in (False, True) for world in worlds
              for dt in ("bf16", "fp32")]
             + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])

@@ -22,7 +22,7 @@ MB = 1024 * 1024
 # ----------------------------------------------------------------------------- plan and layout
 
 
-@pytest.mark.parametrize("world", range(2, 9))
+@pytest.mark.parametrize("world", P.WORLDS)
 def test_one_shot_below_the_threshold_two_shot_above(world):
     t = P.ONE_SHOT_MAX[world]
     assert not P.plan(t // 2, 2, world).two_shot
@@ -37,6 +37,17 @@ def test_thresholds_fall_with_the_rank_count():
     assert P.ONE_SHOT_MAX[4] >= 64 * 1024  # TP4 decode's 16-64 KB messages are one flag round
 
 
+def test_seven_ranks_fall_back_to_nccl():
+    """7 is no DeepSeek-V4 TP size, and its two-shot probe binary spills on sm_90: NCCL's, said so."""
+    from v4flash_kernels.allreduce import policy
+
+    assert not P.world_ok(7) and P.world_ok(8)
+    with pytest.raises(ValueError, match="supported are"):
+        P.plan(64, 2, 7)
+    v = policy.group_eligible(7, use_custom_allreduce=True, upstream_custom_active=False, device_type="cuda")
+    assert not v.ok and "7" in v.reason
+
+
 def _sizes() -> List[int]:
     out = {1, 2, 3, 7, 8, 63, 64, 65, 4095, 4096, 4097, 8191, 1 << 20, (1 << 20) + 3}
     out |= {P.ONE_SHOT_MAX[n] // 2 + d for n in range(2, 9) for d in (-1, 0, 1)}
@@ -45,7 +56,7 @@ def _sizes() -> List[int]:
 
 
 @pytest.mark.parametrize("esize", P.ELEMENT_SIZES)
-@pytest.mark.parametrize("world", range(2, 9))
+@pytest.mark.parametrize("world", P.WORLDS)
 def test_every_plan_fits_the_layout_and_covers_the_message(world, esize):
     layout = P.Layout()
     for numel in _sizes():

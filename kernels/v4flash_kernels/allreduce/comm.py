@@ -80,7 +80,7 @@ class IpcAllReduce:
 
     def _setup(self, device_group: Any, probe: bool) -> policy.Verdict:
         if not P.world_ok(self.world):
-            return policy.Verdict(False, f"world size {self.world} is outside 2..{P.MAX_RANKS}")
+            return policy.Verdict(False, f"world size {self.world} is not one of {P.WORLDS}")
         handle = b""
 
         def prepare() -> None:

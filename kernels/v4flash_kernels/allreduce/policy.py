@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
-from v4flash_kernels.allreduce.plan import MAX_RANKS, world_ok
+from v4flash_kernels.allreduce.plan import WORLDS, world_ok
 
 # A peer path this much slower than NCCL at the probe size is not worth taking (it is then usually
 # P2P staged through host memory, or ACS sending every write up to the root complex).
@@ -37,7 +37,7 @@ def group_eligible(world_size: int, use_custom_allreduce: bool, upstream_custom_
     if device_type != "cuda":
         return Verdict(False, f"the group runs on {device_type}, not CUDA")
     if not world_ok(world_size):
-        return Verdict(False, f"world size {world_size} is outside 2..{MAX_RANKS}")
+        return Verdict(False, f"world size {world_size} is not one of {WORLDS}")
     if not use_custom_allreduce:
         return Verdict(False, "SGLang's custom all-reduce is disabled for this group "
                               "(--disable-custom-all-reduce, deterministic inference or a non-TP group)")

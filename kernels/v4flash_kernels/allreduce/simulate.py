@@ -20,7 +20,7 @@ from v4flash_kernels.allreduce.launch import launch
 class LocalRanks:
     def __init__(self, world: int, device: torch.device | str = "cuda", layout: P.Layout = P.Layout()) -> None:
         if not P.world_ok(world):
-            raise ValueError(f"world {world}: 2..{P.MAX_RANKS}")
+            raise ValueError(f"world {world}: not one of {P.WORLDS}")
         self.world, self.layout, self.device = world, layout, torch.device(device)
         self.buffers = [torch.zeros(layout.total_bytes, dtype=torch.uint8, device=self.device) for _ in range(world)]
         self.peers = tuple(b.data_ptr() for b in self.buffers)

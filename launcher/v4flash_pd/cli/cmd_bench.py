@@ -10,7 +10,10 @@ import sys
 
 import click
 
+from v4flash_pd import benchmark
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.routerauth import auth_headers
 
 
 @click.command("bench")
@@ -30,8 +33,7 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               help="Seed for the generated prompts.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               envvar="V4FLASH_BENCH_TIMEOUT", help="Per-request timeout in seconds.")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_BENCH_JSON",
-              help="Print the machine-readable report (for comparing runs) instead of the table.")
+@json_option("Print the machine-readable report (for comparing runs) instead of the table.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_BENCH_API_KEY_FILE",
               help="File holding the router's API key (a router started with router.api_key_file).")
 @click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_BENCH_API_KEY_ENV",
@@ -59,15 +61,12 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     if allreduce:
         _run_allreduce_bench(allreduce_args)
         return
-    from v4flash_pd import benchmark
-
     try:
         levels = benchmark.parse_concurrency(concurrency)
     except ValueError as exc:
         raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
     if n_requests is not None and n_requests < 1:
         raise UserError(f"--requests must be >= 1, got {n_requests}")
-    from v4flash_pd.routerauth import auth_headers
 
     source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     spec = benchmark.BenchSpec(url=url, concurrency=levels, requests=n_requests, input_len=input_len,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, ok, skip, warn
@@ -59,7 +60,7 @@ def _smi(inp: DoctorInput) -> str | None:
     return inp.probe.env.get("V4FLASH_NVIDIA_SMI") or inp.probe.which("nvidia-smi")
 
 
-def _matrix(inp: DoctorInput, *args: str) -> tuple[dict, str]:
+def _matrix(inp: DoctorInput, *args: str) -> tuple[dict[str, Any], str]:
     """(parsed `nvidia-smi topo ...` matrix, why not) through the probe."""
     smi = _smi(inp)
     if not smi:
@@ -71,13 +72,13 @@ def _matrix(inp: DoctorInput, *args: str) -> tuple[dict, str]:
     return m, ""
 
 
-def _cell(m: dict, a: int, b: int) -> str | None:
+def _cell(m: dict[str, Any], a: int, b: int) -> str | None:
     cols = m.get("columns", [])
     row = m.get("rows", {}).get(f"GPU{a}")
     name = f"GPU{b}"
     if row is None or name not in cols or cols.index(name) >= len(row):
         return None
-    return row[cols.index(name)]
+    return str(row[cols.index(name)])
 
 
 def _sysfs(inp: DoctorInput) -> Path:
