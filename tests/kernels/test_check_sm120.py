@@ -54,7 +54,9 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
     ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
-    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+    from v4flash_kernels.allreduce.plan import WORLDS
+
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in WORLDS
                   for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
     assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:
