@@ -101,22 +101,97 @@ def test_post_matches_fp64_reference(n, hidden):
 
 @pytest.mark.parametrize("n,hidden", [(1, 4096), (6, 256), (65, 128)])
 def test_post_pre_matches_fp64_reference(n, hidden):
-    """The fused boundary end to end (streams, post, comb, normalised layer input) against the fp64
-    post followed by the fp64 pre of its bf16 streams; and its pre against the fp64 pre of exactly
-    the streams it wrote (the two differ only where a stream element sits on a rounding tie)."""
+    """The fused boundary end to end: streams against the fp64 post, post / comb / normalised layer
+    input against the fp64 pre of exactly the streams it wrote."""
     p = R.MhcParams()
     kw = _inputs(n, hidden, seed=10 + n)
-    cur, y, post, comb = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"],
-                                         kw["hc_scale"], kw["hc_base"], **_common(p),
-                                         norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
-    full = R.post_pre_ref(kw, p)
-    streams = B.check_streams(cur, full["residual"], TOL)
-    assert streams["ok"], streams
-    res = B.check_pre(y, post, comb, full, full["layer_input"], TOL)
+    out = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
+                          kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
+    res = B.check_post_pre(*out, kw, p, TOL)
     assert res["ok"], res
-    own = R.pre_ref(cur, kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    res = B.check_pre(y, post, comb, own, R.layer_input_ref(own["y"], kw["norm_weight"], p.norm_eps), TOL)
-    assert res["ok"], res
+
+
+# Tokens 1 and 16: the decode plan, one token block; 64: its largest block; 100: the prefill plan
+# (two 64-token blocks, the second partial). Hidden sizes keep the interpreter quick.
+PAIR_SIZES = [(1, 4096), (16, 1024), (64, 512), (100, 256)]
+
+
+@pytest.mark.parametrize("n,hidden", PAIR_SIZES, ids=[f"n{n}" for n, _ in PAIR_SIZES])
+def test_fused_is_the_unfused_pair(n, hidden):
+    """The fused op computes what the unfused pair computes on the same inputs (the post, then the
+    pre and the RMSNorm of the bf16 streams that post wrote): here the same bits."""
+    p = R.MhcParams()
+    kw = _inputs(n, hidden, seed=30 + n)
+    fused = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
+                            kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
+    cur = op.mhc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    pair = (cur, *op.mhc_pre(cur, kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p),
+                             norm_weight=kw["norm_weight"], norm_eps=p.norm_eps))
+    for name, a, b in zip(("streams", "y", "post", "comb"), fused, pair):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+    res = B.check_against_pair(fused, pair, TOL)
+    assert res["ok"] and res["err"]["pair_stream_elems"] == 0 and res["err"]["pair_post"] == 0.0, res
+
+
+def _fp32_post(kw) -> torch.Tensor:
+    """A post as any fp32 kernel computes it (upstream's TileLang and torch ones, ours): fp32, then bf16."""
+    out = kw["post"].float()[:, :, None] * kw["x"].float()[:, None, :]
+    for k in range(4):
+        out = out + kw["comb"].float()[:, k, :, None] * kw["residual"].float()[:, k:k + 1, :]
+    return out.to(torch.bfloat16)
+
+
+def _fused_result(cur, mixed_from, kw, p):
+    """(streams, layer input, post, comb) of a fused op that wrote `cur` and mixed `mixed_from` exactly."""
+    ref = R.pre_of_streams(mixed_from, kw, p)
+    return cur, ref["layer_input"].to(torch.bfloat16), ref["post"].float(), ref["comb"].float()
+
+
+@pytest.mark.parametrize("n", [1, 16, 64, 100])
+def test_fused_check_is_the_unfused_pair(n):
+    """`check_post_pre` accepts exactly what an unfused pair computes and rejects a pre of anything else.
+
+    The pair: an fp32 post rounded to bf16, then the exact pre of those streams. The pre of the fp64
+    post rounded instead (the previous check's reference) is not that: ~0.5 elements per token sit
+    within fp32 error of a bf16 tie and round the other way, each moving a mix by up to ~1e-4, so
+    the previous check failed correct results from 16 tokens on (here at 100 tokens; on the H200
+    every fused row from 64 tokens). Rejected: a pre that mixed the unrounded streams (the bf16
+    rounding of all 16K elements: >= 1e-3 even at one token) or the previous streams.
+    """
+    p = R.MhcParams()
+    kw = _inputs(n, 4096, seed=2)
+    cur = _fp32_post(kw)
+    exact = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    pair = _fused_result(cur, cur, kw, p)
+    res = B.check_post_pre(*pair, kw, p, TOL)
+    assert res["ok"] and res["err"]["post"] < 1e-6 and res["err"]["comb"] < 1e-6, res
+    if n == 100:
+        assert res["err"]["ties"] > 0
+        rounded = R.pre_of_streams(exact.to(torch.bfloat16), kw, p)
+        assert R.max_abs(pair[2], rounded["post"]) > TOL["mix"]  # the previous check's false failure
+    for wrong in (exact, kw["residual"]):
+        bad = B.check_post_pre(*_fused_result(cur, wrong, kw, p), kw, p, TOL)
+        assert not bad["ok"] and max(bad["err"]["post"], bad["err"]["comb"]) > 5 * TOL["mix"], bad
+    truncated = (exact.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    bad = B.check_post_pre(*_fused_result(truncated, truncated, kw, p), kw, p, TOL)
+    assert not bad["ok"] and bad["err"]["ties"] > 1000 * n, bad  # a wrong rounding mode: half the elements
+
+
+def test_selfcheck_fused_case_rejects_a_pre_of_other_streams():
+    """The self-check's fused comparison is the same check: the pair passes, a pre of the unrounded
+    streams fails (shapes as SGLang receives them)."""
+    from v4flash_kernels.mhc import selfcheck as S
+
+    p = R.MhcParams()
+    kw = _inputs(16, 4096, seed=4)
+    kw["_rows"] = torch.arange(16)
+    cur = _fp32_post(kw)
+    exact = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    ref = S._fused_ref(kw)
+    for mixed_from, ok in ((cur, True), (exact, False)):
+        c, y, post, comb = _fused_result(cur, mixed_from, kw, p)
+        verdict = S._fused_compare((c, post.unsqueeze(-1), comb, y), ref, kw)
+        assert verdict.ok is ok, verdict
 
 
 def test_deterministic_bitwise():
@@ -169,7 +244,8 @@ def test_bench_row_on_cpu():
                        timer=lambda fn: (fn(), 1.0)[1])
     v = row["variants"]
     assert {"pre", "pre_norm", "post", "post_pre", "upstream_sm120_pre", "upstream_sm120_post"} <= set(v)
-    assert all(x["ok"] and x["us"] == 1.0 for x in v.values()), v
+    assert all(x["ok"] and x.get("us", 1.0) == 1.0 for x in v.values()), v
+    assert v["post_pre_vs_pair"]["err"]["pair_stream_elems"] == 0
     assert any(k.startswith("sweep:") for k in v) and row["layer_us"]["ours"] == 2.0
     assert "FAIL" not in B.format_table([row])
 
