@@ -63,28 +63,42 @@ def test_gpu_all_ops_match_fp64(n):
     assert res["ok"], res
 
 
-def test_gpu_every_sweep_plan_matches_fp64():
-    kw = _kw(16, seed=3)
-    for bt in (16, 32, 64):
-        for splits in (1, 8, 32, 64, 128):
-            plan = op.make_plan(bt, splits, op.BLOCK_H, 4096)
-            res = _check_fused(_fused(kw, plan), kw)
-            assert res["ok"], (plan, res)
+@pytest.mark.parametrize("n", [1, 16, 64])
+def test_gpu_every_sweep_plan_matches_fp64(n):
+    """Every plan the bench sweeps (one launch: 1..16 tokens per ticket, 16..256 splits; two
+    launches) passes, and writes the same streams."""
+    kw = _kw(n, seed=3)
+    first = None
+    for plan in B.sweep_plans(n, 4096):
+        out = _fused(kw, plan)
+        res = _check_fused(out, kw)
+        assert res["ok"], (plan, res)
+        if first is None:
+            first = out[0].clone()
+        assert torch.equal(out[0], first), plan
 
 
-def test_gpu_deterministic_and_graph_replay_follows_new_inputs():
-    kw = _kw(16, seed=1)
+@pytest.mark.parametrize("n", [1, 16, 64])
+def test_gpu_deterministic_and_graph_replay_follows_new_inputs(n):
+    """Bitwise the same over many calls (the ticketed finisher is whichever program arrives last, a
+    different one from run to run); a captured graph replayed many times (the tickets reset
+    themselves) follows new inputs copied into its buffers."""
+    kw = _kw(n, seed=1)
+    assert op.plan_for(n, 4096, op._num_sms(kw["x"].device)).one_launch
     first = [t.clone() for t in _fused(kw)]
-    again = _fused(kw)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    for _ in range(20):
+        again = _fused(kw)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = _fused(kw)
-    g.replay()
+    for _ in range(5):
+        g.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(first, out))
-    fresh = _kw(16, seed=2)
+    assert int(op.arrival_counters(kw["x"].device, 64).abs().sum()) == 0
+    fresh = _kw(n, seed=2)
     for k in ("x", "residual", "post", "comb", "hc_fn", "hc_scale", "hc_base", "norm_weight"):
         kw[k].copy_(fresh[k])
     g.replay()
