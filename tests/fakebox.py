@@ -247,3 +247,14 @@ def json_records(text: str) -> list[dict]:
             except ValueError:
                 pass
     return out
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether anything of process group `pgid` is left (a group we may not signal counts as alive)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

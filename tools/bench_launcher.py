@@ -22,8 +22,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import fakebox
 
-from v4flash_pd.procs import group_alive
-
 PY = sys.executable
 
 
@@ -94,12 +92,12 @@ def run_up(tmp: Path, topo: Path, load: float, grace: float, hang_window: float,
                 t1 = time.perf_counter()
                 p.send_signal(signal.SIGTERM)
                 rc = p.wait(60)
-                while not all(not group_alive(g) for g in pids.values()) and time.perf_counter() - t1 < 30:
+                while not all(not fakebox.group_alive(g) for g in pids.values()) and time.perf_counter() - t1 < 30:
                     time.sleep(0.005)
                 res["sigterm_to_all_stopped"] = time.perf_counter() - t1
                 if rc != 0:
                     raise SystemExit(f"up exited {rc}:\n{out.read_text()}")
-            if not all(not group_alive(g) for g in pids.values()):
+            if not all(not fakebox.group_alive(g) for g in pids.values()):
                 raise SystemExit(f"processes left behind: {pids}")
         finally:
             if p.poll() is None:

@@ -61,6 +61,30 @@ def check_lock(root: Path) -> list[str]:
     return problems
 
 
+def check_dependencies(root: Path) -> list[str]:
+    """The launcher's own dependencies (pyproject `dependencies`) that the lock's Python needs are in the
+    lock at an allowed version: the image installs our wheel with --no-deps, from the lock alone.
+    One for other Pythons only (tomli on 3.10) needs no lock entry."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    lock = stacklock.load_lock(root / "stack.lock")
+    python = lock.header.get("python", "")
+    problems = []
+    for text in data.get("project", {}).get("dependencies", []):
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"python_version": python,
+                                                               "python_full_version": f"{python}.0"}):
+            continue
+        pkg = lock.get(req.name)
+        if pkg is None:
+            problems.append(f"pyproject.toml dependency {text!r}: {req.name} is not in stack.lock (python {python})")
+        elif not req.specifier.contains(pkg.version, prereleases=True):
+            problems.append(f"pyproject.toml dependency {text!r}: stack.lock has {req.name} {pkg.version}")
+    return problems
+
+
 def check_pyproject(root: Path) -> list[str]:
     import tomllib
 
@@ -82,7 +106,8 @@ def check_pyproject(root: Path) -> list[str]:
     locked = stacklock.load_lock(root / "stack.lock").versions()
     for name, (version, _) in sorted(_pins_from_requirements(list(kernels)).items()):
         if version != locked.get(name):
-            problems.append(f"pyproject.toml kernels extra: {name} is {version}, stack.lock has {locked.get(name, 'nothing')}")
+            problems.append(f"pyproject.toml kernels extra: {name} is {version}, "
+                            f"stack.lock has {locked.get(name, 'nothing')}")
     return problems
 
 
@@ -165,7 +190,8 @@ def check_flake(root: Path, use_nix: bool = True) -> list[str]:
 
 
 def all_problems(root: Path = ROOT, use_nix: bool = True) -> list[str]:
-    return check_lock(root) + check_pyproject(root) + check_dockerfile(root) + check_flake(root, use_nix)
+    return (check_lock(root) + check_pyproject(root) + check_dependencies(root) + check_dockerfile(root)
+            + check_flake(root, use_nix))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,7 +84,7 @@ def compile_requirements(req_text: str, toml_path: Path, timeout: float = 600) -
 def render_lock(body: str, toml_path: Path) -> str:
     python, platform = target(toml_path)
     toml_sha = hashlib.sha256(toml_path.read_bytes()).hexdigest()
-    body = "\n".join(l for l in body.splitlines() if not l.startswith("#    uv pip compile"))
+    body = "\n".join(line for line in body.splitlines() if not line.startswith("#    uv pip compile"))
     # uv names the temp input file; keep the lock byte-identical across runs.
     body = re.sub(r"-r \S*requirements\.in", "-r stack.toml", body)
     return HEADER.format(python=python, platform=platform, toml_sha=toml_sha) + body.strip() + "\n"

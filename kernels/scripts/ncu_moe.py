@@ -12,19 +12,19 @@ import argparse
 import torch
 
 from v4flash_kernels.moe import op as moe
-from v4flash_kernels.moe.bench import Shape, bind_plan, build
+from v4flash_kernels.moe.bench import EXPERTS, HIDDEN, TOPK, Shape, build_calls, build_weights, v1_fn
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", type=int, default=1)
 ap.add_argument("--tp", type=int, default=4)
 ap.add_argument("--plan", choices=("auto", "inline", "sorted"), default="auto")
 args = ap.parse_args()
-kw = build(Shape(args.tp, args.tokens), 1, 1)[0]
-plan = moe.make_plan(args.tokens, 6, 256, 4096, kw["intermediate_size"])
+kw = build_calls(Shape(args.tp, args.tokens), build_weights(args.tp, 1, 1), 1)[0]
+plan = moe.make_plan(args.tokens, TOPK, EXPERTS, HIDDEN, kw["intermediate_size"])
 if args.plan != "auto":
     plan = moe.Plan(args.plan == "inline", plan.gemm1, plan.gemm2)
 print(plan.name, flush=True)
-fn = bind_plan(plan)
+fn = v1_fn(plan)
 for _ in range(3):
     fn(**kw)
 torch.cuda.synchronize()

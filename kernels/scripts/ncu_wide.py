@@ -8,8 +8,9 @@ Used for the profile in kernels/BENCH.md (H200, 2026-11-29), from the repo root 
     PYTHONPATH=kernels ncu -k regex:split_kernel -s 2 -c 1 --metrics \
         'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio' \
         python kernels/scripts/ncu_wide.py
-    PYTHONPATH=kernels ncu -k regex:split_kernel -s 2 -c 1 --section InstructionStats --metrics \
-        smsp__inst_executed.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,smsp__inst_executed_op_global_ld.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_shared_ld.sum \
+    M=smsp__inst_executed.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,smsp__inst_executed_op_global_ld.sum
+    M=$M,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_shared_ld.sum
+    PYTHONPATH=kernels ncu -k regex:split_kernel -s 2 -c 1 --section InstructionStats --metrics $M \
         python kernels/scripts/ncu_wide.py
 """
 

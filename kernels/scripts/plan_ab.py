@@ -11,6 +11,7 @@ next to the plan the planner picks today.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import time
 from v4flash_kernels.attention import op as decode
 
 # (kind, B, H, extra width) -> tiles-per-split values to try besides the planner's own choice.
-SHAPES = (
+SHAPES: tuple[tuple[str, int, int, int, tuple[int, ...]], ...] = (
     ("c4", 64, 64, 512, (3, 4, 6, 8)),
     ("c128@256K", 64, 64, 2048, (9, 11, 13, 22, 32)),
     ("c128@128K", 64, 64, 1024, (6, 7, 11, 16)),
@@ -53,30 +54,32 @@ def main() -> int:
 
     from v4flash_kernels.attention import bench
     from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
+    from v4flash_kernels.timing import time_graph
 
     out_path = os.path.join(os.environ.get("OUT", "."), "plan_ab.json")
     t0 = time.time()
-    rows = []
+    rows: list[dict] = []
     for i, (kind, B, H, w_b, ps) in enumerate(SHAPES):
         case = Case(batch=B, heads=H, hole_frac=0.01, **bench.KINDS[kind])
         kw = make_inputs(case, device="cuda", seed=7100 + i)
         ref_out, ref_lse = sparse_mla_decode_ref(**kw)
         sms, smem = decode._device_info(kw["q"].device)
-        row = dict(kind=kind, B=B, H=H, tokens=valid_tokens(kw), variants={})
+        row: dict = {"kind": kind, "B": B, "H": H, "tokens": valid_tokens(kw), "variants": {}}
         for name, p in plans_for(B, H, w_b, ps, sms, smem).items():
             if time.time() - t0 > TIME_BUDGET_S:
                 break
             fn = bench.bind_plan(p)
             try:
                 chk = bench.check_call(fn, kw, ref_out, ref_lse, poison=True)
-                us = bench.time_graph(lambda: fn(**kw))
-                v = dict(ok=chk["ok"], rel_err=chk["rel_err"], us=round(us, 1), plan=_desc(p))
+                us = time_graph(functools.partial(fn, **kw))
+                v = {"ok": chk["ok"], "rel_err": chk["rel_err"], "us": round(us, 1), "plan": _desc(p)}
             except Exception as exc:  # keep the other variants' numbers
-                v = dict(error=repr(exc)[:300], plan=_desc(p))
+                v = {"error": repr(exc)[:300], "plan": _desc(p)}
             row["variants"][name] = v
             print(kind, B, H, name, v.get("ok"), v.get("us"), v["plan"], v.get("error", ""), flush=True)
             with open(out_path, "w") as fh:
-                json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows + [row]), fh, indent=1)
+                json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows + [row]},
+                          fh, indent=1)
         rows.append(row)
         del kw, ref_out, ref_lse
         torch.cuda.empty_cache()

@@ -17,6 +17,7 @@ Run on a GPU from the repo root (V4FLASH_SGLANG_WHEEL points at the carried sgla
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from v4flash_kernels.attention import bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
 from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
+from v4flash_kernels.timing import time_graph
 
 SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
           ("c128@128K", 16), ("c4", 16), ("c128@256K", 1), ("c4", 4), ("swa", 64)]
@@ -36,7 +38,7 @@ CONFIGS = [decode.T32, decode.T16]  # the shipped 16-head configs (fp16 operands
 # Round 1 (2026-11-30): register prefetch and q-re-read (k4) 16-head variants lost at the TP4
 # shapes; round 2: latent-across-warps (dsplit) lost too. Round 3: fp16 dot operands.
 # Round 3: fp16 dot operands won (now shipped); 8 warps lost and does not compile with the cooperative merge.
-EXTRA_CONFIGS = [dict(block_h=16, block_t=32, num_warps=4), dict(block_h=16, block_t=16, num_warps=4)]
+EXTRA_CONFIGS = [{"block_h": 16, "block_t": 32, "num_warps": 4}, {"block_h": 16, "block_t": 16, "num_warps": 4}]
 
 
 @triton.jit
@@ -84,8 +86,8 @@ def probe_split_only(kw, plan, heads):
             q, q.stride(0), q.stride(2), k8a, ksa, kbfa, ia, la, ia.shape[1], psa, pba, ia.stride(0),
             k8b, ksb, kbfb, ib, lb, ib.shape[1], psb, pbb, ib.stride(0), ws_o, ws_l, H, plan.splits_main, ns,
             plan.chunk, 0.0625, out, out.stride(0), out.stride(2), lse, lse.stride(0), sink, ws_l,
-            HAS_LEN_A=True, HAS_LEN_B=True, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t, PREFETCH=cfg.prefetch,
-            KSPLIT=cfg.ksplit, DSPLIT=cfg.dsplit, DOT_DTYPE=decode._dot_dtype(cfg), EPILOGUE=0, HAS_SINK=True,
+            HAS_LEN_A=True, HAS_LEN_B=True, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t,
+            KSPLIT=cfg.ksplit, DOT_DTYPE=decode._dot_dtype(cfg), EPILOGUE=0, HAS_SINK=True,
             MERGE_SB=decode.merge_splits_per_load(cfg), MERGE_COLS=decode.MERGE_COLS,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -94,7 +96,7 @@ def probe_split_only(kw, plan, heads):
                                  HAS_SINK=True, SPLIT_BLOCK=decode.COMBINE_SPLIT_BLOCK,
                                  num_warps=decode.COMBINE_NUM_WARPS)
     split()
-    return dict(split_only_us=bench.time_graph(split), combine_only_us=bench.time_graph(combine))
+    return {"split_only_us": time_graph(split), "combine_only_us": time_graph(combine)}
 
 
 def main() -> int:
@@ -106,15 +108,15 @@ def main() -> int:
 
     up = load_upstream()
     t0 = time.time()
-    res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               correctness=[], race=[], rows=[])
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "correctness": [], "race": [], "rows": []}
 
     def dump():
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
 
     x = torch.zeros(1, device="cuda")
-    res["empty_kernel_us"] = bench.time_graph(lambda: _empty[(1,)](x))
+    res["empty_kernel_us"] = time_graph(lambda: _empty[(1,)](x))
     print("empty kernel graph", round(res["empty_kernel_us"], 2), flush=True)
 
     # 1. correctness of the production call, every rank, vs fp64 and upstream on the rank's heads
@@ -126,16 +128,17 @@ def main() -> int:
             keep = sh.head_slice
             bench.poison_other_heads(kw["q"], keep)
             ref_o, ref_l = sparse_mla_decode_ref(**bench.ref_inputs(kw, keep))
-            fn = make_tp_aware(decode.sparse_mla_decode, read=lambda r=rank: AttnTp(r, 4))
-            o, l = fn(**bench._upstream_kwargs(kw))
-            uo, ul = up.flash_mla_sparse_decode_triton(**bench._upstream_kwargs(bench.ref_inputs(kw, keep)))
+            fn = make_tp_aware(decode.sparse_mla_decode, read=functools.partial(AttnTp, rank, 4))
+            o, lse = fn(**bench._upstream_kwargs(kw))
+            uo, _ = up.flash_mla_sparse_decode_triton(**bench._upstream_kwargs(bench.ref_inputs(kw, keep)))
             torch.cuda.synchronize()
-            mine, ml = o[:, :, keep], l[:, keep]
+            mine, ml = o[:, :, keep], lse[:, keep]
             fin = torch.isfinite(ref_l)
-            rec = dict(kind=kind, B=B, rank=rank, rel_err_ref=rel_err(mine, ref_o), rel_err_up=rel_err(mine, uo),
-                       nan=bool(torch.isnan(mine.float()).any() or torch.isnan(ml).any()),
-                       lse_err=float((ml.double()[fin] - ref_l[fin]).abs().max()) if fin.any() else 0.0,
-                       lse_inf_ok=bool(torch.equal(torch.isfinite(ml), fin)))
+            rec: dict = {"kind": kind, "B": B, "rank": rank, "rel_err_ref": rel_err(mine, ref_o),
+                         "rel_err_up": rel_err(mine, uo),
+                         "nan": bool(torch.isnan(mine.float()).any() or torch.isnan(ml).any()),
+                         "lse_err": float((ml.double()[fin] - ref_l[fin]).abs().max()) if fin.any() else 0.0,
+                         "lse_inf_ok": bool(torch.equal(torch.isfinite(ml), fin))}
             rec["ok"] = (not rec["nan"]) and rec["rel_err_ref"] <= 1e-2 and rec["rel_err_up"] <= 1e-2 and \
                 rec["lse_err"] < 1e-2 and rec["lse_inf_ok"]
             res["correctness"].append(rec)
@@ -154,17 +157,17 @@ def main() -> int:
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            o, l = fn(**bench._upstream_kwargs(kw))
+            o, lse = fn(**bench._upstream_kwargs(kw))
         g.replay()
         torch.cuda.synchronize()
-        first_o, first_l = o[:, :, 16:32].clone(), l[:, 16:32].clone()
+        first_o, first_l = o[:, :, 16:32].clone(), lse[:, 16:32].clone()
         bad = 0
         for _ in range(100):
             o[:, :, 16:32].fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
-            bad += int(not (torch.equal(o[:, :, 16:32], first_o) and torch.equal(l[:, 16:32], first_l)))
-        res["race"].append(dict(kind=kind, B=B, replays=100, mismatches=bad))
+            bad += int(not (torch.equal(o[:, :, 16:32], first_o) and torch.equal(lse[:, 16:32], first_l)))
+        res["race"].append({"kind": kind, "B": B, "replays": 100, "mismatches": bad})
         print("race", kind, B, "mismatches", bad, flush=True)
     dump()
 
@@ -174,7 +177,7 @@ def main() -> int:
     try:
         res["probe_c4_b1"] = dict(probe_split_only(kw, p, (16, 32)), plan=f"{p.config.name} ns={p.num_splits}")
     except Exception as exc:  # a diagnostic only: keep the timings below
-        res["probe_c4_b1"] = dict(error=repr(exc)[:300])
+        res["probe_c4_b1"] = {"error": repr(exc)[:300]}
     print("probe", res["probe_c4_b1"], flush=True)
     dump()
 
@@ -194,7 +197,7 @@ def main() -> int:
             w_a, w_b = bench.cache_widths(kw)
             sms, smem = decode._device_info(kw["q"].device)
             H = keep.stop - keep.start
-            row = dict(kind=kind, B=B, mode=mode, variants={})
+            row: dict = {"kind": kind, "B": B, "mode": mode, "variants": {}}
             for name, p in plans(B, H, w_a, w_b, sms, smem).items():
                 if time.time() - t0 > args.budget_s:
                     break
@@ -202,10 +205,10 @@ def main() -> int:
                 desc = f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra} fused={p.fused}"
                 try:
                     chk = bench.check_call(fn, kw, ref_o, ref_l, poison=True, heads=keep if heads else None)
-                    us = bench.time_graph(lambda: fn(**kw)) if chk["ok"] else float("nan")
-                    v = dict(ok=chk["ok"], rel_err=chk["rel_err"], us=round(us, 2), plan=desc)
+                    us = time_graph(functools.partial(fn, **kw)) if chk["ok"] else float("nan")
+                    v = {"ok": chk["ok"], "rel_err": chk["rel_err"], "us": round(us, 2), "plan": desc}
                 except Exception as exc:
-                    v = dict(error=repr(exc)[:300], plan=desc)
+                    v = {"error": repr(exc)[:300], "plan": desc}
                 row["variants"][name] = v
             good = {k: v for k, v in row["variants"].items() if v.get("ok")}
             best = min(good, key=lambda k: good[k]["us"]) if good else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def sparse_mla_decode(*args, **kwargs):  # noqa: ANN002, ANN003 - same contract as upstream
+def sparse_mla_decode(*args, **kwargs):  # same contract as upstream
     """Drop-in for sglang 0.5.13.post1 `flash_mla_sparse_decode_triton` (see attention/op.py)."""
     from v4flash_kernels.attention.op import sparse_mla_decode as _impl
 

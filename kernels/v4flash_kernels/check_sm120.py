@@ -3,8 +3,9 @@
 Why: `triton.compile` does not fail when a config needs more shared memory than the target has
 (that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
 far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
-kernel, the MoE, indexer and block-FP8 GEMM kernels) and fails on more than 101376 B of shared
-memory per block on sm_120 or any register spill, reading registers and spills from the bundled ptxas.
+kernel, the MoE, indexer, block-FP8 GEMM and all-reduce kernels) and fails on more than 101376 B of
+shared memory per block on sm_120 or any register spill, reading registers and spills from the bundled
+ptxas. The all-reduce kernels' PTX must also carry the memory scopes their flag protocol relies on.
 
     python -m v4flash_kernels.check_sm120 [--arch 120 --arch 90] [--json PATH]
 """
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 SMEM_LIMIT = {120: 101376, 90: 232448}
 
@@ -36,11 +37,13 @@ class CompileResult:
     smem_limit: int
 
     expected_shared: int = 0  # the table's recorded value (0 = not recorded)
+    ptx_problem: str = ""  # what the PTX lacks (the all-reduce's memory scopes); "" = fine or not checked
 
     @property
     def ok(self) -> bool:
         recorded = self.expected_shared in (0, self.shared_bytes)
-        return recorded and self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+        return (recorded and self.shared_bytes <= self.smem_limit and self.spill_stores == 0 and self.spill_loads == 0
+                and not self.ptx_problem)
 
 
 def _ptxas_stats(ptx: str, arch: int) -> tuple:
@@ -101,8 +104,8 @@ def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
     from v4flash_kernels.attention.op import MERGE_COLS, merge_splits_per_load
 
     const = {"HAS_LEN_A": True, "HAS_LEN_B": True, "BLOCK_H": cfg.block_h,
-             "BLOCK_T": cfg.block_t, "PREFETCH": cfg.prefetch,
-             "KSPLIT": cfg.ksplit, "DSPLIT": cfg.dsplit,
+             "BLOCK_T": cfg.block_t,
+             "KSPLIT": cfg.ksplit,
              "DOT_DTYPE": tl.float16 if getattr(cfg, "f16", False) else tl.bfloat16, "EPILOGUE": epilogue,
              "HAS_SINK": True,
              "MERGE_SB": merge_splits_per_load(cfg), "MERGE_COLS": MERGE_COLS}
@@ -149,11 +152,13 @@ def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int,
     from v4flash_kernels.moe import kernel as k
     from v4flash_kernels.moe.op import INLINE_MAX_SLOTS
 
-    const = dict(GATED=gated, HAS_CLAMP=True, INLINE=inline,
-                 BLOCK_S=triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SCALE_MODE=scale_mode, DEQ_ASM=True,
-                 DOT_DTYPE=tl.bfloat16, SPLIT_K=cfg.split_k, A_PARTS=0, MODE=cfg.mode, NIBBLES=nibbles)
+    const = {"GATED": gated, "HAS_CLAMP": True, "INLINE": inline,
+                 "BLOCK_S": triton.next_power_of_2(INLINE_MAX_SLOTS) if inline else 1, "BLOCK_M": cfg.block_m,
+                 "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "SCALE_MODE": scale_mode, "DEQ_ASM": True,
+                 "DOT_DTYPE": tl.bfloat16, "SPLIT_K": cfg.split_k, "A_PARTS": 0, "MODE": cfg.mode, "NIBBLES": nibbles}
     sig = _moe_gemm_signature(scale_mode)
+    if nibbles == 1:
+        sig["W"] = "*i32"  # PAIR_SPLIT words
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_we", "stride_wn", "stride_se",
                                                                  "stride_sn", "stride_om", "KD"]
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
@@ -176,17 +181,17 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
                  | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
-             dict(CHUNK=moe.PREP_CHUNK, E_P2=e_p2), 8, "")]
+             {"CHUNK": moe.PREP_CHUNK, "E_P2": e_p2}, 8, "")]
     for bm in bms:
         jobs.append(("moe_scan", k.scan_kernel, {"HIST": "*i32", "OFFS": "*i32", "BLK_E": "*i32", "BLK_R": "*i32",
                                                  "NCH": "i32", "E": "i32", "NB": "i32"},
-                     dict(BLOCK_M=bm, E_P2=e_p2, CB=moe.PREP_SCAN_CB, BB=moe.PREP_SCAN_BB), 8, f"m{bm}"))
+                     {"BLOCK_M": bm, "E_P2": e_p2, "CB": moe.PREP_SCAN_CB, "BB": moe.PREP_SCAN_BB}, 8, f"m{bm}"))
     jobs.append(("moe_scatter", k.scatter_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "OFFS": "*i32",
                                                    "SORTED": "*i32", "S": "i32", "E": "i32"},
-                 dict(CHUNK=moe.PREP_CHUNK), 4, ""))
+                 {"CHUNK": moe.PREP_CHUNK}, 4, ""))
     jobs.append(("moe_combine", k.combine_kernel, {"DOWN": "*bf16", "IDS": "*i32", "OUT": "*bf16", "stride_om": "i32",
                                                    "K": "i32"},
-                 dict(TOPK=6, BLOCK=moe.COMBINE_BLOCK), moe.COMBINE_NUM_WARPS, ""))
+                 {"TOPK": 6, "BLOCK": moe.COMBINE_BLOCK}, moe.COMBINE_NUM_WARPS, ""))
     out = []
     for kernel, fn, sig, const, warps, tag in jobs:
         hinted = [n for n, t in sig.items() if t.startswith("*")]
@@ -249,8 +254,7 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
            "stride_kp8": "i32", "stride_kps": "i32", "W": "*fp32", "stride_wb": "i32", "stride_wh": "i32",
            "SEQ": "*i32", "stride_sb": "i32", "PT": "*i32", "stride_pb": "i32", "OUT": "*fp32", "stride_ob": "i32",
            "H": "i32", "max_seq_len": "i32", "num_pages": "i32"}
-    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True, "WRITE_TAIL": True,
-             "PREFETCH": cfg.prefetch}
+    const = {"BLOCK_H": 64, "PAGES": cfg.pages, "FILL": cfg.fill, "DOT_F16": True}
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_qb", "stride_qh", "stride_kp8", "stride_kps"]
     ck = _compile(k.indexer_logits_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
@@ -320,30 +324,68 @@ def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
 
 
 def compile_fp8_gemm(binary, arch: int) -> CompileResult:
-    """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it (K % 128 == 0)."""
+    """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it."""
     from v4flash_kernels.fp8_gemm import kernel as k
+    from v4flash_kernels.fp8_gemm.op import FIXUP_CODE
 
-    cfg, split, quant_a = binary.config, binary.split, binary.a_dtype != "fp8"
+    cfg, quant_a = binary.config, binary.a_dtype != "fp8"
+    split = binary.fixup != "whole"
     ptr = {"bf16": "*bf16", "fp32": "*fp32", "fp8": "*fp8e4nv"}
     sig = {"A": ptr[binary.a_dtype], "stride_am": "i32", "AS": "*fp32", "stride_asm": "i32",
            "stride_ask": "i32", "B": "*fp8e4nv", "stride_bn": "i32", "BS": "*fp32", "stride_bsn": "i32",
            "stride_bsk": "i32", "C": ptr[binary.c_dtype], "stride_cm": "i32",
-           "WS": "*fp32" if split else ptr[binary.c_dtype], "CNT": "*i32" if split else ptr[binary.c_dtype],
+           "WS": "*fp32" if split else ptr[binary.c_dtype], "stride_ws": "i32",
+           "CNT": "*i32" if binary.fixup == "ticket" else "*fp32" if split else ptr[binary.c_dtype],
            "M": "i32", "N": "i32", "K": "i32", "groups_per_split": "i32"}
-    const = {"QUANT_A": quant_a, "SWAP": cfg.swap, "SPLIT": split, "EVEN_K": True, "BLOCK_M": cfg.block_m,
-             "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m}
-    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_bn", "stride_cm", "N", "K"]
+    const = {"QUANT_A": quant_a, "SWAP": cfg.swap, "FIXUP": FIXUP_CODE[binary.fixup], "SP": binary.sp,
+             "EVEN_K": binary.even_k, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "GROUP_M": cfg.group_m}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_am", "stride_bn", "stride_cm", "N"]
+    if binary.even_k:
+        hinted.append("K")
     ck = _compile(k.gemm_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
     regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
     return CompileResult("fp8_gemm", binary.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
 
 
-def check_fp8_gemm(arch: int) -> List[CompileResult]:
-    """Every block-FP8 GEMM binary the entries can launch, plus the standalone activation quant."""
+def compile_fp8_gemv(binary, arch: int) -> CompileResult:
+    """One block-FP8 GEMV binary (`fp8_gemm.op.GemvBinary`) as `fp8_gemm.op.launch_gemv` passes it."""
     from v4flash_kernels.fp8_gemm import kernel as k
-    from v4flash_kernels.fp8_gemm.op import QUANT_BLOCK_R, QUANT_NUM_WARPS, launchable
+
+    ptr = {"bf16": "*bf16", "fp32": "*fp32"}
+    sig = {"X": ptr[binary.x_dtype], "stride_xm": "i32", "B": "*fp8e4nv", "stride_bn": "i32", "BS": "*fp32",
+           "stride_bsn": "i32", "stride_bsk": "i32", "C": ptr[binary.c_dtype], "stride_cm": "i32", "M": "i32",
+           "N": "i32"}
+    const = {"BM": binary.bm, "BLOCK_N": binary.config.block_n, "K": binary.k}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_xm", "stride_bn", "stride_cm"]
+    ck = _compile(k.gemv_kernel, sig, const, hinted, arch, binary.config.num_warps, 1)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("fp8_gemv", binary.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_fp8_gemm(arch: int) -> List[CompileResult]:
+    """Every block-FP8 binary the entries can launch: the GEMM tiles with each fix-up, the GEMVs,
+    the split-K reduce and the standalone activation quant."""
+    from v4flash_kernels.fp8_gemm import kernel as k
+    from v4flash_kernels.fp8_gemm.op import (
+        QUANT_BLOCK_R,
+        QUANT_NUM_WARPS,
+        REDUCE_BLOCK,
+        REDUCE_NUM_WARPS,
+        launchable,
+        launchable_gemv,
+        launchable_reduce,
+    )
 
     results = [compile_fp8_gemm(b, arch) for b in launchable()]
+    results += [compile_fp8_gemv(b, arch) for b in launchable_gemv()]
+    for sp in launchable_reduce():
+        for c in ("bf16", "fp32"):
+            sig = {"WS": "*fp32", "C": f"*{c}", "stride_cm": "i32", "total": "i32", "N": "i32", "S": "i32"}
+            ck = _compile(k.reduce_kernel, sig, {"SP": sp, "BLOCK": REDUCE_BLOCK}, ["WS", "C", "stride_cm"], arch,
+                          REDUCE_NUM_WARPS, 1)
+            regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+            results.append(CompileResult("fp8_reduce", f"sp{sp}_b{REDUCE_BLOCK}_w{REDUCE_NUM_WARPS}/{c}", arch,
+                                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch]))
     for x in ("bf16", "fp32"):
         sig = {"X": f"*{x}", "stride_xm": "i32", "Q": "*fp8e4nv", "stride_qm": "i32", "S": "*fp32",
                "stride_sm": "i32", "M": "i32"}
@@ -376,7 +418,73 @@ def check_topk(arch: int) -> List[CompileResult]:
     return [compile_topk(cfg, k, spec, ptb, arch) for cfg in CONFIGS for k, spec, ptb in launch_variants()]
 
 
-def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
+# What the all-reduce's flag protocol needs from the PTX (kernel.py): flags raised with a release at
+# system scope after the CTA barrier, polled with acquire at system scope (peers write them over
+# PCIe/NVLink), the epoch bookkeeping at GPU scope, received data read through L2 (.cg), and the
+# pushes vectorised (16-byte stores: the alignment hints on the IPC pointers took effect).
+ALLREDUCE_PTX_NEEDS = (  # Triton prints scope and semantic in either order (exch: .sys.release, cas: .acquire.sys)
+    (r"atom\.global\.(sys\.release|release\.sys)\.exch\.b64", "flag raise: atom.release.sys"),
+    (r"atom\.global\.(sys\.acquire|acquire\.sys)\.cas\.b64", "flag wait: atom.acquire.sys (cas)"),
+    (r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", "CTA arrival: atom.acq_rel.gpu"),
+    (r"atom\.global\.(gpu\.release|release\.gpu)\.exch\.b64", "epoch store: atom.release.gpu"),
+    (r"ld\.global\.cg\.v4", "received data: 16-byte ld.cg"),
+    (r"st\.global\.v4", "pushes: 16-byte stores"),
+)
+ALLREDUCE_PTX_FORBIDDEN = (
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.cta\.", "a CTA-scoped memory operation (flags cross GPUs)"),
+    (r"\b(atom|ld|st|red)\.global(\.\w+)*?\.(sys\.relaxed|relaxed\.sys)\.",
+     "a relaxed system-scope operation (flags need release/acquire)"),
+)
+
+
+def allreduce_ptx_problem(ptx: str, vectorised: bool = True) -> str:
+    """'' when the PTX has every scope the all-reduce protocol needs and none it must not use
+    (`vectorised=False`: a size that is not a multiple of 16 elements, whose accesses are scalar)."""
+    needs = ALLREDUCE_PTX_NEEDS if vectorised else [n for n in ALLREDUCE_PTX_NEEDS if "16-byte" not in n[1]]
+    missing = [what for pat, what in needs if not re.search(pat, ptx)]
+    wrong = [what for pat, what in ALLREDUCE_PTX_FORBIDDEN if re.search(pat, ptx)]
+    return "; ".join([f"missing {m}" for m in missing] + [f"has {w}" for w in wrong])
+
+
+def compile_allreduce(two_shot: bool, world: int, dtype: str, arch: int, spin_limit: int = 0) -> CompileResult:
+    """One all-reduce binary as `allreduce.launch.launch` passes it (spin_limit 0: production's unbounded
+    waits; the start-up probe's bounded ones otherwise)."""
+    from v4flash_kernels.allreduce import kernel as k
+    from v4flash_kernels.allreduce import plan as P
+
+    esize = {"bf16": 2, "fp32": 4}[dtype]
+    sig = {"X": f"*{dtype}", "OUT": f"*{dtype}", **{f"P{i}": "i64" for i in range(P.MAX_RANKS)},
+           "rank": "i32", "n": "i32", "slot": "i32", "span": "i32"}
+    const = {"WORLD": world, "BLOCK": P.BLOCK_BYTES // esize, "DATA_OFF": P.DATA_OFF,
+             "HALF_BYTES": P.Layout().half_bytes, "FLAGS1_OFF": P.FLAGS1_OFF, "MAX_CTAS": P.MAX_CTAS,
+             "SPIN_LIMIT": spin_limit}
+    if two_shot:
+        const["FLAGS2_OFF"] = P.FLAGS2_OFF
+    # what Triton's specialisation gives a real call: 16-byte aligned tensors and IPC addresses,
+    # numel a multiple of 16 (n % 16 != 0 compiles a variant with scalar tails, same scopes)
+    hinted = ["X", "OUT", *(f"P{i}" for i in range(P.MAX_RANKS)), "n", "slot", "span"]
+    fn = k.two_shot_kernel if two_shot else k.one_shot_kernel
+    ck = _compile(fn, sig, const, hinted, arch, P.NUM_WARPS, 1)
+    ptx = ck.asm["ptx"]
+    regs, st, ld = _ptxas_stats(ptx, arch)
+    name = f"{'two' if two_shot else 'one'}_shot/n{world}/{dtype}" + ("/probe" if spin_limit else "")
+    return CompileResult("allreduce", name, arch,
+                         int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch], ptx_problem=allreduce_ptx_problem(ptx))
+
+
+def check_allreduce(arch: int) -> List[CompileResult]:
+    """Every all-reduce binary `launch` can start: both algorithms, every rank count of `plan.WORLDS`, bf16 and fp32, and the
+    start-up probe's bf16 binaries with bounded waits."""
+    from v4flash_kernels.allreduce import plan as P
+    from v4flash_kernels.allreduce.comm import PROBE_SPINS
+
+    worlds = P.WORLDS
+    return ([compile_allreduce(two, world, dt, arch) for two in (False, True) for world in worlds
+             for dt in ("bf16", "fp32")]
+            + [compile_allreduce(two, world, "bf16", arch, PROBE_SPINS) for two in (False, True) for world in worlds])
+
+
+def check(configs: Iterable | None = None, archs: Sequence[int] = (120, 90)) -> List[CompileResult]:
     """Compile `configs` (default: the dispatcher's table) and the combine kernel for `archs`."""
     from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 
@@ -395,6 +503,7 @@ def check(configs: Optional[Iterable] = None, archs: Sequence[int] = (120, 90)) 
             results += check_mhc(arch)
             results += check_fp8_gemm(arch)
             results += check_topk(arch)
+            results += check_allreduce(arch)
     return results
 
 
@@ -409,17 +518,26 @@ def format_table(results: Sequence[CompileResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.check_sm120", description=__doc__.split("\n")[0])
     ap.add_argument("--arch", type=int, action="append", help="SM arch (default: 120 and 90)")
     ap.add_argument("--json", help="also write the results as JSON here")
+    ap.add_argument("--only", choices=("fp8_gemm",), help="just this op's kernels (a quick check while editing it)")
     args = ap.parse_args(argv)
-    results = check(archs=tuple(args.arch or (120, 90)))
+    archs = tuple(args.arch or (120, 90))
+    if args.only == "fp8_gemm":
+        os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="v4flash-triton-"))
+        results = [r for a in archs for r in check_fp8_gemm(a)]
+    else:
+        results = check(archs=archs)
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dict(asdict(r), ok=r.ok) for r in results], f, indent=1)
     bad = [r for r in results if not r.ok]
+    for r in bad:
+        if r.ptx_problem:
+            print(f"{r.kernel} {r.config} sm_{r.arch}: {r.ptx_problem}", file=sys.stderr)
     if bad:
         print(f"FAIL: {len(bad)} config(s) exceed shared memory, spill registers or differ from the "
               "table's recorded shared_bytes (the dispatcher's occupancy choice relies on it)", file=sys.stderr)

@@ -66,11 +66,6 @@ def source_of(path: str) -> Tuple[str, str]:
         return z.read(path).decode(), f"{wheel}!{path}"
 
 
-def upstream_source() -> tuple:
-    """(source text, origin) of upstream's sparse-MLA decode kernel file."""
-    return source_of(MODULE_PATH)
-
-
 def _import_text(text: str, key: str, origin: str) -> ModuleType:
     """Import `text` from a real temp file under a private module name; cached by `key`."""
     if key in _modules:

@@ -20,10 +20,10 @@ import random
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence, TextIO
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
-from v4flash_pd.table import Progress
+from v4flash_pd.table import Progress, format_table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DONE = object()  # sentinel for `data: [DONE]`
@@ -39,7 +39,7 @@ _WORDS = (
 # ------------------------------------------------------------------------------------------ pure
 
 
-def parse_sse_line(line: bytes | str) -> dict | object | None:
+def parse_sse_line(line: bytes | str) -> dict[str, Any] | object | None:
     """One SSE line -> the JSON event, `DONE`, or None (blank lines, comments, other fields)."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", "replace")
@@ -56,12 +56,19 @@ def parse_sse_line(line: bytes | str) -> dict | object | None:
     return event if isinstance(event, dict) else None
 
 
-def completion_tokens(event: dict) -> int | None:
+def spec_verify_ct(event: dict[str, Any]) -> int | None:
+    """Verify steps of a finished request, where the server decodes speculatively (SGLang writes
+    `meta_info.spec_verify_ct` on a request's last event only, and only with speculation on)."""
+    meta = event.get("meta_info")
+    verify = meta.get("spec_verify_ct") if isinstance(meta, dict) else None
+    return verify if isinstance(verify, int) and verify > 0 else None
+
+
+def completion_tokens(event: dict[str, Any]) -> int | None:
     """Cumulative generated-token count of one `/generate` event (None if it carries none)."""
     meta = event.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
-        return meta["completion_tokens"]
-    return None
+    tokens = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return tokens if isinstance(tokens, int) else None
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class RequestResult:
     itls_s: tuple[float, ...] = ()
     latency_s: float = 0.0
     error: str = ""
+    spec_verify_ct: int | None = None  # verify steps, where the server decodes speculatively
 
 
 def timings_from_events(start: float, events: Sequence[tuple[float, int]], end: float) -> RequestResult:
@@ -145,6 +153,9 @@ class LevelStats:
     itl_ms: Dist
     latency_ms: Dist
     error_samples: tuple[str, ...] = field(default_factory=tuple)
+    # The served accept length: tokens per verify step over the level's speculative requests (SGLang's
+    # per-request spec_accept_length = completion_tokens / spec_verify_ct, pooled); None without speculation.
+    accept_length: float | None = None
 
 
 def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: float) -> LevelStats:
@@ -157,6 +168,8 @@ def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: fl
     for r in bad:
         if r.error not in samples:
             samples.append(r.error)
+    spec = [r for r in ok if r.spec_verify_ct]
+    verifies = sum(r.spec_verify_ct or 0 for r in spec)
     return LevelStats(
         concurrency=concurrency,
         requests=len(results),
@@ -170,6 +183,7 @@ def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: fl
         itl_ms=Dist.of_seconds([x for r in ok for x in r.itls_s]),
         latency_ms=Dist.of_seconds([r.latency_s for r in ok]),
         error_samples=tuple(samples[:3]),
+        accept_length=sum(r.output_tokens for r in spec) / verifies if verifies else None,
     )
 
 
@@ -178,7 +192,7 @@ def make_prompt(input_len: int, rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, input_len)))
 
 
-def generate_payload(prompt: str, output_len: int) -> dict:
+def generate_payload(prompt: str, output_len: int) -> dict[str, Any]:
     return {
         "text": prompt,
         "stream": True,
@@ -208,16 +222,16 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 def render_table(levels: Iterable[LevelStats]) -> str:
     levels = list(levels)
-    header = ("conc", "reqs", "err", "out tok/s", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms")
+    spec = any(s.accept_length is not None for s in levels)  # the column only where the server speculates
+    header = ("conc", "reqs", "err", "out tok/s", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms") + \
+        (("accept len",) if spec else ())
     rows = [header]
     for s in levels:
         rows.append((
             str(s.concurrency), str(s.requests), str(s.errors), _fmt(s.output_tok_s), _fmt(s.req_s, 2),
             "/".join(_fmt(v) for v in (s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99)),
             "/".join(_fmt(v) for v in (s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99)),
-        ))
-    from v4flash_pd.table import format_table
-
+        ) + ((_fmt(s.accept_length, 2),) if spec else ()))
     out = "\n".join(format_table(rows[0], rows[1:], right=range(len(header))))
     for s in levels:
         for e in s.error_samples:
@@ -225,7 +239,7 @@ def render_table(levels: Iterable[LevelStats]) -> str:
     return out
 
 
-def report_dict(meta: dict, levels: Sequence[LevelStats]) -> dict:
+def report_dict(meta: dict[str, Any], levels: Sequence[LevelStats]) -> dict[str, Any]:
     """The JSON document `--json` prints: stable keys, meant to be diffed across runs."""
     return {"schema": "v4flash-pd.bench/1", **meta, "levels": [asdict(s) for s in levels]}
 
@@ -241,7 +255,7 @@ def _split_url(url: str) -> tuple[str, str, int, str]:
     return u.scheme, u.hostname, port, u.path.rstrip("/")
 
 
-def stream_generate(url: str, payload: dict, timeout: float = 600.0,
+def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
                     clock: Callable[[], float] = time.perf_counter,
                     headers: Mapping[str, str] | None = None) -> RequestResult:
     """POST one streaming `/generate` and time every SSE event as it arrives."""
@@ -250,6 +264,7 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
     body = json.dumps(payload).encode()
     start = clock()
     events: list[tuple[float, int]] = []
+    verify: int | None = None
     conn = conn_cls(host, port, timeout=timeout)
     try:
         conn.request("POST", base + "/generate", body=body,
@@ -279,6 +294,7 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
             n = completion_tokens(ev)
             if n is not None:
                 events.append((now, n))
+            verify = spec_verify_ct(ev) or verify
         end = clock()
     except (OSError, http.client.HTTPException) as exc:
         return RequestResult(ok=False, latency_s=clock() - start, error=f"{type(exc).__name__}: {exc}")
@@ -287,7 +303,7 @@ def stream_generate(url: str, payload: dict, timeout: float = 600.0,
     result = timings_from_events(start, events, end)
     if result.ok and not done:
         return RequestResult(ok=False, latency_s=end - start, error="stream ended without [DONE]")
-    return result
+    return replace(result, spec_verify_ct=verify) if verify else result
 
 
 def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: int,
@@ -329,10 +345,10 @@ def requests_for(spec: BenchSpec, concurrency: int) -> int:
 
 @dataclass(frozen=True)
 class BenchReport:
-    meta: dict
+    meta: dict[str, Any]
     levels: tuple[LevelStats, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return report_dict(self.meta, self.levels)
 
 

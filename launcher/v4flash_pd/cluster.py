@@ -1,8 +1,7 @@
-"""Cluster plans: N boxes x NUMA slots, each slot one TP worker, one router; and the selection of
-what one box (or one pod, or the router) starts.
+"""Cluster plans at plan level: what one box (or one pod, or the router) starts, the cluster plan
+file every box rebuilds its Config from, and every part's Plan for `plan` and `render`.
 
-The box is the unit of placement: TP never spans PCIe boxes, so a worker is a slot (the GPUs of one
-NUMA node) of one box. A cluster plan is still a `Config` (its workers are the slots, named
+A cluster plan is still a `Config` (its workers are the slots that `config.layout` placed, named
 prefill-i / decode-j across the whole cluster) and still goes through the one `build_plan`: a box
 plans its own slots and treats the others as remote, the router plans only itself and waits for
 all of them. Nothing here assembles a command line.
@@ -11,156 +10,23 @@ all of them. Nothing here assembles a command line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from v4flash_pd.config import (
-    ClusterSpec,
-    Config,
-    WorkerSpec,
-    _worker,
-    read_text_file,
-)
+from v4flash_pd import docformat
+from v4flash_pd.config.layout import ADVERTISE
+from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
+from v4flash_pd.host import Host
+from v4flash_pd.plan import Plan, build_plan
+from v4flash_pd.profiles import PROFILES
+from v4flash_pd.textfile import read_text_file
 from v4flash_pd.topology import Gpu, NumaNode, Topology
 
-if TYPE_CHECKING:
-    from v4flash_pd.plan import Plan
-
-PLAN_FORMAT = "v4flash-pd/cluster-plan/1"
+PLAN_FORMAT = docformat.CLUSTER_PLAN
 CLUSTER_ROLES = ("router", "prefill", "decode")
 
-
-@dataclass(frozen=True)
-class Slot:
-    box: int
-    slot: int  # NUMA slot within the box (index into cluster.slot_gpus)
-    role: str
-    index: int  # position in its role across the cluster
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.index}"
-
-
-def layout(spec: ClusterSpec) -> tuple[Slot, ...]:
-    """Slot-major placement, prefill first: the first slot of every box, then the second...
-
-    1P1D on two boxes puts prefill on one and decode on the other; 2P2D puts one of each on every
-    box (prefill on NUMA slot 0, decode on slot 1, like the one-box profile).
-    """
-    per_box = len(spec.slot_gpus)
-    capacity = spec.boxes * per_box
-    want = spec.prefill + spec.decode
-    if want > capacity:
-        raise UserError(
-            f"cluster asks for {spec.prefill} prefill + {spec.decode} decode workers = {want} slots, but "
-            f"{spec.boxes} box(es) x {per_box} NUMA slots hold {capacity}",
-            f"use --boxes {-(-want // per_box)} (each box holds {per_box} TP workers), or fewer workers",
-        )
-    order = [(b, s) for s in range(per_box) for b in range(spec.boxes)]
-    roles = [("prefill", i) for i in range(spec.prefill)] + [("decode", i) for i in range(spec.decode)]
-    slots = tuple(Slot(b, s, role, i) for (b, s), (role, i) in zip(order, roles))
-    empty = sorted(set(range(spec.boxes)) - {s.box for s in slots})
-    if empty:
-        raise UserError(
-            f"box(es) {', '.join(map(str, empty))} of the {spec.boxes}-box cluster would run nothing ({want} workers "
-            f"fill {len({s.box for s in slots})} box(es))",
-            f"use --boxes {spec.boxes - len(empty)}, or add workers (--prefill/--decode)",
-        )
-    return slots
-
-
-def slot_ports(spec: ClusterSpec, slot: Slot) -> dict[str, int]:
-    """Slot s of box k: the base ports + s, + k x port_offset (0 on a real cluster: boxes do not
-    share a network namespace; logical nodes on one host, as in CI, need an offset)."""
-    shift = slot.slot + slot.box * spec.port_offset
-    ports = {"port": spec.http_port + shift, "nccl_port": spec.nccl_port + shift}
-    if slot.role == "prefill":
-        ports["bootstrap_port"] = spec.bootstrap_port + shift
-    return ports
-
-
-def _check_ports(cfg: Config, spec: ClusterSpec, workers: list[WorkerSpec]) -> None:
-    """Ports of one box (router on box 0 included) must differ; with an offset, all of them do."""
-    groups: dict[int, list[tuple[str, int]]] = {}
-    for w in workers:
-        key = 0 if spec.port_offset else w.box or 0
-        used = [(f"{w.name} http", w.port), (f"{w.name} nccl", w.nccl_port)]
-        if w.bootstrap_port is not None:
-            used.append((f"{w.name} bootstrap", w.bootstrap_port))
-        groups.setdefault(key, []).extend(used)
-    if cfg.router is not None:
-        groups.setdefault(0, []).extend([("router http", cfg.router.port), ("router metrics", cfg.router.metrics_port)])
-    for box, used in sorted(groups.items()):
-        seen: dict[int, str] = {}
-        for owner, port in used:
-            if port in seen:
-                where = "the cluster (port_offset > 0: one network namespace)" if spec.port_offset else f"box {box}"
-                raise UserError(
-                    f"port {port} is used twice on {where}: by {seen[port]} and by {owner}",
-                    "slot s of box k listens on cluster.http_port/bootstrap_port/nccl_port + s + k x "
-                    "cluster.port_offset: use an offset larger than the spread of all boxes' ports (e.g. --port-offset "
-                    "100 with the default bases), move the bases apart (e.g. --set cluster.nccl_port=31000), or move "
-                    "the router (--set router.port=N)",
-                )
-            seen[port] = owner
-
-
-def _with_network(env: tuple[tuple[str, str], ...], network: str) -> tuple[tuple[str, str], ...]:
-    """KV goes between boxes: UCX_TLS must carry a network transport (cuda_ipc and sm stay inside a host)."""
-    out = []
-    for k, v in env:
-        if k == "UCX_TLS" and v.strip() not in ("", "all"):
-            tls = [t.strip() for t in v.split(",") if t.strip()]
-            if network not in tls:
-                tls.append(network)
-            v = ",".join(tls)
-        out.append((k, v))
-    return tuple(out)
-
-
-def expand(cfg: Config, raw: Mapping[str, Any]) -> Config:
-    """The cluster Config: one worker per slot, from the [[prefill]]/[[decode]] templates."""
-    spec = cfg.cluster
-    assert spec is not None
-    for role in ("prefill", "decode"):
-        if len(raw.get(role) or []) > 1:
-            raise UserError(
-                f"the config lists {len(raw[role])} [[{role}]] workers and a cluster plan (cluster.boxes = "
-                f"{spec.boxes}): in a cluster, [[{role}]] entry 0 is the template of every {role} slot",
-                f"set the number of {role} workers with --{role} N (cluster.{role}) and keep one [[{role}]] entry",
-            )
-    if spec.hosts and len(spec.hosts) != spec.boxes:
-        raise UserError(f"cluster.hosts names {len(spec.hosts)} host(s) for {spec.boxes} box(es)",
-                        "give one host per box, in box order (e.g. --hosts node1,node2), or none at all")
-    engine_mem = (raw.get("engine") or {}).get("mem_fraction_static")
-    workers: list[WorkerSpec] = []
-    for slot in layout(spec):
-        template = dict((raw.get(slot.role) or [{}])[0])
-        tp, size = template.get("tp", 1), len(spec.slot_gpus[slot.slot])
-        if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and size % tp:
-            raise UserError(
-                f"cluster.slot_gpus[{slot.slot}] has {size} GPU(s), which a {slot.role} worker of TP {tp} cannot use "
-                "(a worker is one slot: the GPUs of one NUMA node)",
-                f"give every slot a multiple of {tp} GPUs (--set cluster.slot_gpus=[[0,1,2,3],[4,5,6,7]]), or "
-                f"--set {slot.role}.0.tp=N with N a divisor of {size}")
-        template.pop("bootstrap_port", None)
-        entry = {**template, **slot_ports(spec, slot), "gpus": list(spec.slot_gpus[slot.slot]), "numa_node": None,
-                 "host": spec.bind_host}
-        w = _worker(slot.role, slot.index, entry, engine_mem)
-        workers.append(replace(w, box=slot.box, advertise=spec.hosts[slot.box] if spec.hosts else "",
-                               env=_with_network(w.env, spec.network)))  # a worker's own UCX_TLS too
-    _check_ports(cfg, spec, workers)
-    return replace(cfg, workers=tuple(workers), env=_with_network(cfg.env, spec.network))
-
-
-def boxes_of(cfg: Config) -> dict[int, tuple[WorkerSpec, ...]]:
-    out: dict[int, list[WorkerSpec]] = {}
-    for w in cfg.workers:
-        out.setdefault(w.box or 0, []).append(w)
-    return {b: tuple(ws) for b, ws in sorted(out.items())}
 
 
 def select(cfg: Config, box: int | None = None, role: str | None = None, index: int | None = None) -> Config:
@@ -216,7 +82,7 @@ def plan_document(raw: Mapping[str, Any], profile: str, cfg: Config) -> dict[str
               "bootstrap_port": w.bootstrap_port, "nccl_port": w.nccl_port, "host": w.advertise or None}
              for w in cfg.workers]
     keep = {k: v for k, v in raw.items() if k != "profile"}
-    return {"format": PLAN_FORMAT, "profile": profile, "boxes": spec.boxes, "slots": slots, "config": keep}
+    return docformat.stamp(PLAN_FORMAT, {"profile": profile, "boxes": spec.boxes, "slots": slots, "config": keep})
 
 
 def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any], str]:
@@ -231,13 +97,17 @@ def read_plan(path: Path | None, text: str | None = None) -> tuple[dict[str, Any
     except ValueError as exc:
         raise UserError(f"{where} is not valid JSON ({exc})",
                         "render it again with `v4flash-pd render slurm|k8s`; do not edit it by hand") from None
-    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or not isinstance(doc.get("config"), dict):
+    if docformat.marker_of(doc) != PLAN_FORMAT or not isinstance(doc.get("config"), dict):
         got = f"format {doc.get('format')!r}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, not an object"
         raise UserError(f"{where} is not a v4flash-pd cluster plan ({got}; want format {PLAN_FORMAT!r})",
                         "pass the cluster-plan.json written by `v4flash-pd render slurm|k8s` of this version")
     profile = doc.get("profile")
     if not isinstance(profile, str):
         raise UserError(f"{where} has no profile name", "render it again with `v4flash-pd render slurm|k8s`")
+    if profile not in PROFILES:  # the plan stands in for the profile layer: an unknown one must not mean defaults
+        raise UserError(f"{where} names unknown profile {profile!r}, which this v4flash-pd does not have",
+                        f"render it again with `v4flash-pd render slurm|k8s` of this version (profiles: "
+                        f"{', '.join(sorted(PROFILES))})")
     return doc["config"], profile
 
 
@@ -260,16 +130,15 @@ def placeholder_hosts(cfg: Config) -> Config:
     if spec.hosts:
         return cfg
     hosts = tuple(f"box-{k}" for k in range(spec.boxes))
-    workers = tuple(replace(w, advertise=hosts[w.box or 0]) for w in cfg.workers)
+    bound = spec.bind_host == ADVERTISE  # shown bound to the name that stands for the box's address
+    workers = tuple(replace(w, advertise=hosts[w.box or 0], host=hosts[w.box or 0] if bound else w.host)
+                    for w in cfg.workers)
     return replace(cfg, workers=workers, cluster=replace(spec, hosts=hosts))
 
 
 def part_plans(cfg: Config, topology: Topology | None = None, rehearse: bool = False) -> list[tuple[str, Plan]]:
     """(part, Plan) for every box and the router, each built by the one `build_plan` as that
     box's `up` would (with the assumed or given topology instead of a probe)."""
-    from v4flash_pd.host import Host
-    from v4flash_pd.plan import build_plan
-
     spec = cfg.cluster
     assert spec is not None
     shown = placeholder_hosts(cfg)

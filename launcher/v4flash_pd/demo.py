@@ -2,26 +2,52 @@
 
 Runs the real CLI as an operator would: `up --rehearse --detach` (real router, real numactl,
 stand-in engines), one request through the router, `status`, `logs`, `down`. Exits non-zero if
-any step fails, so it doubles as a smoke test of a fresh checkout.
+any step fails, so it doubles as a smoke test of a fresh checkout. Extra arguments go to `up`
+(`make demo DEMO_ARGS='--set router.port=8001'`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+from typing import Any
 
 from v4flash_pd.httpclient import request
 
+HINT_SET = re.compile(r"--set [A-Za-z0-9_.]+=\S+")
 
-def step(title: str, argv: list[str]) -> subprocess.CompletedProcess:
+
+def step(title: str, argv: list[str], capture_errors: bool = False) -> subprocess.CompletedProcess[str]:
     print(f"\n$ v4flash-pd {' '.join(argv)}    # {title}", flush=True)
-    res = subprocess.run([sys.executable, "-m", "v4flash_pd", *argv], text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd", *argv], text=True, timeout=300,
+                         stderr=subprocess.PIPE if capture_errors else None)
+    if capture_errors and res.stderr:
+        sys.stderr.write(res.stderr)
     if res.returncode != 0:
         print(f"demo: `v4flash-pd {' '.join(argv)}` failed (exit {res.returncode})", file=sys.stderr)
+        if capture_errors:  # the fix names a --set: say how it reaches `up` from make
+            fixes = HINT_SET.findall(res.stderr or "")
+            example = fixes[0].rstrip(",;)") if fixes else "--set router.port=8001"
+            print(f"demo: options reach `up` through make's DEMO_ARGS, e.g. make demo DEMO_ARGS='{example}'",
+                  file=sys.stderr)
         sys.exit(res.returncode)
     return res
+
+
+def probe_url() -> str:
+    """Where the run just started can be reached from this box (the plan's own answer: any port, any
+    config), from the run dir `up` wrote."""
+    from v4flash_pd.rundir import RunDir
+
+    return str(RunDir.find(None).read_json("plan.json")["probe_url"])
+
+
+def curl_line(url: str, body: dict[str, Any]) -> str:
+    return f"curl -s {url} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}"
 
 
 def main() -> None:
@@ -29,18 +55,15 @@ def main() -> None:
     os.environ.setdefault("V4FLASH_PROGRESS_INTERVAL", "1")
     extra = sys.argv[1:]
     step("start prefill + decode stand-ins and the real sglang-router; return at READY",
-         ["up", "--rehearse", "--detach", *extra])
+         ["up", "--rehearse", "--detach", *extra], capture_errors=True)
     try:
-        url = "http://127.0.0.1:8000/generate"
-        for a in extra:
-            if a.startswith("router.port="):
-                url = f"http://127.0.0.1:{a.split('=', 1)[1]}/generate"
+        url = probe_url() + "/generate"
         from v4flash_pd.arith import make_problems
 
         problem = make_problems(1, seed=7)[0]
         body = {"text": problem.question,
                 "sampling_params": {"max_new_tokens": 48, "temperature": 0}}
-        print(f"\n$ curl -s {url} -d '{json.dumps(body)}'    # one request through the router", flush=True)
+        print(f"\n$ {curl_line(url, body)}    # one request through the router", flush=True)
         rep = request(url, body, timeout=60)
         if rep.status != 200:
             raise SystemExit(f"demo: the request through the router failed: "
@@ -52,7 +75,8 @@ def main() -> None:
         step("the decode worker's last lines", ["logs", "decode", "-n", "5"])
     finally:
         step("graceful stop: router, decode, prefill", ["down"])
-    print("\ndemo OK: this is what `docker run ... v4flash-pd up` does on the GPU box, with SGLang instead of stand-ins.")
+    print("\ndemo OK: this is what `docker run ... v4flash-pd up` does on the GPU box, with SGLang instead of stand-ins."
+          "\nThe OpenAI API is under /v1 as well: README, \"Send a request\".")
 
 
 if __name__ == "__main__":

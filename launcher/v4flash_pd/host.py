@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import Config
 from v4flash_pd.hostprobe import NodeProbe, allowed_mem_nodes, probe_node
 from v4flash_pd.model import ModelCheck, check_model_dir
 from v4flash_pd.ports import is_ip, port_problem
@@ -119,8 +119,6 @@ def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
     import importlib.util
     import shutil
 
-    from v4flash_pd.plan import config_port_uses
-
     env = os.environ if env is None else env
     topology = topology if topology is not None else topo.probe(env)
     numactl = env.get("V4FLASH_NUMACTL") or shutil.which("numactl") or ""
@@ -139,7 +137,7 @@ def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
     addresses = tuple((h, _addresses(h)) for h in config_hosts(cfg))
     unresolved = {h for h, a in addresses if not a}
     ports = tuple(PortState(u.host, u.port, "" if u.host in unresolved else port_problem(u.host, u.port))
-                  for u in config_port_uses(cfg))
+                  for u in cfg.port_uses())
     return Host(topology=topology, local=True, python=sys.executable, numactl=numactl,
                 allowed_nodes=allowed_mem_nodes(), nodes=nodes, ucx_module_dir=ucx_module_dir(),
                 router_installed=router, python_ok=python_ok, addresses=addresses, ports=ports,

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from v4flash_pd.topology import parse_cpulist
 
-POLICIES = ("membind", "preferred", "cpu", "none")
+# membind: memory on the node; preferred: memory there when it can; cpu: --cpunodebind only; none: unbound
+Policy = Literal["membind", "preferred", "cpu", "none"]
 
 
 @dataclass(frozen=True)
 class Binding:
     node: int | None
-    policy: str  # "membind" | "preferred" | "cpu" (cpunodebind only) | "none"
+    policy: Policy
     reason: str = ""
 
 

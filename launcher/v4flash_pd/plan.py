@@ -8,19 +8,21 @@ was rehearsed is what runs on the GPU box. Every fact about the machine comes fr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
 
-from v4flash_pd.config import PATCH_SWITCHES, Config, WorkerSpec
+from v4flash_pd import docformat
+from v4flash_pd.config.keys import PATCH_SWITCHES
+from v4flash_pd.config.types import Config, Speculative, WorkerSpec
 from v4flash_pd.errors import UserError
+from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import Binding, numactl_prefix
+from v4flash_pd.interconnect import loopback_binds
+from v4flash_pd.memory import MemoryFit
+from v4flash_pd.memory import fit as memory_arithmetic
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
-
-if TYPE_CHECKING:
-    from v4flash_pd.host import Host
-
-__all__ = ["Binding", "Plan", "ProcessSpec", "build_plan", "config_port_uses", "numactl_prefix", "reach_host"]
+from v4flash_pd.workerauth import entry as worker_entry
 
 SGLANG_MODULE = "sglang.launch_server"
 REHEARSAL_MODULE = "v4flash_pd.rehearsal.engine"
@@ -35,6 +37,38 @@ LOOPBACK_NAMES = {"localhost": ("127.0.0.1", "::1")}
 # HF_HUB_OFFLINE and reads only HF_ENDPOINT: offline, point that at a closed loopback port so the
 # attempt fails at once, locally, and nothing reaches out.
 OFFLINE_HF_ENDPOINT = "http://127.0.0.1:1"
+# sglang 0.5.13's /health (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default) sends a one-token
+# request and checks for a scheduler answer after each `asyncio.sleep(1)`: no answer comes in under
+# a second. The watchdog gives a probe hang_timeout/3, so a window below this is all false alarms.
+SLOW_HEALTH_WINDOW = 10.0
+
+# What a plan warns about, one code per kind of finding (doctor files each under its own check).
+WarningCode = Literal[
+    "topology-note",  # the topology probe's own note (no nvidia-smi, ...)
+    "gpus-missing",  # the plan uses GPUs the topology lacks (planning another box, a rehearsal)
+    "numa-unknown",  # a worker's GPUs sit on no known node, or on several: not bound
+    "numa-rehearsal",  # binding skipped in a rehearsal (this host cannot bind)
+    "numa-unbindable",  # this host cannot bind the node: `up` will refuse
+    "numa-preferred",  # membind refused here: --preferred instead
+    "numa-cpu-only",  # no memory policy permitted here: CPUs bound only
+    "ucx-module-dir",  # UCX_MODULE_DIR = auto is resolved on the target box
+    "ports-busy",  # ports taken on this host now
+    "model-missing",  # no usable model directory here
+    "router-missing",  # sglang-router is not installed for the workers' interpreter
+    "router-open",  # the router listens beyond loopback without authentication
+    "server-open",  # the aggregated server listens beyond loopback (it has no authentication)
+    "exposed",  # workers, bootstrap, NCCL or metrics listen beyond this box
+    "memory-unfit",  # a worker's weights do not fit its static pool: `up` will refuse (plan, rehearsal)
+    "memory-tight",  # it fits, but its KV pool or the memory left outside it is short
+    "hang-timeout-short",  # hang_timeout below what SGLang's /health can answer in: false hangs
+]
+WARNING_CODES: tuple[str, ...] = get_args(WarningCode)
+
+
+@dataclass(frozen=True)
+class PlanWarning:
+    code: WarningCode
+    text: str
 
 
 @dataclass(frozen=True)
@@ -47,8 +81,13 @@ class ProcessSpec:
     binding: Binding
     ports: tuple[PortUse, ...]
     health_url: str
-    critical: bool = True
     index: int = 0  # position in its role list (router: 0)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProcessSpec:
+        return cls(name=d["name"], role=d["role"], argv=tuple(d["argv"]), env=_pairs(d["env"]), gpus=tuple(d["gpus"]),
+                   binding=Binding(**d["binding"]), ports=tuple(PortUse(**u) for u in d["ports"]),
+                   health_url=d["health_url"], index=d["index"])
 
 
 @dataclass(frozen=True)
@@ -61,7 +100,8 @@ class Plan:
     url: str  # what clients use (router, or the aggregated server)
     probe_url: str  # the same endpoint as reachable from this host (0.0.0.0 -> 127.0.0.1)
     expected: tuple[tuple[str, int], ...]  # (role, count) the router must report healthy
-    warnings: tuple[str, ...] = field(default=())
+    python: str  # the interpreter every process of the plan runs
+    warnings: tuple[PlanWarning, ...] = ()
     patches: tuple[tuple[str, bool], ...] = ()  # kernel patch switches the workers get
     context_length: int | None = None
     # How clients authenticate to the router: ("file", path) or ("env", NAME); ("", "") = nobody has to.
@@ -71,6 +111,9 @@ class Plan:
     # workers other boxes start that must answer /health before this plan's router starts.
     scope: str = ""
     upstream: tuple[tuple[str, str], ...] = ()
+    # Speculative decoding as every worker runs it ("" = off), and each local worker's per-GPU memory.
+    speculative: str = ""
+    memory: tuple[MemoryFit, ...] = ()
 
     def workers(self) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.role != "router")
@@ -87,10 +130,30 @@ class Plan:
     def port_uses(self) -> tuple[PortUse, ...]:
         return tuple(u for p in self.processes for u in p.ports)
 
+    def warned(self, *codes: WarningCode) -> tuple[PlanWarning, ...]:
+        return tuple(w for w in self.warnings if w.code in codes)
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "v4flash-pd/plan/1"
-        return d
+        return docformat.stamp(docformat.PLAN, asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """The Plan `to_dict` wrote (what `up --detach` hands its background launcher)."""
+        if docformat.marker_of(d) != docformat.PLAN:
+            raise ValueError(f"not a {docformat.PLAN} document (format {docformat.marker_of(d)!r})")
+        auth = d["router_auth"]
+        return cls(profile=d["profile"], mode=d["mode"], rehearse=d["rehearse"], model_path=d["model_path"],
+                   processes=tuple(ProcessSpec.from_dict(p) for p in d["processes"]), url=d["url"],
+                   probe_url=d["probe_url"], expected=tuple((r, n) for r, n in d["expected"]), python=d["python"],
+                   warnings=tuple(PlanWarning(**w) for w in d["warnings"]),
+                   patches=tuple((n, on) for n, on in d["patches"]), context_length=d["context_length"],
+                   router_auth=(auth[0], auth[1]), local=d["local"], scope=d["scope"], upstream=_pairs(d["upstream"]),
+                   speculative=d.get("speculative", ""),
+                   memory=tuple(MemoryFit(**m) for m in d.get("memory", ())))
+
+
+def _pairs(items: list[list[str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((a, b) for a, b in items)
 
 
 def reach_host(host: str) -> str:
@@ -125,19 +188,6 @@ def _overlap(a: set[str], b: set[str]) -> bool:
 def worker_url(w: WorkerSpec) -> str:
     """Where the router (and any other box) reaches a worker."""
     return f"http://{url_host(w.advertise) if w.advertise else reach_host(w.host)}:{w.port}"
-
-
-def config_port_uses(cfg: Config) -> tuple[PortUse, ...]:
-    """Every port the config's processes listen on here, in plan order (the Host probes exactly these)."""
-    uses: list[PortUse] = []
-    for w in cfg.local_workers():
-        uses += [PortUse(f"{w.name} http", w.host, w.port), PortUse(f"{w.name} nccl", w.host, w.nccl_port)]
-        if w.role == "prefill" and w.bootstrap_port is not None:
-            uses.append(PortUse(f"{w.name} bootstrap", w.host, w.bootstrap_port))
-    if cfg.router is not None:
-        r = cfg.router
-        uses += [PortUse("router http", r.host, r.port), PortUse("router metrics", r.metrics_host, r.metrics_port)]
-    return tuple(uses)
 
 
 class _Problems:
@@ -181,7 +231,7 @@ def _intended(cfg: Config, node: int) -> Binding:
 
 
 def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, strict: bool,
-                   warnings: list[str], problems: _Problems) -> Binding:
+                   warnings: list[PlanWarning], problems: _Problems) -> Binding:
     """Where to bind a worker: its GPUs' node, checked against what the host can honour."""
     if cfg.numa == "off":
         return Binding(None, "none", "numa = off")
@@ -193,8 +243,8 @@ def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, stric
         if len(known) == 1 and len(set(gpu_nodes.values())) == 1:
             node = known.pop()
         else:
-            warnings.append(f"{w.name}: GPU->NUMA map unknown or mixed ({gpu_nodes}); not binding it. "
-                            f"Bind it with --set {key}=N.")
+            warnings.append(PlanWarning("numa-unknown", f"{w.name}: GPU->NUMA map unknown or mixed ({gpu_nodes}); "
+                                        f"not binding it. Bind it with --set {key}=N."))
             return Binding(None, "none", "GPU NUMA node unknown")
     else:
         wrong = {g: n for g, n in gpu_nodes.items() if n != UNKNOWN_NODE and n != node}
@@ -217,14 +267,21 @@ def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, stric
                    f" ({probe.detail if probe else 'not probed'}; it has node(s) {list(host.allowed_nodes)})")
     if problem:
         if rehearse:
-            warnings.append(f"{w.name}: NUMA binding to node {node} skipped in rehearsal: {problem}.")
+            warnings.append(PlanWarning("numa-rehearsal",
+                                        f"{w.name}: NUMA binding to node {node} skipped in rehearsal: {problem}."))
             return Binding(None, "none", problem)
         if not strict:  # `plan` on a host that cannot run it: show the intended binding, warn
-            warnings.append(f"{w.name}: this host cannot honour NUMA node {node}: {problem}; `up` will refuse.")
+            warnings.append(PlanWarning("numa-unbindable", f"{w.name}: this host cannot honour NUMA node {node}: {problem}; "
+                                                           "`up` will refuse."))
             return Binding(node, _intended(cfg, node).policy, problem)
-        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}",
-                     "install numactl (apt-get install numactl) and run on the box the plan describes, or "
-                     "--set numa=off to start without binding")
+        if not host.numactl:
+            fix = ("install numactl (apt-get install numactl) and run on the box the plan describes, or "
+                   "--set numa=off to start without binding")
+        else:  # numactl works; the node is missing here or outside this container's cpuset
+            have = list(host.allowed_nodes) or [0]
+            fix = (f"run on the box the plan describes (its GPUs on node {node}), bind a node this host has "
+                   f"(--set {key}={have[0]}; it has {have}), or --set numa=off to start without binding")
+        problems.add(f"{w.name} must be bound to NUMA node {node}, but {problem}", fix)
         return _intended(cfg, node)
     detail = probe.detail if probe else "not probed"
     if probe is not None and probe.membind_ok and cfg.numa == "bind":
@@ -232,15 +289,13 @@ def decide_binding(cfg: Config, w: WorkerSpec, host: Host, rehearse: bool, stric
     if probe is not None and (probe.preferred_ok or probe.membind_ok):
         if cfg.numa == "preferred":
             return Binding(node, "preferred", "numa = preferred")
-        warnings.append(
-            f"WARNING {w.name}: numactl --membind is not permitted here ({detail}); falling back to "
-            f"--preferred={node}: memory may spill to the other socket. In Docker add --cap-add SYS_NICE."
-        )
+        warnings.append(PlanWarning(
+            "numa-preferred", f"WARNING {w.name}: numactl --membind is not permitted here ({detail}); falling back "
+            f"to --preferred={node}: memory may spill to the other socket. In Docker add --cap-add SYS_NICE."))
         return Binding(node, "preferred", detail)
-    warnings.append(
-        f"WARNING {w.name}: no memory policy is permitted here ({detail}); binding CPUs only "
-        f"(--cpunodebind={node}), memory follows first touch. In Docker add --cap-add SYS_NICE."
-    )
+    warnings.append(PlanWarning(
+        "numa-cpu-only", f"WARNING {w.name}: no memory policy is permitted here ({detail}); binding CPUs only "
+        f"(--cpunodebind={node}), memory follows first touch. In Docker add --cap-add SYS_NICE."))
     return Binding(node, "cpu", detail)
 
 
@@ -268,6 +323,7 @@ def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple
         a += ["--cuda-graph-max-bs", str(w.cuda_graph_max_bs)]
     if cfg.enable_metrics:
         a.append("--enable-metrics")
+    a += speculative_args(cfg.speculative)
     if w.role in ("prefill", "decode"):
         a += ["--disaggregation-mode", w.role, "--disaggregation-transfer-backend", str(cfg.transfer_backend)]
         if bootstrap_port is not None:
@@ -275,7 +331,36 @@ def engine_args(cfg: Config, w: WorkerSpec, bootstrap_port: int | None) -> tuple
     return tuple(a) + cfg.engine_extra_args + w.extra_args
 
 
-def shared_env(cfg: Config, host: Host, warnings: list[str]) -> dict[str, str]:
+def speculative_args(spec: Speculative) -> tuple[str, ...]:
+    """The same four flags for every worker (prefill stores the draft state decode rebuilds); top-k is
+    always written, since the pinned DeepSeek-V4 hook asserts it equals 1 and None does not."""
+    if not spec.on:
+        return ()
+    return ("--speculative-algorithm", spec.algorithm, "--speculative-num-steps", str(spec.num_steps),
+            "--speculative-eagle-topk", str(spec.eagle_topk),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens))
+
+
+def memory_fit(cfg: Config, w: WorkerSpec, host: Host) -> MemoryFit:
+    """Per-GPU memory of a worker on the cards the topology reports (the smallest of its GPUs)."""
+    sizes = [g.memory_mib for g in host.topology.gpus if g.index in w.gpus and g.memory_mib]
+    return memory_arithmetic(w.name, w.role, w.index, w.tp, min(sizes) if sizes else None,
+                             w.mem_fraction_static, cfg.context_length, cfg.speculative.on)
+
+
+def _memory_findings(fits: tuple[MemoryFit, ...], strict: bool, rehearse: bool,
+                     warnings: list[PlanWarning], problems: _Problems) -> None:
+    for f in fits:
+        if f.status == "error" and strict:
+            problems.add(f.finding, f.fix)
+        elif f.status == "error":
+            then = "rehearsal loads no weights" if rehearse else "`up` will refuse it"
+            warnings.append(PlanWarning("memory-unfit", f"memory: {f.finding}; {then} (fix: {f.fix})"))
+        elif f.status == "warn":
+            warnings.append(PlanWarning("memory-tight", f"memory: {f.finding} (fix: {f.fix})"))
+
+
+def shared_env(cfg: Config, host: Host, warnings: list[PlanWarning]) -> dict[str, str]:
     """The config's [env] with host-dependent values resolved from the Host."""
     env = dict(cfg.env)
     if env.get("UCX_MODULE_DIR") == "auto":
@@ -284,8 +369,8 @@ def shared_env(cfg: Config, host: Host, warnings: list[str]) -> dict[str, str]:
         else:
             del env["UCX_MODULE_DIR"]
             if not host.local:
-                warnings.append("UCX_MODULE_DIR = \"auto\" is resolved by `up` on the target box "
-                                "(nixl-cu13's bundled UCX), so this plan does not show it")
+                warnings.append(PlanWarning("ucx-module-dir", "UCX_MODULE_DIR = \"auto\" is resolved by `up` on the target "
+                                            "box (nixl-cu13's bundled UCX), so this plan does not show it"))
     return env
 
 
@@ -295,7 +380,9 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, py
     # decode gets prefill-0's bootstrap port as its fallback: SGLang substitutes its own
     # --disaggregation-bootstrap-port when the router sends bootstrap_port = null.
     boot = w.bootstrap_port if w.role == "prefill" else (first_bootstrap if w.role == "decode" else None)
-    argv = numactl_prefix(binding, host.numactl) + (python, "-m", module) + engine_args(cfg, w, boot)
+    # behind a router with an API key the worker takes the same key (the router passes it on)
+    argv = numactl_prefix(binding, host.numactl) + (python, "-m", *worker_entry(module, cfg.client_auth)) \
+        + engine_args(cfg, w, boot)
     # GPU indices come from nvidia-smi, which numbers GPUs in PCI bus order; CUDA's default order
     # (FASTEST_FIRST) need not match, and then CUDA_VISIBLE_DEVICES and the NUMA map disagree.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **env_base}
@@ -306,7 +393,7 @@ def _worker_process(cfg: Config, w: WorkerSpec, binding: Binding, host: Host, py
     env["PYTHONUNBUFFERED"] = "1"
     if rehearse:
         env["V4FLASH_REHEARSAL"] = "1"
-    ports = tuple(u for u in config_port_uses(cfg) if u.owner.split(" ", 1)[0] == w.name)
+    ports = tuple(u for u in cfg.port_uses() if u.process == w.name)
     return ProcessSpec(name=w.name, role=w.role, argv=argv, env=tuple(sorted(env.items())), gpus=w.gpus,
                        binding=binding, ports=ports, health_url=f"http://{reach_host(w.host)}:{w.port}/health",
                        index=w.index)
@@ -342,12 +429,12 @@ def _router_process(cfg: Config, python: str, env_base: dict[str, str]) -> Proce
     env["PYTHONUNBUFFERED"] = "1"
     return ProcessSpec(name="router", role="router", argv=tuple(argv), env=tuple(sorted(env.items())), gpus=(),
                        binding=Binding(None, "none", "router is CPU-light"),
-                       ports=tuple(u for u in config_port_uses(cfg) if u.owner.startswith("router ")),
+                       ports=r.port_uses(),
                        health_url=f"http://{reach_host(r.host)}:{r.port}/readiness")
 
 
 def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, python: str,
-                   warnings: list[str], problems: _Problems) -> None:
+                   warnings: list[PlanWarning], problems: _Problems) -> None:
     """What this machine says about the plan: unresolvable hosts, busy ports, model dir, router."""
     if not host.local:
         return
@@ -355,46 +442,43 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
         if not addrs:
             problems.add(f"host {name!r} in the config does not resolve on this machine",
                          "use an IP address (127.0.0.1 keeps a worker on this box) or fix the name in /etc/hosts or DNS")
-    busy = [(u, host.port(u.host, u.port)) for u in config_port_uses(cfg) if host.port(u.host, u.port)]
+    busy = [(u, host.port(u.host, u.port)) for u in cfg.port_uses() if host.port(u.host, u.port)]
     if busy:
         items = ", ".join(f"{u.port} ({u.owner} on {u.host}: {why})" for u, why in busy)
         fix = ("stop whatever holds them (`v4flash-pd down`, or `ss -ltnp` to find it), or move the role to free "
-               f"ports, e.g. --set {_port_key(busy[0][0], cfg)}={busy[0][0].port + 1}")
+               f"ports, e.g. --set {cfg.port_key(busy[0][0])}={busy[0][0].port + 1}")
         if any(why.startswith("permission denied") for _, why in busy):
             fix = ("use ports >= 1024 (or run with CAP_NET_BIND_SERVICE), e.g. "
-                   f"--set {_port_key(busy[0][0], cfg)}=8000; " + fix)
+                   f"--set {cfg.port_key(busy[0][0])}=8000; " + fix)
         if starting:
             problems.add(f"port(s) not available on this host: {items}", fix)
         else:
-            warnings.append(f"port(s) not available on this host now: {items}; `up` will refuse them")
+            warnings.append(PlanWarning("ports-busy",
+                                        f"port(s) not available on this host now: {items}; `up` will refuse them"))
     if host.model is not None and not host.model.ok and cfg.local_workers():  # a router alone loads no weights
         if rehearse:
-            warnings.append(f"{host.model.problem}; rehearsal does not load weights")
+            warnings.append(PlanWarning("model-missing", f"{host.model.problem}; rehearsal does not load weights"))
         elif starting:
             problems.add(f"{host.model.problem}; refusing to start",
                          "pass --model /path/to/DeepSeek-V4-Flash (a dir with config.json and the weights), or mount "
                          "it at the profile's path; `up --rehearse` runs without a model")
         else:
-            warnings.append(f"{host.model.problem}; `up` will refuse to start without it")
+            warnings.append(PlanWarning("model-missing", f"{host.model.problem}; `up` will refuse to start without it"))
     if host.python_ok is False:
         problems.add(f"the workers' interpreter {python!r} (config key python) is not an executable on this host",
                      "--set python=/path/to/python3 of the serving environment, or leave python unset to use the "
                      "interpreter running v4flash-pd")
+    if cfg.cluster is not None:  # a box's workers bound to a name that is loopback here: unreachable
+        local = [(w.name, w.host, w.box) for w in cfg.local_workers()]
+        for msg, fix in loopback_binds(local, cfg.cluster.hosts, host.resolve):
+            problems.add(msg, fix)
     if cfg.router is not None and host.router_installed is False:
         msg = f"sglang-router is not installed for {python}, and the plan starts the router with it"
         fix = "pip install sglang-router==0.3.2 (the pinned router; `make demo` sets up an env with it)"
         if starting:
             problems.add(msg, fix)
         else:
-            warnings.append(msg + f" ({fix})")
-
-
-def _port_key(u: PortUse, cfg: Config) -> str:
-    owner, kind = u.owner.split(" ", 1)
-    if owner == "router":
-        return "router.port" if kind == "http" else "router.metrics_port"
-    role, idx = owner.rsplit("-", 1)
-    return f"{role}.{idx}." + {"http": "port", "nccl": "nccl_port", "bootstrap": "bootstrap_port"}[kind]
+            warnings.append(PlanWarning("router-missing", msg + f" ({fix})"))
 
 
 def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus: bool | None = None,
@@ -407,7 +491,7 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     included): busy ports, a missing model dir (real runs) and a missing router are errors too.
     """
     topology = host.topology
-    warnings: list[str] = [f"topology: {n}" for n in topology.notes]
+    warnings = [PlanWarning("topology-note", f"topology: {n}") for n in topology.notes]
     problems = _Problems()
     strict = (not rehearse) if require_gpus is None else require_gpus
     seen: dict[int, str] = {}
@@ -427,10 +511,19 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             problems.add(msg, "run on the 8-GPU box the profile targets, pick GPUs that exist "
                               "(--set prefill.0.gpus=[0,1]), or describe the target box with --topology FILE")
         else:
-            warnings.append(msg + " (fine for a rehearsal or for planning another box)")
+            warnings.append(PlanWarning("gpus-missing", msg + " (fine for a rehearsal or for planning another box)"))
+    if cfg.hang_timeout < SLOW_HEALTH_WINDOW and local:
+        warnings.append(PlanWarning(
+            "hang-timeout-short",
+            f"hang_timeout = {cfg.hang_timeout:g}s is short: SGLang's /health generates one token and polls for "
+            f"the answer once a second, and each probe may take hang_timeout/3, so a healthy but busy worker "
+            f"can be declared hung and the whole run stopped; use >= {SLOW_HEALTH_WINDOW:g}s "
+            "(--set hang_timeout=60, the default)"))
     python = cfg.python or host.python
     _host_problems(cfg, host, rehearse, starting, python, warnings, problems)
     bindings = {w.name: decide_binding(cfg, w, host, rehearse, strict, warnings, problems) for w in local}
+    fits = tuple(memory_fit(cfg, w, host) for w in local)
+    _memory_findings(fits, strict, rehearse, warnings, problems)
     env_base = shared_env(cfg, host, warnings)
     prefills = cfg.role("prefill")
     first_boot = prefills[0].bootstrap_port if prefills else None
@@ -455,31 +548,35 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
             url = f"http://{url_host(cfg.cluster.hosts[0])}:{r.port}"  # the router runs on box 0
         probe_url = f"http://{reach_host(r.host)}:{r.port}"
         expected = (("prefill", len(prefills)), ("decode", len(cfg.role("decode"))))
-        auth = ("file", r.api_key_file) if r.api_key_file else ("env", r.api_key_env) if r.api_key_env else ("", "")
+        auth = cfg.client_auth
         if not auth[0]:
             where = "every interface" if r.host in WILDCARD_HOSTS else r.host
-            warnings.append(f"the router listens on {where} port {r.port} WITHOUT authentication: anyone who can "
-                            "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
-                            "router.host = \"127.0.0.1\" behind a reverse proxy")
-        exposed = [u for u in config_port_uses(cfg) if u.owner != "router http" and not _loopback(u.host)]
+            warnings.append(PlanWarning(
+                "router-open", f"the router listens on {where} port {r.port} WITHOUT authentication: anyone who can "
+                "reach it can generate; set router.api_key_file (or router.api_key_env), or keep "
+                "router.host = \"127.0.0.1\" behind a reverse proxy"))
+        exposed = [u for u in cfg.port_uses() if (u.process, u.kind) != ("router", "http") and not _loopback(u.host)]
         if exposed and cfg.cluster is None:
-            warnings.append("listening beyond this box: " + ", ".join(f"{u.owner} on {u.host}:{u.port}" for u in exposed)
-                            + "; workers, bootstrap, NCCL and router metrics need no outside access: keep them on "
-                              "127.0.0.1 (the profile's default)")
+            warnings.append(PlanWarning(
+                "exposed", "listening beyond this box: " + ", ".join(f"{u.owner} on {u.host}:{u.port}" for u in exposed)
+                + "; workers, bootstrap, NCCL and router metrics need no outside access: keep them on "
+                  "127.0.0.1 (the profile's default)"))
     else:
         s = cfg.role("server")[0]
         url = f"http://{url_host(s.host)}:{s.port}"
         probe_url = f"http://{reach_host(s.host)}:{s.port}"
         if not _loopback(s.host):
-            warnings.append(f"{s.name} listens on {s.host} port {s.port} WITHOUT authentication: anyone who can reach "
-                            "it can generate; keep it on 127.0.0.1 behind a reverse proxy that authenticates")
+            warnings.append(PlanWarning(
+                "server-open", f"{s.name} listens on {s.host} port {s.port} WITHOUT authentication: anyone who can "
+                "reach it can generate; keep it on 127.0.0.1 behind a reverse proxy that authenticates"))
     uses = tuple(u for p in procs for u in p.ports)
     _check_port_collisions(uses, host, problems)
     problems.raise_if_any()
     return Plan(profile=cfg.profile, mode=cfg.mode, rehearse=rehearse, model_path=cfg.model_path,
-                processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, warnings=tuple(warnings),
+                processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, python=python,
+                warnings=tuple(warnings),
                 patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local,
-                scope=plan_scope(cfg), upstream=upstream)
+                scope=plan_scope(cfg), upstream=upstream, speculative=cfg.speculative.summary(), memory=fits)
 
 
 def plan_scope(cfg: Config) -> str:

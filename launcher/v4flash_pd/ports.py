@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import Literal
 
 WILDCARD_HOSTS = ("0.0.0.0", "::")
+PortKind = Literal["http", "bootstrap", "nccl", "metrics"]
 
 
 @dataclass(frozen=True)
 class PortUse:
-    owner: str  # e.g. "decode-0 http"
+    """One listening port of a planned process."""
+
+    process: str  # the process that listens, e.g. "decode-0", "router"
+    kind: PortKind
     host: str
     port: int
+
+    @property
+    def owner(self) -> str:
+        """For people: "decode-0 http"."""
+        return f"{self.process} {self.kind}"
 
 
 def is_ip(host: str) -> bool:
@@ -59,14 +69,6 @@ def port_problem(host: str, port: int) -> str:
                 return ""
             return f"cannot bind: {exc.strerror or exc}"
     return ""
-
-
-def is_free(host: str, port: int) -> bool:
-    return port_problem(host or "0.0.0.0", port) == ""
-
-
-def busy_ports(uses: tuple[PortUse, ...] | list[PortUse]) -> list[PortUse]:
-    return [u for u in uses if not is_free(u.host, u.port)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

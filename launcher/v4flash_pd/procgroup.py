@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Callable, Iterable, Mapping
 
@@ -32,10 +32,16 @@ class Identity:
     start_time: int  # clock ticks after boot (/proc/PID/stat field 22)
     boot_id: str
     cmdlines: tuple[tuple[str, ...], ...] = ()  # argv as exec'd, plus any title seen later (setproctitle)
+    # The run dir the process was started for: its descendants write their output there (inherited
+    # stdout/stderr) and carry V4FLASH_RUN_DIR, which tells them from a stranger in the same group.
+    marker: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {"pid": self.pid, "start_time": self.start_time, "boot_id": self.boot_id,
-                "cmdlines": [list(c) for c in self.cmdlines]}
+        d: dict[str, object] = {"pid": self.pid, "start_time": self.start_time, "boot_id": self.boot_id,
+                                "cmdlines": [list(c) for c in self.cmdlines]}
+        if self.marker:
+            d["marker"] = self.marker
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> Identity:
@@ -46,12 +52,13 @@ class Identity:
         raw = d.get("cmdlines")
         items: list[object] = raw if isinstance(raw, list) else []
         cmdlines = tuple(tuple(str(a) for a in c) for c in items if isinstance(c, list))
-        return cls(pid, start, str(d.get("boot_id") or ""), cmdlines)
+        marker = d.get("marker")
+        return cls(pid, start, str(d.get("boot_id") or ""), cmdlines, marker if isinstance(marker, str) else "")
 
     def with_cmdline(self, cmdline: tuple[str, ...]) -> Identity:
         if not cmdline or cmdline in self.cmdlines:
             return self
-        return Identity(self.pid, self.start_time, self.boot_id, self.cmdlines + (cmdline,))
+        return replace(self, cmdlines=self.cmdlines + (cmdline,))
 
 
 @dataclass(frozen=True)
@@ -163,9 +170,50 @@ def verify(ident: Identity, proc: Path = PROC, group: bool = True) -> Verdict:
         return Verdict(True, False)
     if not group:
         return Verdict(False, True, "exited")
-    # the leader exited (or is a zombie): whoever is still in its group was started by it
+    # The leader exited (or is a zombie). Its group id can outlive it in processes it started, but
+    # once the group was empty the pid (and so the group id) can be reused: a stranger that calls
+    # setsid() with that pid and double-forks leaves a member there. Only members shown to be ours
+    # may be signalled; one stranger and the whole group is refused.
     members = group_members(ident.pid, proc)
-    return Verdict(bool(members), not members, "" if members else "exited")
+    if not members:
+        return Verdict(False, True, "exited")
+    for m in members:
+        why = _not_our_member(m, ident, proc)
+        if why:
+            cmd = " ".join(read_cmdline(m.pid, proc))[:80]
+            return Verdict(False, False, f"process group {ident.pid} (leader exited) holds pid {m.pid} ({cmd!r}), "
+                                         f"which this run did not start: {why}; not signalling the group")
+    return Verdict(True, False)
+
+
+def _not_our_member(m: Stat, ident: Identity, proc: Path) -> str:
+    """'' when `m` (a member of ident's group) was started by the recorded process or its children."""
+    if m.start_time < ident.start_time:
+        return "it is older than the recorded leader"
+    if ident.cmdlines and _cmdline_matches(read_cmdline(m.pid, proc), ident.cmdlines):
+        return ""
+    if ident.marker and _carries_marker(m.pid, ident.marker, proc):
+        return ""
+    if not ident.marker:
+        return "the record has no run-dir marker to check it against (written by an older v4flash-pd)"
+    return f"neither its command line, its output nor its environment points at {ident.marker}"
+
+
+def _carries_marker(pid: int, run_dir: str, proc: Path) -> bool:
+    """stdout/stderr into the run dir (role logs are inherited), or V4FLASH_RUN_DIR=<run dir> in its
+    environment (kept even by a child that redirects its output)."""
+    root = run_dir.rstrip("/") + "/"
+    for fd in (1, 2):
+        try:
+            if os.readlink(proc / str(pid) / "fd" / str(fd)).startswith(root):
+                return True
+        except OSError:
+            pass
+    try:
+        env = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"V4FLASH_RUN_DIR={run_dir}".encode() in env
 
 
 KillFn = Callable[[int, int], None]
@@ -230,9 +278,6 @@ def describe_state(pid: int, proc: Path = PROC) -> str:
             "Z": "exited (zombie)", "X": "exited", "D": "in uninterruptible I/O wait"}.get(st.state, "")
 
 
-SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGINT: "SIGINT"}
-
-
 @dataclass
 class Child:
     name: str
@@ -263,6 +308,7 @@ class ProcessGroup:
         popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True, close_fds=True)
         ident = identify(popen.pid, argv) or Identity(popen.pid, -1, boot_id(), (tuple(argv),))
+        ident = replace(ident, marker=env.get("V4FLASH_RUN_DIR", ""))  # how `down` tells its children apart
         return self.adopt(Child(name, role, ident, popen, log))
 
     def adopt(self, child: Child) -> Child:

@@ -45,10 +45,14 @@ _RTX6000_ENGINE = {
     "chunked_prefill_size": 8192,
 }
 
+# What /v1/models lists and what clients put in "model": the model's name, not its directory (SGLang's
+# fallback); `--set model.served_name=NAME` overrides it.
+SERVED_NAME = "DeepSeek-V4-Flash"
+
 PROFILES: dict[str, dict[str, Any]] = {
     "rtx6000-8x-pd": {
         "mode": "pd",
-        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
         "prefill": [
@@ -73,11 +77,54 @@ PROFILES: dict[str, dict[str, Any]] = {
         ],
         "router": {"host": "0.0.0.0", "port": 8000, "metrics_port": 29000},
     },
+    # Decode as two TP2 replicas (issue 21): prefill TP4 on socket 0 as above; decode-0 on GPUs 4,5 and
+    # decode-1 on GPUs 6,7, both on socket 1's NUMA node, behind the one router. At TP2 a GPU holds half
+    # the experts (86.0 GiB of weights with the pinned fp32 expert scales, memory.py), so the decode
+    # workers need mem_fraction_static 0.94 to keep any KV pool; `plan` shows the arithmetic. Decode in PD
+    # keeps no prefix cache, so the router spreads streams round-robin instead of by prefix.
+    "rtx6000-8x-pd-2xtp2": {
+        "mode": "pd",
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
+        "engine": dict(_RTX6000_ENGINE),
+        "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
+        "prefill": [
+            {
+                "gpus": [0, 1, 2, 3],
+                "tp": 4,
+                "numa_node": 0,
+                "port": 30000,
+                "bootstrap_port": 8998,
+                "nccl_port": 30010,
+            }
+        ],
+        "decode": [
+            {
+                "gpus": [4, 5],
+                "tp": 2,
+                "numa_node": 1,
+                "port": 30001,
+                "nccl_port": 30011,
+                "cuda_graph_max_bs": 32,
+                "mem_fraction_static": 0.94,
+            },
+            {
+                "gpus": [6, 7],
+                "tp": 2,
+                "numa_node": 1,
+                "port": 30002,
+                "nccl_port": 30012,
+                "cuda_graph_max_bs": 32,
+                "mem_fraction_static": 0.94,
+            },
+        ],
+        "router": {"host": "0.0.0.0", "port": 8000, "metrics_port": 29000,
+                   "extra_args": ["--decode-policy", "round_robin"]},
+    },
     # One aggregated TP4 server on the first socket: the A/B baseline for PD (same GPUs count per
     # engine, no KV transfer, no router).
     "rtx6000-tp4": {
         "mode": "aggregated",
-        "model": {"path": "/models/DeepSeek-V4-Flash"},
+        "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE, transfer_backend=None),
         "env": dict(OFFLINE_ENV),
         "server": [

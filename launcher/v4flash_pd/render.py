@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from v4flash_pd.config import Config
+from v4flash_pd import exposure
+from v4flash_pd.config.types import Config
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.table import format_table
 
@@ -22,7 +23,8 @@ def auth_text(plan: Plan) -> str:
         return ""
     if not kind:
         return "NONE: the router accepts requests without authentication"
-    return f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}"
+    return (f"api key (Authorization: Bearer) from {'file ' + where if kind == 'file' else '$' + where}; "
+            "the workers take the same key (the router passes it on)")
 
 
 def plan_text(plan: Plan, show_commands: bool = True) -> str:
@@ -32,6 +34,8 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
         f"model    {plan.model_path or '(none)'}   context {plan.context_length or 'SGLang default'}",
         f"url      {plan.url}" + (f"   (from this box: {plan.probe_url})" if plan.probe_url != plan.url else ""),
         f"patches  {patches}",
+        "spec     " + (f"{plan.speculative} (the same flags on every worker)" if plan.speculative
+                           else "off (--mtp N turns on N draft steps of the MTP layer)"),
     ]
     auth = auth_text(plan)
     if auth:
@@ -41,21 +45,47 @@ def plan_text(plan: Plan, show_commands: bool = True) -> str:
     for p in plan.processes:
         b = p.binding
         numa = "-" if b.node is None else f"{b.node} ({b.policy})"
-        ports = ", ".join(f"{u.owner.split(' ', 1)[1]} {u.port}" for u in p.ports)
+        ports = ", ".join(f"{u.kind} {u.port}" for u in p.ports)
         hosts = sorted({u.host for u in p.ports})
         rows.append((p.name, p.role, ",".join(map(str, p.gpus)) or "-", numa, "/".join(hosts), ports))
     lines += format_table(("NAME", "ROLE", "GPUS", "NUMA", "HOST", "PORTS"), rows)
+    if plan.memory:
+        lines += ["", *memory_lines(plan)]
     if show_commands:
         lines.append("")
         lines.append("commands:")
         for p in plan.processes:
             lines.append(f"  {p.name}:")
             lines.append(f"    {command_line(p)}")
+    exposed = exposure.lines(plan)
+    if exposed:
+        lines.append("")
+        lines.append("reachable from other machines:")
+        lines += [f"  - {x}" for x in exposed]
     if plan.warnings:
         lines.append("")
         lines.append("warnings:")
-        lines += [f"  - {w}" for w in plan.warnings]
+        lines += [f"  - {w.text}" for w in plan.warnings]
     return "\n".join(lines)
+
+
+def memory_lines(plan: Plan) -> list[str]:
+    """Per-GPU memory of each worker: the arithmetic `up` and `doctor` judge (memory.py)."""
+    first = plan.memory[0]
+    card = ("from the topology" if all(f.card_source == "topology" for f in plan.memory)
+            else f"assumed RTX PRO 6000, {first.card_mib} MiB, where the topology has none")
+    scales = "fp32" if first.scale_bytes == 4 else f"{first.scale_bytes}-byte"
+    out = [f"memory per GPU (arithmetic, not measured; card {card}; MoE scales {scales} as the pinned sm_120 path "
+           "loads them):"]
+    rows = []
+    for f in plan.memory:
+        ctx = f" = {f.kv_tokens / f.context_length:.1f} x ctx" if f.context_length and f.kv_gib > 0 else ""
+        rows.append((f.worker, f"TP{f.tp}", f"{f.card_mib * 2**20 / 2**30:.1f} GiB", f"{f.mem_fraction_static:.2f}",
+                     f"{f.weights_gib:.1f} GiB", f"{f.mtp_gib:.1f} GiB" if f.mtp_gib else "-",
+                     f"{f.kv_gib:.1f} GiB, {f.kv_tokens:,} tok{ctx}", f"{f.headroom_gib:.1f} GiB", f.status))
+    out += format_table(("NAME", "TP", "CARD", "FRACTION", "WEIGHTS", "MTP LAYER", "KV POOL", "OUTSIDE POOL", "CHECK"),
+                        rows)
+    return out
 
 
 def cluster_text(cfg: Config, parts: list[tuple[str, Plan]]) -> str:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4flash_pd import __version__
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.profiles import OFFLINE_ENV
+from v4flash_pd.safety import check_values
 
 FLAVORS = ("lws", "rbg")
 PLAN_DIR = "/etc/v4flash"
@@ -41,6 +42,7 @@ class K8sOptions:
 
 
 def check_options(opts: K8sOptions) -> None:
+    check_values([("--image", opts.image), ("--model-host-path", opts.model_host_path)])
     if opts.flavor not in FLAVORS:
         raise UserError(f"--flavor {opts.flavor!r} is not rendered",
                         "use --flavor lws (LeaderWorkerSet) or --flavor rbg (RoleBasedGroup)")
@@ -62,19 +64,19 @@ def check_options(opts: K8sOptions) -> None:
                         "pass the model dir as every node has it, e.g. --model-host-path /data/DeepSeek-V4-Flash")
 
 
-def pod_cluster(raw: dict[str, Any], opts: K8sOptions) -> dict[str, Any]:
-    """The raw config of the pod layout: one slot per pod (4 GPUs, numbered 0-3 inside it), its own
-    network namespace (no port offset), listening on every pod address, hosts = the pods' DNS names
-    (box i = prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
-    c = dict(raw.get("cluster") or {})
-    p, d = int(c.get("prefill", 1)), int(c.get("decode", 1))
-    tp = int(((raw.get("prefill") or [{}])[0]).get("tp", 4))
-    c.update(boxes=p + d, slot_gpus=[list(range(tp))], port_offset=0, bind_host="0.0.0.0",
-             hosts=[pod_dns(opts, "prefill", i) for i in range(p)] + [pod_dns(opts, "decode", j) for j in range(d)])
-    # each pod is its own network namespace: the router's metrics port must listen on the pod address to
-    # be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
-    router = {**(raw.get("router") or {}), "metrics_host": "0.0.0.0"}
-    return {**raw, "cluster": c, "router": router}
+def pod_layer(spec: ClusterSpec, tp: int, opts: K8sOptions) -> dict[str, Any]:
+    """The pod layout as a config layer (dotted keys), from the checked [cluster] table and the prefill
+    template's TP size: one slot per pod (`tp` GPUs, numbered from 0 inside it), its own network
+    namespace (no port offset), listening on every pod address, hosts = the pods' DNS names (box i =
+    prefill-i, box P+j = decode-j: the slot-major layout with one slot per box)."""
+    p, d = spec.prefill, spec.decode
+    return {"cluster.boxes": p + d, "cluster.slot_gpus": [list(range(tp))], "cluster.port_offset": 0,
+            "cluster.bind_host": "0.0.0.0",
+            "cluster.hosts": [pod_dns(opts, "prefill", i) for i in range(p)]
+            + [pod_dns(opts, "decode", j) for j in range(d)],
+            # each pod is its own network namespace: the router's metrics port must listen on the pod address
+            # to be scraped (the containerPort "metrics"); the one-box default keeps it on 127.0.0.1
+            "router.metrics_host": "0.0.0.0"}
 
 
 def pod_dns(opts: K8sOptions, role: str, index: int) -> str:
@@ -130,6 +132,9 @@ def _worker_pod(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
     if w.bootstrap_port is not None:
         ports.append({"name": "bootstrap", "containerPort": w.bootstrap_port})
     vols, mounts = _volumes(cfg, opts, with_model=not rehearse)
+    key_env, key_vols, key_mounts = _router_key(cfg, opts)  # workers take the router's key as their own
+    vols += key_vols
+    mounts += key_mounts
     gpus = str(len(w.gpus))
     resources = {"cpu": opts.worker_cpu, "memory": opts.worker_memory, "nvidia.com/gpu": gpus}
     args = ["up", "--cluster-plan", PLAN_FILE, "--role", role, "--index", "$(V4FLASH_INDEX)"] + \
@@ -140,7 +145,7 @@ def _worker_pod(cfg: Config, role: str, opts: K8sOptions, rehearse: bool) -> dic
         "imagePullPolicy": opts.image_pull_policy,
         "args": args,
         "env": _env(cfg, [{"name": "V4FLASH_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.labels['{INDEX_LABEL[opts.flavor]}']"}}}]),
+            "fieldPath": f"metadata.labels['{INDEX_LABEL[opts.flavor]}']"}}}] + key_env),
         "ports": ports,
         # Guaranteed QoS (requests = limits, whole CPUs): the CPU and Memory Managers only pin those
         "resources": {"requests": dict(resources), "limits": dict(resources)},
@@ -181,11 +186,17 @@ def router_secret(opts: K8sOptions) -> str:
 
 
 def _router_key(cfg: Config, opts: K8sOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, volumes, mounts) that hand the router its API key from a Secret, where the plan reads it
-    (router.api_key_env or router.api_key_file): never in the manifest, never in argv."""
+    """(env, volumes, mounts) that hand the router (and the workers, which take the same key) the API
+    key from a Secret, where the plan reads it (router.api_key_env or router.api_key_file): never in
+    the manifest, never in argv."""
     r = cfg.router
     assert r is not None
     ref = {"name": router_secret(opts), "key": "api-key"}
+    if r.api_key_file and not r.api_key_file.startswith("/"):
+        raise UserError(f"router.api_key_file = {r.api_key_file!r} is a relative path; in Kubernetes the key is a Secret "
+                        "mounted at that path, and a volume's mountPath must be absolute",
+                        "use an absolute path inside the pod, e.g. --set router.api_key_file=/etc/v4flash-key/api-key, "
+                        "or router.api_key_env")
     if r.api_key_env:
         return [{"name": r.api_key_env, "valueFrom": {"secretKeyRef": ref}}], [], []
     if r.api_key_file:
@@ -255,9 +266,36 @@ def _rbg(cfg: Config, opts: K8sOptions, rehearse: bool) -> dict[str, Any]:
             "metadata": _meta(opts.name, opts, "group"), "spec": {"roles": roles}}
 
 
+WORKER_ROLES = ("prefill", "decode")
+
+
+def _network_policy(opts: K8sOptions) -> dict[str, Any]:
+    """Worker pods accept the router (their HTTP port) and each other (bootstrap, NIXL/UCX and SGLang's
+    ZMQ side channel, on ports picked at run time: every port), nothing else. SGLang's bootstrap
+    server, NCCL and the KV transfer have no authentication of their own; the kubelet's probes come
+    from the node, which a NetworkPolicy never blocks."""
+    instance = {"key": "app.kubernetes.io/instance", "operator": "In", "values": [opts.name]}
+    workers = {"matchExpressions": [instance, {"key": "app.kubernetes.io/component", "operator": "In",
+                                               "values": list(WORKER_ROLES)}]}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(f"{opts.name}-workers", opts, "network-policy"),
+        "spec": {
+            "podSelector": workers,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": _labels(opts, "router")}}], "ports": [{"port": "http"}]},
+                {"from": [{"podSelector": workers}]},
+            ],
+        },
+    }
+
+
 def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bool = False) -> list[dict[str, Any]]:
     """Pure: ConfigMap (the cluster plan), one LeaderWorkerSet per role + the router Deployment, or one
-    RoleBasedGroup (prefill, decode, router roles); a Service for the router either way."""
+    RoleBasedGroup (prefill, decode, router roles); a Service for the router and a NetworkPolicy that
+    lets only the router and the peer workers reach worker pods, either way."""
     check_options(opts)
     configmap = {
         "apiVersion": "v1",
@@ -266,9 +304,9 @@ def manifests(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse:
         "data": {"cluster-plan.json": json.dumps(plan_doc, indent=2, sort_keys=True) + "\n"},
     }
     if opts.flavor == "rbg":
-        return [configmap, _rbg(cfg, opts, rehearse), _router_service(cfg, opts)]
+        return [configmap, _rbg(cfg, opts, rehearse), _router_service(cfg, opts), _network_policy(opts)]
     return [configmap, _worker_lws(cfg, "prefill", opts, rehearse), _worker_lws(cfg, "decode", opts, rehearse),
-            _router_deployment(cfg, opts, rehearse), _router_service(cfg, opts)]
+            _router_deployment(cfg, opts, rehearse), _router_service(cfg, opts), _network_policy(opts)]
 
 
 # ------------------------------------------------------------ YAML out (the launcher needs no YAML library)
@@ -287,7 +325,19 @@ def _scalar(v: Any) -> str:
     s = str(v)
     if _PLAIN.fullmatch(s) and s.lower() not in _RESERVED:
         return s
-    return json.dumps(s)  # a JSON string is a valid double-quoted YAML scalar
+    return _quoted(s)
+
+
+def _quoted(s: str) -> str:
+    r"""A double-quoted YAML scalar that reads back as exactly `s`. JSON's own escaping is not enough:
+    with ensure_ascii it writes a character outside the BMP as a surrogate pair (\ud83d\ude00), which
+    YAML reads as two lone surrogates; so keep printable characters as they are (the file is UTF-8)
+    and escape the rest with YAML's \uXXXX / \UXXXXXXXX."""
+    out = []
+    for ch in json.dumps(s, ensure_ascii=False)[1:-1]:
+        o = ord(ch)
+        out.append(ch if ch.isprintable() or ch in "\\\"" else (f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"))
+    return '"' + "".join(out) + '"'
 
 
 def _block_ok(s: str) -> bool:
@@ -298,7 +348,7 @@ def _block_ok(s: str) -> bool:
 
 
 def _inline(item: Any) -> str:
-    return json.dumps(item) if isinstance(item, (dict, list)) else _scalar(item)
+    return json.dumps(item, ensure_ascii=False) if isinstance(item, (dict, list)) else _scalar(item)
 
 
 def _emit(v: Any, indent: int, out: list[str]) -> None:
@@ -338,11 +388,21 @@ def render(cfg: Config, plan_doc: dict[str, Any], opts: K8sOptions, rehearse: bo
     assert spec is not None
     controller = "RoleBasedGroup controller (v0.8, v1alpha2)" if opts.flavor == "rbg" else \
         "LeaderWorkerSet controller (v0.10)"
+    weights = (f"Model weights: a read-only hostPath {opts.model_host_path or cfg.model_path!r}, so they must be on EVERY\n"
+               "GPU node at that path (copy them there and check with `v4flash-pd bundle verify DIR --model PATH --full`).\n"
+               if not rehearse else "Rehearsal: stand-in engines, no GPUs and no model weights needed.\n")
+    auth = (f"Router API key (the workers take it too): kubectl create secret generic {router_secret(opts)} "
+            "--from-file=api-key=KEYFILE\n" if cfg.router is not None and cfg.router.auth else
+            "The router is UNAUTHENTICATED: anyone who reaches its Service can generate (set router.api_key_file).\n")
     header = (f"Rendered by v4flash-pd {__version__} (`v4flash-pd render k8s --flavor {opts.flavor}`): "
               f"{spec.prefill} prefill + {spec.decode} decode TP workers (one pod each), one router.\n"
               f"Needs the {controller} and, for NUMA alignment, kubelets with the CPU Manager\n"
               "static policy, Topology Manager single-numa-node and the Memory Manager Static policy (README: cluster).\n"
-              + (f"Router API key: kubectl create secret generic {router_secret(opts)} --from-file=api-key=KEYFILE\n"
-                 if cfg.router is not None and cfg.router.auth else "")
+              + weights
+              + "Run dirs and compile caches are emptyDir volumes: lost when a pod restarts, and the caches take tens of\n"
+                "minutes to rebuild (mount a volume at /var/cache/v4flash to keep them).\n"
+              + auth
+              + "The NetworkPolicy lets only the router (HTTP) and the peer workers (KV transfer) reach worker pods; it\n"
+                "needs a CNI that enforces NetworkPolicies, and a rule of your own for Prometheus to scrape workers.\n"
               + "Apply: kubectl apply -f THIS_FILE")
     return to_yaml(manifests(cfg, plan_doc, opts, rehearse), header)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4flash_pd import __version__
-from v4flash_pd.config import Config
+from v4flash_pd.config.types import Config
 from v4flash_pd.errors import UserError
+from v4flash_pd.safety import check_sbatch, check_values
 
 CONTAINERS = ("none", "pyxis", "apptainer")
 # Inside the image: where run dirs and compile caches go (the Dockerfile's volumes).
@@ -45,10 +46,10 @@ def check_options(opts: SlurmOptions) -> None:
         raise UserError(f"--container {opts.container} needs the image the nodes run",
                         f"pass --image (e.g. {example}); the README's cluster section shows how to make it from an "
                         "air-gap bundle")
+    check_values([("--image", opts.image)])  # shown in a header comment and passed to srun/apptainer
     for name, value in (("--job-name", opts.job_name), ("--partition", opts.partition), ("--time", opts.time_limit),
                         ("--account", opts.account)):
-        if any(c.isspace() or c in "'\"\\$`" for c in value):
-            raise UserError(f"{name} {value!r} has whitespace or shell characters", f"pass a plain {name} value")
+        check_sbatch(name, value)  # written unquoted after `#SBATCH`, which sbatch scans itself
 
 
 def check_model_path(opts: SlurmOptions, model: str) -> None:
@@ -93,7 +94,7 @@ def sbatch_script(cfg: Config, plan_doc: dict[str, Any], opts: SlurmOptions) -> 
         f"{len(spec.slot_gpus)} NUMA slots, {spec.prefill} prefill + {spec.decode} decode TP workers, the router on "
         "the first node.",
         "# Submit: sbatch THIS_FILE.  Clean stop: scancel --signal=TERM <jobid> (the job ends COMPLETED).",
-        f"# Container: {opts.container}{' (' + opts.image + ')' if opts.image else ''}"
+        f"# Container: {opts.container}{' (' + shlex.quote(opts.image) + ')' if opts.image else ''}"
         f"{'; REHEARSAL (stand-in engines)' if opts.rehearse else ''}.",
         f"#SBATCH --job-name={opts.job_name}",
         f"#SBATCH --nodes={spec.boxes}",

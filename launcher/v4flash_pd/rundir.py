@@ -112,7 +112,8 @@ class RunDir:
 
     def state(self) -> dict[str, Any]:
         try:
-            return self.read_json("state.json")
+            state: dict[str, Any] = self.read_json("state.json")
+            return state
         except (OSError, json.JSONDecodeError):
             return {}
 
@@ -136,8 +137,11 @@ class RunDir:
         st, problem = self.read_state()
         procs: dict[str, Identity] = {}
         launcher = None
+        recorded = st.get("procs") or {}
+        if not isinstance(recorded, dict):
+            problem = problem or f"state.json is corrupt (procs is a JSON {type(recorded).__name__}, not a table)"
         if not problem:
-            for name, d in (st.get("procs") or {}).items():
+            for name, d in recorded.items():
                 try:
                     procs[str(name)] = Identity.from_dict(d)
                 except (ValueError, TypeError, AttributeError):

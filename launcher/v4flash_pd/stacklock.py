@@ -2,8 +2,8 @@
 
 The lock is the single source of every version in the serving stack: the image, the dev shell,
 the wheelhouse, the bundle SBOM and `doctor`'s version checks all read it through this module so
-they cannot disagree about what "the pinned stack" is. Stdlib only: this runs on hosts that have
-nothing but the launcher installed (Python >= 3.10, so `tomllib` may be missing).
+they cannot disagree about what "the pinned stack" is. It runs on hosts that have nothing but the
+launcher installed (Python >= 3.10: TOML through tomllib, or the declared tomli backport on 3.10).
 
 The lock is a pip requirements file (``name[extras]==version --hash=sha256:...`` entries, written
 by ``make lock``) so ``pip install --require-hashes -r stack.lock`` consumes it unchanged. Header
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from v4flash_pd.errors import UserError
+from v4flash_pd.textfile import toml
 
 LOCK_ENV = "V4FLASH_STACK_LOCK"
 PINS_ENV = "V4FLASH_STACK_TOML"
@@ -195,36 +196,10 @@ def load_lock(path: Path | str | None = None) -> StackLock:
 # --- stack.toml -------------------------------------------------------------------------------
 
 
-def _parse_toml_subset(text: str) -> dict[str, dict[str, object]]:
-    """Minimal TOML for Python 3.10 hosts: [tables], `key = "str"` and `key = ["a", "b"]` only."""
-    out: dict[str, dict[str, object]] = {}
-    table: dict[str, object] = out.setdefault("", {})
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip() if not raw.strip().startswith("#") else ""
-        if not line:
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            table = out.setdefault(line[1:-1].strip(), {})
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise ValueError(f"line {lineno}: expected key = value")
-        key, value = key.strip().strip('"'), value.strip()
-        if value.startswith("[") and value.endswith("]"):
-            table[key] = [v.strip().strip('"') for v in value[1:-1].split(",") if v.strip()]
-        elif len(value) >= 2 and value[0] == value[-1] == '"':
-            table[key] = value[1:-1]
-        else:
-            raise ValueError(f"line {lineno}: unsupported value {value!r}")
-    return out
-
-
 def parse_pins_toml(text: str) -> dict[str, dict[str, object]]:
-    try:
-        import tomllib  # Python >= 3.11
-    except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10 only
-        return _parse_toml_subset(text)
-    return tomllib.loads(text)
+    """stack.toml as tables (TOML through the one reader: tomllib, or tomli on Python 3.10)."""
+    data: dict[str, dict[str, object]] = toml().loads(text)
+    return data
 
 
 def load_stack_toml(path: Path | str | None = None) -> dict[str, dict[str, object]]:

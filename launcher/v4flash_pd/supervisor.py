@@ -1,5 +1,7 @@
 """Supervisor: start a Plan, gate readiness, supervise, stop — fail fast, never leave a process behind.
 
+`Supervisor.run()` owns a run from its first line to its last: it starts the plan, waits for READY,
+supervises, and on a stop request, a failure or anything else stops every process and records why.
 Behaviour from srt-slurm's direct runner and honcho's manager, in three parts with one job each:
 `procgroup.ProcessGroup` spawns, reaps and signals (each process in its own session, so a terminal
 Ctrl-C reaches only us), `readiness` says what READY means (prefill and decode /health 200, then the
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from v4flash_pd.diskwatch import DiskWatch
 from v4flash_pd.errors import RuntimeFailure
 from v4flash_pd.httpclient import Probes, Reply, request
 from v4flash_pd.plan import Plan, ProcessSpec
@@ -44,7 +47,7 @@ from v4flash_pd.readiness import (
     smoke_text,
     worker_counts,
 )
-from v4flash_pd.render import command_line
+from v4flash_pd.render import command_line, plan_text
 from v4flash_pd.routerauth import auth_headers
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.watchdog import Hang, Watchdog
@@ -53,7 +56,7 @@ Echo = Callable[[str], None]
 Fetch = Callable[[str, float], Reply]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-__all__ = ["Supervisor", "StopRequested", "worker_counts", "STOP_SIGNALS"]
+__all__ = ["Supervisor", "StopRequested", "worker_counts", "STOP_SIGNALS", "ready_line"]
 
 
 class StopRequested(Exception):
@@ -73,10 +76,26 @@ def _liveness_url(spec: ProcessSpec) -> str:
     return spec.health_url.rsplit("/", 1)[0] + "/liveness" if spec.role == "router" else spec.health_url
 
 
+def _wall_clock() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ready_line(plan: Plan, took: float) -> str:
+    """The one line scripts wait for: `READY <url>` (a cluster's box: `READY box K ...`, no front door)."""
+    tag = " [rehearsal]" if plan.rehearse else ""
+    if plan.router() is None and plan.mode == "pd":
+        workers = ", ".join(f"{p.name} {p.health_url.rsplit('/', 1)[0]}" for p in plan.workers())
+        return f"READY {plan.scope} (took {took:.1f}s; healthy: {workers}){tag}"
+    url = plan.url if plan.scope else plan.probe_url
+    auth = " -H 'Authorization: Bearer <key>'" if plan.router_auth[0] else ""
+    return (f"READY {url} (took {took:.1f}s; try: curl{auth} -H 'Content-Type: application/json' "
+            f"{url}/generate -d '{{\"text\":\"Hi\"}}'){tag}")
+
+
 @dataclass
 class Supervisor:
     plan: Plan
-    run: RunDir
+    rundir: RunDir
     echo: Echo
     grace: float = 30.0
     ready_timeout: float = 3600.0
@@ -88,6 +107,7 @@ class Supervisor:
     clock: Clock = SYSTEM_CLOCK
     fetch: Fetch = _fetch
     signaller: Signaller = field(default_factory=Signaller)
+    stamp: Callable[[], str] = _wall_clock  # the time each launcher line starts with
     group: ProcessGroup = field(init=False)
     write_errors: list[str] = field(default_factory=list)
     output_lost: str = ""
@@ -100,13 +120,14 @@ class Supervisor:
 
     # ------------------------------------------------------------ terminal and run dir, best effort
 
-    def say(self, msg: str) -> None:
-        """Echo that survives a closed stdout or a hung-up terminal: the first failure is remembered
-        (and stops the run at the next check, like SIGHUP), later output goes to /dev/null."""
+    def say(self, msg: str, stamped: bool = True) -> None:
+        """A launcher line, with the time it happened (`stamped`; not the plan table, not READY).
+        It survives a closed stdout or a hung-up terminal: the first failure is remembered (and stops
+        the run at the next check, like SIGHUP), later output goes to /dev/null."""
         if self.output_lost:
             return
         try:
-            self.echo(msg)
+            self.echo(f"[{self.stamp()}] {msg}" if stamped else msg)
         except OSError as exc:
             self.output_lost = exc.strerror or str(exc)
             try:
@@ -117,7 +138,7 @@ class Supervisor:
                 pass
 
     def _warn_write(self, exc: OSError) -> None:
-        msg = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or self.run.path})"
+        msg = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or self.rundir.path})"
         if msg not in self.write_errors:
             self.write_errors.append(msg)
             try:
@@ -128,13 +149,13 @@ class Supervisor:
     def note(self, kind: str, **fields: Any) -> None:
         """An event in events.jsonl, best effort (never fails the run or its stop)."""
         try:
-            self.run.event(kind, **fields)
+            self.rundir.event(kind, **fields)
         except OSError as exc:
             self._warn_write(exc)
 
     def set_state(self, **fields: Any) -> None:
         try:
-            self.run.set_state(**fields)
+            self.rundir.set_state(**fields)
         except OSError as exc:
             self._warn_write(exc)
 
@@ -184,32 +205,32 @@ class Supervisor:
     def start(self, spec: ProcessSpec) -> None:
         env = dict(os.environ)
         env.update(spec.env)
-        env["V4FLASH_PATCH_STATUS_DIR"] = str(self.run.file("patch"))
-        env["V4FLASH_RUN_DIR"] = str(self.run.path)
+        env["V4FLASH_PATCH_STATUS_DIR"] = str(self.rundir.file("patch"))
+        env["V4FLASH_RUN_DIR"] = str(self.rundir.path)
         try:
-            self.run.file(f"{spec.name}.command").write_text(command_line(spec) + "\n")
-            log = open(self.run.log(spec.name), "a", buffering=1)
+            self.rundir.file(f"{spec.name}.command").write_text(command_line(spec) + "\n")
+            log = open(self.rundir.log(spec.name), "a", buffering=1)
             log.write(f"# v4flash-pd: starting {spec.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
             log.flush()
         except OSError as exc:
             raise RuntimeFailure(f"cannot write {spec.name}'s files in the run dir: {exc.strerror or exc}",
-                                 f"free space in {self.run.path} or pass a writable --run-dir") from None
+                                 f"free space in {self.rundir.path} or pass a writable --run-dir") from None
         try:
             child = self.group.spawn(spec.name, spec.role, list(spec.argv), env, log)
         except OSError as exc:
             log.close()
             raise RuntimeFailure(f"could not start {spec.name}: {exc}",
-                                 f"check the command in {self.run.file(spec.name + '.command')}") from None
+                                 f"check the command in {self.rundir.file(spec.name + '.command')}") from None
         self.note("start", name=spec.name, pid=child.ident.pid, argv=list(spec.argv))
         try:  # without these `down` cannot find the process: refuse to run blind
             self._record(child.ident, spec.name)
         except OSError as exc:
             raise RuntimeFailure(f"cannot record {spec.name}'s pid in the run dir: {exc.strerror or exc}",
-                                 f"free space in {self.run.path} or pass a writable --run-dir") from None
+                                 f"free space in {self.rundir.path} or pass a writable --run-dir") from None
 
     def _record(self, ident: Identity, name: str) -> None:
-        self.run.file(f"{name}.pid").write_text(pid_file_text(ident))
-        self.run.set_state(pids={n: c.ident.pid for n, c in self.procs.items()},
+        self.rundir.file(f"{name}.pid").write_text(pid_file_text(ident))
+        self.rundir.set_state(pids={n: c.ident.pid for n, c in self.procs.items()},
                            procs={n: c.ident.to_dict() for n, c in self.procs.items()})
 
     def _refresh_identities(self) -> None:
@@ -230,19 +251,25 @@ class Supervisor:
         how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
         self.note("exit", name=c.name, returncode=rc, phase=phase)
         raise RuntimeFailure(
-            f"{c.name} {how} {phase}; stopping everything. Last lines of {self.run.log(c.name)}:\n"
-            + "\n".join("    | " + line for line in self.run.tail(c.name, 30)),
-            f"read the full log with `v4flash-pd logs {c.name} --run-dir {self.run.path}`",
+            f"{c.name} {how} {phase}; stopping everything. Last lines of {self.rundir.log(c.name)}:\n"
+            + "\n".join("    | " + line for line in self.rundir.tail(c.name, 30)),
+            f"read the full log with `v4flash-pd logs {c.name} --run-dir {self.rundir.path}`",
         )
+
+    def state_of(self, name: str) -> str:
+        """How a process of this plan looks in /proc when it is not answering (stopped, zombie, ...);
+        "" when it runs normally, is gone, or runs on another box."""
+        state = describe_state(self.procs[name].ident.pid) if name in self.procs else ""
+        return "" if state == "gone" else state
 
     def _fail_hung(self, h: Hang, phase: str) -> None:
         local = h.name in self.procs
         state = describe_state(self.procs[h.name].ident.pid) if local else ""
         self.note("hung", name=h.name, silent_for=round(h.silent_for, 3), misses=h.misses, phase=phase)
-        tail = "\n".join("    | " + line for line in self.run.tail(h.name, 30)) if local else ""
-        where = (f"Last lines of {self.run.log(h.name)}:\n{tail}" if local
+        tail = "\n".join("    | " + line for line in self.rundir.tail(h.name, 30)) if local else ""
+        where = (f"Last lines of {self.rundir.log(h.name)}:\n{tail}" if local
                  else "It runs on another box: read its log there (`v4flash-pd logs` in that box's run dir).")
-        logs = f"v4flash-pd logs {h.name}" + (f" --run-dir {self.run.path}" if local else "")
+        logs = f"v4flash-pd logs {h.name}" + (f" --run-dir {self.rundir.path}" if local else "")
         raise RuntimeFailure(
             f"{h.name} is not answering {phase}: no healthy reply for {h.silent_for:.1f}s ({h.misses} probes "
             f"missed, last: {h.problem or 'no reply'}{'; process ' + state if state else ''}); stopping everything. "
@@ -308,7 +335,7 @@ class Supervisor:
         return RuntimeFailure(
             f"timed out after {waited:.0f}s waiting for {what} ({detail})",
             "raise --ready-timeout (first DeepSeek-V4 start can take ~60 min), or look at the logs in "
-            f"{self.run.path}",
+            f"{self.rundir.path}",
         )
 
     def _health_gate(self, workers: list[tuple[str, str]], deadline: float, what: str = "workers to load") -> None:
@@ -318,34 +345,20 @@ class Supervisor:
         answers count, and refusing connections is normal while they load."""
         gate = HealthGate(tuple(name for name, _ in workers))
         urls = dict(workers)
-        dog = Watchdog(self.hang_timeout, every=0.1)
-        probes = Probes(self.fetch)
+        # a loading worker is polled fast (READY as soon as it answers); one answer is at most 5 s away
+        watch = _HangWatch(self, workers, is_miss_while_loading, every=0.1, max_timeout=5.0)
         t0 = self.clock.now()
         last = [t0]
-        for name, url in workers:
-            dog.add(name, url, t0)
 
         def tick() -> bool:
             self._guard(f"while waiting for {what}")
-            now = self.clock.now()
-            for name, url, timeout in dog.due(now):
-                if name not in gate.healthy:
-                    probes.start(name, url, min(timeout, 5.0), now)
-                else:
-                    dog.observe(name, True, now, now)
-            for name, started, rep in probes.results():
-                state = describe_state(self.procs[name].ident.pid) if name in self.procs else ""
-                state = "" if state == "gone" else state
-                dog.observe(name, not is_miss_while_loading(rep, state), started, self.clock.now(),
-                            problem=state or rep.error or f"HTTP {rep.status}")
-                if gate.observe(name, rep, state, timeout=min(dog.probe_timeout, 5.0)):
+            for name, rep, state in watch.tick("while loading"):
+                if gate.observe(name, rep, state, timeout=min(watch.dog.probe_timeout, 5.0)):
+                    watch.drop(name)  # loaded: from here on the start's and the supervisor's watches take over
                     self.say(f"{name} is healthy ({urls[name]})")
                     self.note("healthy", name=name)
             if gate.done():
                 return True
-            for h in dog.hung(self.clock.now()):
-                if h.name not in gate.healthy:
-                    self._fail_hung(h, "while loading")
             now = self.clock.now()
             if now - last[0] >= self.progress_every:
                 self.say(f"[{now - t0:6.0f}s] waiting for {what}: {gate.detail()}")
@@ -362,6 +375,7 @@ class Supervisor:
 
         def tick() -> bool:
             self._guard(f"while waiting for {what}")
+            ok: bool
             ok, detail[0] = self._interruptible(check, f"while waiting for {what}")
             now = self.clock.now()
             if not ok and now - last[0] >= self.progress_every:
@@ -396,7 +410,7 @@ class Supervisor:
         text = poll_until(attempt, deadline - self.clock.now(), 0.25, self.clock)
         if not text:
             raise RuntimeFailure(f"the smoke generate through {url} failed: {why[0]}",
-                                 f"check the decode/prefill logs in {self.run.path} (KV transfer, bootstrap port)")
+                                 f"check the decode/prefill logs in {self.rundir.path} (KV transfer, bootstrap port)")
         return text
 
     # ------------------------------------------------------------ lifecycle
@@ -407,12 +421,12 @@ class Supervisor:
         deadline = t0 + self.ready_timeout
         me = identify(os.getpid())
         try:
-            self.run.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time(),
+            self.rundir.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time(),
                                launcher=me.to_dict() if me else None)
             if me is not None:
-                self.run.file("launcher.pid").write_text(pid_file_text(me))
+                self.rundir.file("launcher.pid").write_text(pid_file_text(me))
         except OSError as exc:
-            raise RuntimeFailure(f"cannot write the run dir {self.run.path}: {exc.strerror or exc}",
+            raise RuntimeFailure(f"cannot write the run dir {self.rundir.path}: {exc.strerror or exc}",
                                  "free space there or pass a writable --run-dir") from None
         if self.plan.upstream:  # a cluster's router: the workers run on other boxes
             names = ", ".join(n for n, _ in self.plan.upstream)
@@ -422,11 +436,12 @@ class Supervisor:
         for w in workers:
             self.start(w)
         if workers:
-            self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.run.path})")
+            self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.rundir.path})")
             self._health_gate([(w.name, w.health_url) for w in workers], deadline)
         # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
         # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
-        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers], is_miss_while_loading)
+        self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers] + list(self.plan.upstream),
+                                          is_miss_while_loading)
         router = self.plan.router()
         if router is not None:
             self.start(router)
@@ -449,45 +464,93 @@ class Supervisor:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""
         headers = auth_headers(self.plan.router_auth)  # should the router guard its probes one day
         router_fetch: Fetch = lambda url, timeout: request(url, timeout=timeout, headers=headers)  # noqa: E731
-        watch = _HangWatch(self, [(n, _liveness_url(self.plan.get(n))) for n in self.order], is_miss_when_ready,
-                           lambda name: router_fetch if headers and self.procs[name].role == "router" else None)
+        # the local processes, and (a cluster's router) the workers on other boxes it routes to: one
+        # of those dying or hanging fails this part as a local worker fails a one-box run
+        targets = [(n, _liveness_url(self.plan.get(n))) for n in self.order] + list(self.plan.upstream)
+        watch = _HangWatch(self, targets, is_miss_when_ready,
+                           lambda name: router_fetch if headers and name in self.procs
+                           and self.procs[name].role == "router" else None)
+        disk = DiskWatch(self.rundir.path)  # a full run dir loses every log line: say so, keep serving
 
         def tick() -> bool:
             self._guard("unexpectedly")
             watch.tick("after READY")
+            change = disk.check(self.clock.now())
+            if change:
+                self.say(change)
+                self.set_state(run_dir_full=disk.full)  # best effort: on a full disk `status` looks itself
             return False
 
         poll_until(tick, math.inf, self.poll, self.clock)
 
+    def run(self) -> None:
+        """The whole run: start, READY, supervise until a stop request (-> exit 0, or the stop's own exit
+        code for a lost stdout) or a failure (raised on); whatever ends it, every process is stopped
+        first and the run dir records how it ended."""
+        self.install_signal_handlers()  # SIGTERM, SIGINT and SIGHUP
+        self.say(plan_text(self.plan, show_commands=False), stamped=False)
+        self.say(f"run dir  {self.rundir.path}", stamped=False)
+        t0 = self.clock.now()
+        try:
+            self.start_and_wait_ready()
+            self.say(ready_line(self.plan, self.clock.now() - t0), stamped=False)
+            self.supervise()
+        except StopRequested as stop:
+            self.stop_all()  # signals first; every write below is best effort
+            self.ignore_stop_signals()
+            self.set_state(status="stopped", stopped=time.time(), reason=str(stop))
+            self.say(f"received {stop}; stopped cleanly")
+            if stop.exit_code:
+                try:
+                    print(f"error: {stop}; stopped every process of {self.rundir.path}", file=sys.stderr, flush=True)
+                except OSError:
+                    pass
+                raise SystemExit(stop.exit_code) from None
+        except RuntimeFailure as exc:
+            self.stop_all()
+            self.set_state(status="failed", stopped=time.time(), reason=exc.message.splitlines()[0])
+            raise
+        except BaseException as exc:
+            self.stop_all()
+            self.set_state(status="failed", stopped=time.time(), reason=repr(exc))
+            raise
+
 
 class _HangWatch:
-    """Probes `targets` in the background on every `tick` and fails the supervisor on a hang."""
+    """Probes `targets` in the background on every `tick` and fails the supervisor on a hang: the one
+    watch of the health gate (while loading), the start (until READY) and supervision (after it)."""
 
     def __init__(self, sup: Supervisor, targets: list[tuple[str, str]], is_miss: Callable[[Reply, str], bool],
-                 fetch_for: Callable[[str], Fetch | None] = lambda _name: None) -> None:
+                 fetch_for: Callable[[str], Fetch | None] = lambda _name: None, *, every: float | None = None,
+                 max_timeout: float = math.inf) -> None:
         self.sup = sup
         self.is_miss = is_miss
         self.fetch_for = fetch_for
-        self.dog = Watchdog(sup.hang_timeout)
+        self.max_timeout = max_timeout
+        self.dog = Watchdog(sup.hang_timeout, every=every)
         self.probes = Probes(sup.fetch)
         now = sup.clock.now()
         for name, url in targets:
             self.dog.add(name, url, now)
 
-    def tick(self, phase: str) -> None:
+    def drop(self, name: str) -> None:
+        self.dog.remove(name)
+
+    def tick(self, phase: str) -> list[tuple[str, Reply, str]]:
+        """Start the probes that are due and take in the answers; (name, reply, process state) of each."""
         clock = self.sup.clock
         now = clock.now()
         for name, url, timeout in self.dog.due(now):
-            self.probes.start(name, url, timeout, now, self.fetch_for(name))
+            self.probes.start(name, url, min(timeout, self.max_timeout), now, self.fetch_for(name))
+        seen = []
         for name, started, rep in self.probes.results():
-            state = describe_state(self.sup.procs[name].ident.pid)
-            state = "" if state == "gone" else state
+            if name not in self.dog.watches:  # dropped while its probe was out
+                continue
+            state = self.sup.state_of(name)
             self.dog.observe(name, not self.is_miss(rep, state), started, clock.now(),
                              problem=state or rep.error or f"HTTP {rep.status}")
+            seen.append((name, rep, state))
         hung = self.dog.hung(clock.now())
         if hung:
             self.sup._fail_hung(hung[0], phase)
-
-
-def print_err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+        return seen

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from v4flash_pd import docformat
 from v4flash_pd.errors import UserError
+from v4flash_pd.textfile import read_text_file
 
 UNKNOWN_NODE = -1
 _QUERY = "index,name,pci.bus_id,compute_cap,memory.total,driver_version,uuid"
@@ -52,9 +54,7 @@ class Topology:
         return tuple(n.id for n in self.nodes)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "v4flash-pd/topology/1"
-        return d
+        return docformat.stamp(docformat.TOPOLOGY, asdict(self))
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -209,8 +209,6 @@ def from_dict(data: Any, source: str = "") -> Topology:
 
 
 def load(path: Path | str) -> Topology:
-    from v4flash_pd.config import read_text_file
-
     path = Path(path)
     text = read_text_file(path, "topology file", "create one with `v4flash-pd topology --save FILE` on the target box")
     try:

@@ -49,6 +49,10 @@ class Watchdog:
     def add(self, name: str, url: str, now: float) -> None:
         self.watches[name] = _Watch(url, last_ok=now, next_due=now)
 
+    def remove(self, name: str) -> None:
+        """Stop watching `name` (a worker the health gate has seen healthy)."""
+        self.watches.pop(name, None)
+
     def due(self, now: float) -> list[tuple[str, str, float]]:
         """(name, url, timeout) of each probe to start now; each is then in flight until `observe`."""
         out = []

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from bundle_helpers import (
     BASE_IMAGE,
     TEST_IMAGE,

@@ -12,8 +12,8 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from bundle_helpers import reseal, run_cli
+
 from v4flash_pd.bundle import contain, sums
 
 

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from bundle_helpers import BASE_IMAGE, TEST_IMAGE, Engine, flip_byte, make_model, run_cli
 
 pytestmark = pytest.mark.image
@@ -41,8 +40,9 @@ def _remove_image(engine: Engine, image_id: str) -> None:
 @pytest.fixture(scope="module")
 def good(engine: Engine, built_image: str, tmp_path_factory: pytest.TempPathFactory):
     """One complete bundle (image + model manifest + wheelhouse), created through the real CLI."""
-    from bundle_helpers import make_wheel
     import hashlib
+
+    from bundle_helpers import make_wheel
 
     root = tmp_path_factory.mktemp("good")
     model = make_model(root)

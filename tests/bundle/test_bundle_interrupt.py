@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from bundle_helpers import REPO, run_cli
 
 FILES = 32

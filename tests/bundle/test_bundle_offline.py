@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from bundle_helpers import flip_byte, make_model, make_wheel, reseal, run_cli
 
-from bundle_helpers import flip_byte, make_model, make_wheel, run_cli
 from v4flash_pd.bundle import image, modelmanifest, preflight, sbom, sums
 from v4flash_pd.errors import UserError
 from v4flash_pd.stacklock import load_lock
@@ -231,6 +231,22 @@ def test_wheel_not_in_the_lock_is_refused_by_verify(tiny_lock, tmp_path: Path) -
     assert "v4tinypkg-0.1-py3-none-any.whl: sha256 is not in stack.lock" in ver.stderr, ver.stderr
 
 
+@pytest.mark.parametrize("text", ["[]", "\"CycloneDX\"", '{"metadata": [], "components": []}',
+                                  '{"metadata": {"properties": {"a": 1}}}', '{"metadata": {"properties": [1, "x"]}}'],
+                         ids=["list", "string", "metadata-list", "properties-object", "properties-not-objects"])
+def test_sbom_of_the_wrong_shape_is_a_failed_check_not_a_traceback(text: str, tiny_lock, tmp_path: Path) -> None:
+    """A re-hashed bundle whose SBOM parses as JSON but is no CycloneDX object: one failed row, exit 1."""
+    lock, _ = tiny_lock
+    out = tmp_path / "b"
+    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--lock", str(lock)).returncode == 0
+    (out / "sbom.cdx.json").write_text(text)
+    reseal(out, json.loads((out / "MANIFEST.json").read_text()))
+    res = run_cli("bundle", "verify", str(out), "--no-progress")
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "sbom.cdx.json" in res.stderr and "CycloneDX" in res.stderr, res.stderr
+
+
 def test_wheelhouse_dir_missing_a_locked_package_is_refused(tiny_lock, tmp_path: Path) -> None:
     lock, wheels = tiny_lock
     (wheels / "v4tinypkg-0.1-py3-none-any.whl").unlink()
@@ -266,7 +282,8 @@ def test_verify_without_model_flag_says_model_unchecked(tmp_path: Path, tiny_loc
     lock, _ = tiny_lock
     m = make_model(tmp_path)
     out = tmp_path / "b"
-    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock)).returncode == 0
+    created = run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock))
+    assert created.returncode == 0
     res = run_cli("bundle", "verify", str(out))
     assert res.returncode == 0 and "not checked (pass --model PATH)" in res.stdout
     assert preflight.find_manifest(m) == m / ".v4flash-manifest.json"
@@ -293,7 +310,8 @@ def test_verify_with_a_missing_model_dir_names_it(tmp_path: Path, tiny_lock) -> 
     lock, _ = tiny_lock
     m = make_model(tmp_path)
     out = tmp_path / "b"
-    assert run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock)).returncode == 0
+    created = run_cli("bundle", "create", "--out", str(out), "--no-image", "--model", str(m), "--lock", str(lock))
+    assert created.returncode == 0
     res = run_cli("bundle", "verify", str(out), "--model", str(tmp_path / "elsewhere"))
     assert res.returncode == 1
     assert f"{tmp_path / 'elsewhere'}: does not exist or is not a directory" in res.stderr

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from bundle_helpers import reseal, run_cli, ssh_key
+
 from v4flash_pd.bundle import signing
 
 

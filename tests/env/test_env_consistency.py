@@ -7,9 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
-import pytest
-
 import check_consistency as cc
+
 from conftest import need_tool
 
 
@@ -53,6 +52,22 @@ def test_pyproject_kernels_extra_drift_detected(stack_copy: Path) -> None:
 def test_pyproject_extra_pin_detected(stack_copy: Path) -> None:
     _edit(stack_copy / "pyproject.toml", '"sglang-router==0.3.2",', '"sglang-router==0.3.2",\n  "nixl==1.5.1",')
     assert any("nixl" in p and "not a stack.toml pin" in p for p in cc.check_pyproject(stack_copy))
+
+
+def test_launcher_dependencies_are_in_the_lock(stack_copy: Path) -> None:
+    """click is locked at an allowed version; tomli (Python 3.10 only) needs no entry in a 3.12 lock."""
+    assert cc.check_dependencies(stack_copy) == []
+    text = (stack_copy / "pyproject.toml").read_text()
+    assert "\"tomli>=1.1; python_version < '3.11'\"" in text
+
+
+def test_launcher_dependency_drift_detected(stack_copy: Path) -> None:
+    _edit(stack_copy / "pyproject.toml", '"click>=8.1,<9"',
+          '"click>=9", "nosuchpkg>=1", "tomli>=1.1; python_version >= \'3.11\'"')
+    problems = cc.check_dependencies(stack_copy)
+    assert any("click" in p and "stack.lock has click 8." in p for p in problems), problems
+    assert any("nosuchpkg is not in stack.lock" in p for p in problems), problems
+    assert any("tomli is not in stack.lock" in p for p in problems), problems  # needed on 3.12 now, and not locked
 
 
 def test_stack_toml_edit_without_relock_detected(stack_copy: Path) -> None:

@@ -50,7 +50,8 @@ def test_venv_from_lock_then_noop_then_hands_off(tmp_path: Path) -> None:
     assert "materialising" in first.stderr
     lock = stacklock.load_lock(root / "stack.lock")
     assert (venv / ".v4flash-stack-lock-sha256").read_text().startswith(lock.sha256)
-    ver = subprocess.run([str(venv / "bin/python"), "-c", "import importlib.metadata as m; print(m.version('sglang-router'))"],
+    ver = subprocess.run([str(venv / "bin/python"), "-c",
+                          "import importlib.metadata as m; print(m.version('sglang-router'))"],
                          capture_output=True, text=True, timeout=60)
     assert ver.stdout.strip() == lock.get("sglang-router").version
     cli = subprocess.run([str(venv / "bin/v4flash-pd"), "--version"], capture_output=True, text=True, timeout=60)

@@ -18,10 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import fakebox
 import podman_env
+import pytest
+
 from conftest import ROOT, need_tool
 from v4flash_pd import stacklock
 

@@ -8,8 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from conftest import ROOT, need_tool
 
 STUB = ROOT / "tests/env/fixtures/nix/stub-nixpkgs"
@@ -36,8 +34,8 @@ def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
 
 def test_dockerfile_avoids_features_podman43_lacks() -> None:
     """buildah 1.28 rejects COPY --link and heredocs (ci-recipes §1.5); the image test builds with it."""
-    code = [l for l in (ROOT / "docker/Dockerfile").read_text().splitlines() if not l.lstrip().startswith("#")]
-    assert not [l for l in code if "--link" in l or "<<" in l]
+    code = [line for line in (ROOT / "docker/Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "--link" in line or "<<" in line]
 
 
 def test_flake_parses() -> None:

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lock as locktool
 import pytest
 
-import lock as locktool
 from conftest import ROOT, need_tool
 from v4flash_pd import stacklock
 
@@ -87,7 +87,7 @@ def test_pin_not_in_lock_is_detected(tmp_path: Path) -> None:
 def test_ci_subset_is_closed_and_hashed() -> None:
     """The CI image installs `subset sglang-router click`; it must carry every dependency."""
     text = locktool.subset(stacklock.load_lock(ROOT / "stack.lock"), ["sglang-router", "click"])
-    names = {stacklock.normalize(l.split("==")[0]) for l in text.splitlines() if "==" in l}
+    names = {stacklock.normalize(line.split("==")[0]) for line in text.splitlines() if "==" in line}
     assert {"sglang-router", "click", "fastapi", "uvicorn", "aiohttp", "orjson", "setproctitle"} <= names
     assert "torch" not in names and "sglang" not in names
     assert text.count("--hash=sha256:") >= len(names)

@@ -80,22 +80,43 @@ def test_load_pins_from_repo_stack_toml() -> None:
     assert "flashinfer-python[cu13]==0.6.12" in stacklock.pin_requirements()
 
 
-def test_toml_subset_parser_matches_tomllib() -> None:
-    """The 3.10 fallback must read stack.toml exactly as tomllib does."""
+def _as_python_310(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This interpreter as a Python 3.10 host: no tomllib, only the tomli backport (the stdlib's own
+    tomllib stands in for it: tomllib is tomli, vendored)."""
+    import sys
+
+    import tomllib
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "tomli", tomllib)
+
+
+def test_pins_on_python_310_read_a_hash_in_a_quoted_value_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A '#' inside a quoted value is text, not a comment (the hand-written 3.10 parser cut the value there)."""
+    _as_python_310(monkeypatch)
+    text = '[pins]\nsglang = "0.5.13.post1" # the pinned one\nlocal = "1.0+local#2"\n[extras]\nx = ["a#b", "c"]\n'
+    assert stacklock.parse_pins_toml(text) == {"pins": {"sglang": "0.5.13.post1", "local": "1.0+local#2"},
+                                               "extras": {"x": ["a#b", "c"]}}
+
+
+def test_pins_on_python_310_match_tomllib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repo's stack.toml reads the same through the 3.10 path as through tomllib."""
     import tomllib
 
     text = (Path(stacklock.__file__).resolve().parents[2] / "stack.toml").read_text()
-    assert stacklock._parse_toml_subset(text) | {"": {}} == tomllib.loads(text) | {"": {}}
+    want = tomllib.loads(text)
+    _as_python_310(monkeypatch)
+    assert stacklock.parse_pins_toml(text) == want
 
 
 def test_wheel_ships_lock_pins_and_kernel_hook(tmp_path: Path) -> None:
     """setup.py's build_py hook: an installed wheel finds its own stack.lock (no checkout needed),
     and the kernel hook .pth lands at the site-packages root."""
+    import shutil
     import subprocess
     import sys
     import zipfile
-
-    import shutil
 
     root = Path(stacklock.__file__).resolve().parents[2]
     src = tmp_path / "src"  # a clean tree: pip builds in-tree and would reuse a stale build/

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import sglang_env
 from hookenv import REPO, HookEnv, build_hook_env
 

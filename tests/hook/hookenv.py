@@ -19,7 +19,6 @@ import subprocess
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from sglang_env import make_venv, pip, site_dir
 
@@ -38,7 +37,7 @@ class Run:
     rc: int
     stdout: str
     stderr: str
-    result: Optional[dict] = field(default=None)
+    result: dict | None = field(default=None)
 
     @property
     def hook_lines(self) -> list[str]:
@@ -61,8 +60,8 @@ class HookEnv:
     site: Path
     layers: tuple[Path, ...]
 
-    def run(self, *args: str, env: Optional[dict] = None, flags: tuple[str, ...] = (), timeout: int = 240,
-            cwd: Optional[Path] = None) -> Run:
+    def run(self, *args: str, env: dict | None = None, flags: tuple[str, ...] = (), timeout: int = 240,
+            cwd: Path | None = None) -> Run:
         """Fresh interpreter running probe.py; V4FLASH_* from the caller's env are not inherited."""
         e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON", "SGLANG_"))}
         e["PROBE_PATHS"] = os.pathsep.join(str(p) for p in (self.site, *self.layers))
@@ -71,21 +70,21 @@ class HookEnv:
                            text=True, timeout=timeout, cwd=str(cwd) if cwd else None)
         return probe_run(p)
 
-    def probe_code(self, code: str, *args: str, env: Optional[dict] = None, timeout: int = 240) -> Run:
+    def probe_code(self, code: str, *args: str, env: dict | None = None, timeout: int = 240) -> Run:
         """Fresh interpreter running `code` (which prints one PROBE-JSON line), like `run` runs probe.py."""
         return probe_run(self.python_args("-c", code, *args, env=env, timeout=timeout))
 
-    def python_c(self, code: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    def python_c(self, code: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
         return self.python_args("-c", code, env=env, timeout=timeout)
 
-    def python_args(self, *args: str, env: Optional[dict] = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    def python_args(self, *args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
         e = {k: v for k, v in os.environ.items() if not k.startswith(("V4FLASH_", "TRITON_", "PYTHON", "SGLANG_"))}
         e.update(env or {})
         return subprocess.run([str(self.python), *args], env=e, capture_output=True, text=True, timeout=timeout,
                               cwd="/")
 
 
-def build_hook_env(path: Path, wheel: Path, sglang_site: Path, overlay: Optional[Path] = None) -> HookEnv:
+def build_hook_env(path: Path, wheel: Path, sglang_site: Path, overlay: Path | None = None) -> HookEnv:
     layers = ([overlay] if overlay else []) + [sglang_site, Path(sysconfig.get_paths()["purelib"]), STUBS]
     py = make_venv(path, layers)
     # --ignore-installed: .venv (a plain path layer here) holds the editable v4flash-pd of the same
@@ -94,8 +93,8 @@ def build_hook_env(path: Path, wheel: Path, sglang_site: Path, overlay: Optional
     return HookEnv(py, site_dir(path), tuple(layers))
 
 
-def sglang_overlay(dest: Path, sglang_site: Path, version: Optional[str] = None,
-                   edit: Optional[tuple[str, str, str]] = None) -> Path:
+def sglang_overlay(dest: Path, sglang_site: Path, version: str | None = None,
+                   edit: tuple[str, str, str] | None = None) -> Path:
     """A copy of the installed sglang (files symlinked) that differs in its version or one file.
 
     version: rename the dist-info and rewrite `sglang/_version.py`, i.e. what a different release

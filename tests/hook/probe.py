@@ -73,10 +73,10 @@ def dispatch(seed: int, out_path: str, batch: int, heads: int, extra: str) -> di
         _interpreter_shims()
     from v4flash_kernels.attention import reference as R
 
-    extra_cfg = {
+    extra_cfg: dict = {
         "none": {},
-        "c4": dict(extra_width=64, extra_page_size=64),
-        "c128": dict(extra_width=64, extra_page_size=2, extra_dense=True, ctx_tokens=40),
+        "c4": {"extra_width": 64, "extra_page_size": 64},
+        "c128": {"extra_width": 64, "extra_page_size": 2, "extra_dense": True, "ctx_tokens": 40},
     }[extra]
     case = R.Case(batch=batch, heads=heads, width=128, page_size=256, **extra_cfg)
     kw = R.make_inputs(case, seed=seed)

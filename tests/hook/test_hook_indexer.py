@@ -10,7 +10,6 @@ the function they claim and select the same positions as the fp64 reference.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 import torch
-
 from hookenv import BOOT_MODULES, HEAVY, build_hook_env, sglang_overlay
+
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.attention import reference as R
 

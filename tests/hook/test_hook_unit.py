@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from typing import Optional
 
 import pytest
 
@@ -15,9 +14,12 @@ def upstream_like(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softm
     return None
 
 
-def same_annotated(q: "T", k_cache: "T", indices: "T", topk_length: Optional["T"], attn_sink: Optional["T"],
-                   head_dim_v: int, softmax_scale: float, extra_k_cache: Optional["T"] = None,
-                   extra_indices: Optional["T"] = None, extra_topk_length: Optional["T"] = None) -> tuple:
+T = object  # any annotation: the comparison must look at names, kinds and defaults only
+
+
+def same_annotated(q: T, k_cache: T, indices: T, topk_length: T | None, attn_sink: T | None,
+                   head_dim_v: int, softmax_scale: float, extra_k_cache: T | None = None,
+                   extra_indices: T | None = None, extra_topk_length: T | None = None) -> tuple:
     return ()
 
 
@@ -75,8 +77,8 @@ def test_our_kernel_has_upstreams_signature():
 
 
 def _decide(**over):
-    args = dict(switch=None, sglang_version=hook.PINNED_SGLANG, upstream=upstream_like, ours=same_annotated,
-                ours_error=None)
+    args = {"switch": None, "sglang_version": hook.PINNED_SGLANG, "upstream": upstream_like, "ours": same_annotated,
+                "ours_error": None}
     args.update(over)
     return hook.decide(**args)
 
@@ -87,14 +89,14 @@ def test_decide_patches_only_when_everything_matches():
 
 
 @pytest.mark.parametrize("over,warn,needle", [
-    (dict(switch="0"), False, "disabled by V4FLASH_SPARSE_DECODE=0"),
-    (dict(switch="off"), False, "disabled"),
-    (dict(switch="bogus"), True, "'bogus'"),
-    (dict(sglang_version="0.5.23"), True, "0.5.23 is not the pinned 0.5.13.post1"),
-    (dict(sglang_version=None), True, "None is not the pinned"),
-    (dict(upstream=None), True, "not found"),
-    (dict(ours=None, ours_error="ImportError: no triton"), True, "no triton"),
-    (dict(ours=extra_param), True, "signature differs"),
+    ({"switch": "0"}, False, "disabled by V4FLASH_SPARSE_DECODE=0"),
+    ({"switch": "off"}, False, "disabled"),
+    ({"switch": "bogus"}, True, "'bogus'"),
+    ({"sglang_version": "0.5.23"}, True, "0.5.23 is not the pinned 0.5.13.post1"),
+    ({"sglang_version": None}, True, "None is not the pinned"),
+    ({"upstream": None}, True, "not found"),
+    ({"ours": None, "ours_error": "ImportError: no triton"}, True, "no triton"),
+    ({"ours": extra_param}, True, "signature differs"),
 ])
 def test_decide_refuses(over, warn, needle):
     d = _decide(**over)
@@ -134,8 +136,7 @@ def test_ours_may_add_keyword_only_options_with_defaults_only():
 
 
 def test_boot_finder_watches_exactly_the_registry_modules():
-    from v4flash_kernels.hook import hook_boot
-    from v4flash_kernels.hook import patches
+    from v4flash_kernels.hook import hook_boot, patches
 
     assert hook_boot.TARGET_MODULES == {p.target_module for p in patches.PATCHES}
     assert len({p.name for p in patches.PATCHES}) == len(patches.PATCHES)
@@ -150,7 +151,7 @@ def test_the_launcher_switches_are_the_registry():
     """One table: the launcher's flags, config keys and worker env come from the kernels' registry."""
     from v4flash_kernels.hook import patches
     from v4flash_pd.cli import options
-    from v4flash_pd.config import DEFAULTS, PATCH_SWITCHES
+    from v4flash_pd.config.keys import DEFAULTS, PATCH_SWITCHES
 
     assert PATCH_SWITCHES == tuple((s.name, s.env) for s in patches.SWITCHES)
     assert set(DEFAULTS["patches"]) == {s.name for s in patches.SWITCHES}
@@ -198,7 +199,7 @@ def installed():
 '''
 
 
-def _fresh(code: str, env_extra: Optional[dict] = None) -> dict:
+def _fresh(code: str, env_extra: dict | None = None) -> dict:
     import json
     import os
     import subprocess

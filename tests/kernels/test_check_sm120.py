@@ -15,6 +15,8 @@ import pytest
 
 from v4flash_kernels.attention.op import SPLIT_CONFIGS, launchable_epilogues
 from v4flash_kernels.fp8_gemm.op import launchable as fp8_launchable
+from v4flash_kernels.fp8_gemm.op import launchable_gemv as fp8_launchable_gemv
+from v4flash_kernels.fp8_gemm.op import launchable_reduce as fp8_launchable_reduce
 
 
 def _env(tmp_path):
@@ -23,12 +25,12 @@ def _env(tmp_path):
     return env
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=600,
+        env=_env(tmp_path), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK:" in proc.stdout
@@ -38,6 +40,9 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
     fp8 = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemm"}
     assert fp8 == {(b.name, a) for b in fp8_launchable() for a in (120, 90)}
+    gemv = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemv"}
+    assert gemv == {(b.name, a) for b in fp8_launchable_gemv() for a in (120, 90)}
+    assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
     from v4flash_kernels.check_sm120 import mhc_mix_config
@@ -52,6 +57,10 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
         assert (mhc_mix_config(p, True, p.one_launch), 120) in mix
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
+    ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+                  for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
+    assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:

@@ -15,8 +15,8 @@ import torch
 
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import (
-    Case,
     CacheSpec,
+    Case,
     dequant_tokens,
     make_cache,
     make_inputs,
@@ -34,13 +34,13 @@ def _call(kw, plan=None):
     B, _, H, D = kw["q"].shape
     out = torch.full((B, 1, H, D), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((B, 1, H), float("nan"), dtype=torch.float32)
-    o, l = decode.run(
+    o, lse_t = decode.run(
         kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"], kw["softmax_scale"],
         kw.get("extra_k_cache"), kw.get("extra_indices"), kw.get("extra_topk_length"),
         plan=plan, out=out, lse=lse,
     )
-    assert o.data_ptr() == out.data_ptr() and l.shape == (B, H, 1)
-    return o, l
+    assert o.data_ptr() == out.data_ptr() and lse_t.shape == (B, H, 1)
+    return o, lse_t
 
 
 def _assert_matches(kw, out, lse):
@@ -292,10 +292,10 @@ def test_head_range_reads_and_writes_only_its_heads(h0, h1):
     assert plan.num_splits > 1
     out = torch.full((3, 1, 64, 512), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((3, 1, 64), float("nan"), dtype=torch.float32)
-    o, l = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
-                      kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices"], kw["extra_topk_length"],
-                      plan=plan, out=out, lse=lse, head_range=(h0, h1))
-    mine, ml = o[:, :, h0:h1], l[:, h0:h1]
+    o, lse_t = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
+                          kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices"], kw["extra_topk_length"],
+                          plan=plan, out=out, lse=lse, head_range=(h0, h1))
+    mine, ml = o[:, :, h0:h1], lse_t[:, h0:h1]
     assert not torch.isnan(mine.float()).any() and not torch.isnan(ml).any()
     assert rel_err(mine, ref_out) <= 1e-2
     fin = torch.isfinite(ref_lse)
@@ -303,7 +303,7 @@ def test_head_range_reads_and_writes_only_its_heads(h0, h1):
     assert (ml.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-3
     rest = torch.ones(64, dtype=torch.bool)
     rest[h0:h1] = False
-    assert torch.isnan(o[:, :, rest].float()).all() and torch.isnan(l[:, rest]).all()  # never written
+    assert torch.isnan(o[:, :, rest].float()).all() and torch.isnan(lse_t[:, rest]).all()  # never written
 
 
 def test_public_entry_takes_heads_keyword():
@@ -326,7 +326,7 @@ def test_wide_block_with_a_head_range():
     ref_out, _ = sparse_mla_decode_ref(**_ref_on(kw, 64, 128))
     _poison_q_outside(kw["q"], 64, 128)
     plan = decode.Plan(decode.WIDE, 64, 1, 1)
-    o, l = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
+    o, _ = decode.run(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"],
                       kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices"], kw["extra_topk_length"],
                       plan=plan, head_range=(64, 128))
     assert not torch.isnan(o[:, :, 64:].float()).any()
@@ -472,8 +472,8 @@ def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     from v4flash_kernels.attention import bench
 
     def row(kind, mode, batch, us):
-        return dict(kind=kind, mode=mode, batch=batch, heads=64, tokens=1, floor_h200_us=0.1, floor_rtx6000_us=0.2,
-                    plan="p", variants={"ours": dict(us=us, ok=True, rel_err=1e-3)})
+        return {"kind": kind, "mode": mode, "batch": batch, "heads": 64, "tokens": 1, "floor_h200_us": 0.1,
+                "floor_rtx6000_us": 0.2, "plan": "p", "variants": {"ours": {"us": us, "ok": True, "rel_err": 1e-3}}}
 
     rows = [row("swa", "tp4", 1, 10.0), row("c4", "tp4", 1, 11.0), row("c128@128K", "tp4", 1, 12.0),
             row("c4", "full64", 1, 99.0), row("c4", "tp4", 4, 99.0)]
@@ -481,8 +481,40 @@ def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     assert bench.step_time_us(rows[1:]) is None
     assert "| c4 | tp4 | 1 |" in bench.format_markdown(rows) and "– | –" in bench.format_markdown(rows)
     assert "tp4" in bench.format_table(rows)
+    from v4flash_kernels import timing
+
+    # The shared timer and table helper, still importable from here for the benches that do.
+    assert bench.time_graph is timing.time_graph and bench.variant_summary is timing.variant_summary
+    v = dict(rows[0]["variants"], fast={"us": 8.0, "ok": True, "rel_err": 2e-3},
+             broken={"us": 1.0, "ok": False, "rel_err": 1.0})
+    ours, best_name, best, up, err, bad = timing.variant_summary(v)
+    assert (ours, best_name, best, err, bad) == (10.0, "fast", 8.0, 1.0, "  FAIL:broken") and math.isnan(up)
     assert bench.Shape("c4", 1, 64, "tp4", 3).head_slice == slice(48, 64)
     q = torch.zeros(1, 1, 64, 512)
     bench.poison_other_heads(q, slice(16, 32))
     assert torch.isfinite(q[:, :, 16:32]).all() and not torch.isfinite(q[:, :, :16]).all()
     assert torch.isnan(q[:, :, 32]).all() and (q[:, :, 35] == 3.0e38).all()
+
+
+def _load_script(name):
+    """A module of kernels/scripts/ (not a package) by path."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "kernels" / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_v4flash_script_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve their module while it runs
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dropped_variants_outside_the_shipped_kernel_still_match_reference():
+    """The register-prefetch and latent-across-warps paths moved to kernels/scripts/attention_variants.py:
+    they still build on the shipped kernel's helpers and give the reference's result."""
+    av = _load_script("attention_variants")
+    case = Case(batch=2, heads=8, width=64, page_size=64, extra_width=96, extra_page_size=2, extra_dense=True)
+    res = av.run_shape(make_inputs(case), av.VARIANTS)
+    assert set(res) == {v.name for v in av.VARIANTS} and {v.mode for v in av.VARIANTS} == set(av.MODES)
+    assert all(r["ok"] for r in res.values()), res

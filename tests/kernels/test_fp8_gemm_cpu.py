@@ -91,20 +91,41 @@ def test_e4m3_rounding_matches_the_rne_cast():
     assert torch.equal(q.view(torch.uint8), x.to(FP8).view(torch.uint8))
 
 
-def test_fused_quant_codes_are_the_definition_bit_for_bit():
-    """Selector weights (one 1.0 per row, block scales 1) make each output one code times its scale,
-    exactly representable in fp32: any code or scale the fused quant got wrong shows."""
-    m, k = 19, 384
-    x = make_activation(m, k, _gen(3), dtype=torch.float32)
-    perm = torch.randperm(k, generator=_gen(4))
+def _selector(k: int, seed: int):
+    """A permutation weight (one 1.0 per row, block scales 1): each output is one code times its scale,
+    exactly representable in fp32, so any code or scale the quant got wrong shows."""
+    perm = torch.randperm(k, generator=_gen(seed))
     w = torch.zeros((k, k), dtype=torch.float32)
     w[torch.arange(k), perm] = 1.0
-    w8, ws = w.to(FP8), torch.ones((k // 128, k // 128))
+    return perm, w.to(FP8), torch.ones((k // 128, k // 128))
+
+
+@pytest.mark.parametrize("cfg,m,split", [
+    (op.DECODE, 19, 3),  # fused in the swap-AB tile, ticket
+    (op.DECODE, 5, 3),
+    (op.MID, 19, 2),  # the separate quant kernel, then the 64-row tile
+    (op.MID_N64, 3, 1),
+], ids=lambda v: getattr(v, "name", str(v)))
+def test_fused_and_separate_quant_codes_are_the_definition_bit_for_bit(cfg, m, split):
+    k = 384
+    x = make_activation(m, k, _gen(3), dtype=torch.float32)
+    perm, w8, ws = _selector(k, 4)
     qr, sr = quantize_activation_ref(x)
     want = (qr.float() * sr.repeat_interleave(128, -1))[:, perm]
-    for cfg, split in ((op.DECODE, 3), (op.SMALL, 2), (op.MEDIUM, 1)):
-        out = op.linear_2d(x, w8, ws, config=cfg, split=split)
-        assert torch.equal(out, want), cfg.name
+    out = op.linear_2d(x, w8, ws, config=cfg, split=split)
+    assert torch.equal(out, want), cfg.name
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_gemv_quant_codes_are_the_definition_bit_for_bit(m):
+    """The GEMV quantizes its rows itself (1-row and multi-row paths): the same bits."""
+    k = 512
+    x = make_activation(m, k, _gen(5 + m), dtype=torch.float32)
+    perm, w8, ws = _selector(k, 6)
+    qr, sr = quantize_activation_ref(x)
+    want = (qr.float() * sr.repeat_interleave(128, -1))[:, perm]
+    out = op.linear_2d(x, w8, ws, config=op.GemvConfig(16, 4))
+    assert torch.equal(out, want)
 
 
 # ----------------------------------------------------------------------------- the linear
@@ -130,14 +151,31 @@ def test_linear_matches_reference_and_upstream_gemm(m, n, k, upstream):
 
 
 @pytest.mark.parametrize("cfg", op.CONFIGS, ids=lambda c: c.name)
-def test_every_config_with_and_without_split(cfg):
-    m, n, k = {16: 5, 32: 20, 64: 40}.get(cfg.block_m, 70), 256, 640  # 5 K groups: uneven splits too
+def test_every_config_and_fixup(cfg):
+    """Unsplit, ticket (2 and 3 splits: the unrolled loads masked past the split count) and reduce
+    (10 splits) on every tile; 10 K groups, so 3 splits are uneven (4, 4, 2)."""
+    m, n, k = {16: 5}.get(cfg.block_m, 70), 200, 1280
     x = make_activation(m, k, _gen(30))
     w, ws = make_weight(n, k, _gen(31))
     ref, mag = linear_ref(x, w, ws)
-    splits = (1, 2, 5) if cfg.max_split > 1 else (1,)
-    for split in splits:
+    seen = set()
+    for split in (1, 2, 3, 10):
+        seen.add(op.fixup_for(cfg, split))
         _assert_matches(op.linear_2d(x, w, ws, config=cfg, split=split), ref, mag, torch.bfloat16)
+    assert seen == {"whole", "ticket", "reduce"}
+
+
+GEMV_CONFIGS = sorted({b.config for b in op.launchable_gemv()}, key=lambda c: c.name)
+
+
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_every_gemv_config(cfg, m):
+    """N = 200: the last program's weight rows wrap (never stored); 1-4 rows (padded to 1, 2, 4)."""
+    x = make_activation(m, 512, _gen(32 + m))
+    w, ws = make_weight(200, 512, _gen(33))
+    ref, mag = linear_ref(x, w, ws)
+    _assert_matches(op.linear_2d(x, w, ws, config=cfg), ref, mag, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -156,19 +194,22 @@ def test_linear_dtypes_bias_and_leading_dims(dtype):
 
 
 def test_split_is_deterministic_and_leaves_tickets_at_zero():
-    x = make_activation(3, 1024, _gen(50))
-    w, ws = make_weight(384, 1024, _gen(51))
-    outs = [op.linear_2d(x, w, ws, config=op.DECODE, split=8) for _ in range(3)]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    x = make_activation(3, 1280, _gen(50))
+    w, ws = make_weight(384, 1280, _gen(51))
+    for split in (8, 10):  # ticket, reduce
+        outs = [op.linear_2d(x, w, ws, config=op.DECODE, split=split) for _ in range(3)]
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
     assert int(op.tickets(x.device, 1).abs().sum()) == 0
 
 
 # ----------------------------------------------------------------------------- the GEMM entry
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (3, 200, 200), (17, 128, 320), (64, 384, 384)])
-def test_matmul_matches_reference_and_upstream(m, n, k, upstream):
-    """K not a multiple of 128 (masked last group) is accepted by the GEMM, as upstream does."""
+@pytest.mark.parametrize("m,n,k", [(1, 256, 256), (3, 200, 200), (17, 128, 320), (64, 384, 384), (33, 256, 1536)])
+def test_matmul_matches_reference_and_upstream(m, n, k, upstream, monkeypatch):
+    """K not a multiple of 128 (masked last group) is accepted by the GEMM, as upstream does; with the
+    H200's SM count the last case splits K and sums through the reduce launch."""
+    monkeypatch.setattr(op, "num_sms", lambda device: 132)
     a, a_s = make_quantized(m, k, _gen(60 + m))
     w, ws = make_weight(n, k, _gen(61))
     ref, mag = matmul_ref(a, w, a_s, ws)
@@ -264,30 +305,119 @@ def test_without_upstream_loaded_an_unsupported_call_raises(monkeypatch):
 # ----------------------------------------------------------------------------- the planner
 
 
+DSV4 = {"wqkv_a": (1536, 4096), "wq_b": (8192, 1024), "wo_b": (4096, 2048), "shared_gate_up": (1024, 4096),
+        "shared_down": (4096, 512)}
+OTHER = [(4096, 4096), (7168, 2048), (200, 200), (256, 384), (576, 7168), (128, 8192)]
+
+
 def test_plan_is_shape_only_and_splits_are_never_empty():
-    for m in (1, 4, 16, 17, 32, 33, 64, 65, 256, 1024, 8192):
-        for n, k in ((1536, 4096), (8192, 1024), (4096, 2048), (1024, 4096), (4096, 512), (200, 200)):
+    for m in (1, 2, 3, 4, 5, 16, 17, 32, 33, 64, 65, 256, 257, 1024, 8192):
+        for n, k in [*DSV4.values(), *OTHER, (200, 320)]:
             for sms in (132, 188):
-                p = op.plan(m, n, k, sms)
-                assert p == op.plan(m, n, k, sms)
-                assert p.config in op.CONFIGS and 1 <= p.split <= max(1, p.config.max_split)
-                groups = -(-k // 128)
-                per = -(-groups // p.split)
-                assert (p.split - 1) * per < groups  # the last split has work
-                tiles = -(-m // p.config.block_m) * -(-n // p.config.block_n)
-                if p.split > 1:
-                    assert tiles * p.split <= p.config.ctas_per_sm * sms
-    assert op.plan(1, 1536, 4096, 132).config.swap
-    assert op.plan(1, 4096, 512, 132).config is op.DECODE_NARROW
-    assert op.plan(8192, 8192, 1024, 132) == op.Plan(op.LARGE, 1)
-    assert op.plan(1024, 1024, 4096, 132) == op.Plan(op.LARGE, 1)  # prefill: upstream's tiling, unsplit
+                for quantized in (False, True):
+                    p = op.plan(m, n, k, sms, quantized=quantized)
+                    assert p == op.plan(m, n, k, sms, quantized=quantized)
+                    if isinstance(p.config, op.GemvConfig):
+                        assert not quantized and op.gemv_ok(p.config, m, k) and p.split == 1
+                        continue
+                    assert p.config in op.CONFIGS and 1 <= p.split <= max(1, p.config.max_split)
+                    if k % 128:
+                        assert p.config in op.RAGGED_CONFIGS
+                    groups = -(-k // 128)
+                    per = -(-groups // p.split)
+                    assert (p.split - 1) * per < groups  # the last split has work
+                    tiles = -(-m // p.config.block_m) * -(-n // p.config.block_n)
+                    if p.split > 1:
+                        assert m <= op.SPLIT_MAX_M and tiles * p.split <= p.config.ctas_per_sm * sms
+                    if m > op.SPLIT_MAX_M and k % 128 == 0:
+                        assert p == op.Plan(op.LARGE, 1)  # prefill: upstream's tiling, unsplit
+
+
+def _names(n, k, ms, sms=132, quantized=False):
+    return [op.plan(m, n, k, sms, quantized=quantized).name for m in ms]
+
+
+def test_plan_picks_the_measured_winners():
+    """The shipped table at the H200's 132 SMs: the sweep's winners (names as the sweep prints them)."""
+    ms = (1, 2, 4, 16, 17, 64)
+    d16, m128, m64 = "dot_m16_n128_w4_s2_swap_fq", "dot_m64_n128_w4_s3_sepq_g32", "dot_m64_n64_w4_s3_sepq"
+    assert _names(*DSV4["wqkv_a"], ms) == ["gemv_n4_K_w4"] + [f"{d16}_reducec2/split16"] * 3 + [
+        f"{m128}_reducec2/split16"] * 2
+    assert _names(*DSV4["wq_b"], ms) == ["gemv_n16_K_w4"] + [f"{d16}_ticketc2/split4"] * 3 + [f"{m128}_whole"] * 2
+    assert _names(*DSV4["wo_b"], ms) == ["gemv_n8_K_w4"] + [f"{d16}_ticketc2/split8"] * 3 + [
+        f"{m64}_ticketc2/split4"] * 2
+    assert _names(*DSV4["shared_gate_up"], ms) == ["gemv_n8_K_w8"] * 3 + [f"{d16}_reducec2/split32"] + [
+        f"{m128}_reducec2/split32"] * 2
+    assert _names(*DSV4["shared_down"], ms) == ["gemv_n16_K_w4"] + [f"{d16}_ticketc2/split4"] * 3 + [
+        f"{m128}_whole"] * 2
+    for n, k in DSV4.values():
+        assert _names(n, k, (257, 1024, 8192)) == [f"{m128}_whole"] * 3  # prefill unchanged
+        assert _names(n, k, (1,), quantized=True) == _names(n, k, (4,), quantized=True)  # GEMM entry: no GEMV
+
+
+def test_generic_rule_for_unmeasured_shapes():
+    assert op.plan(1, 4096, 4096, 132).config == op.GemvConfig(4, 4)  # 16 KB weight tiles
+    assert op.plan(1, 3000, 512, 132).config == op.GemvConfig(32, 4)
+    assert op.plan(2, 4096, 4096, 132).config is op.DECODE  # the GEMV only at one row
+    for k in (256, 384, 8192, 7168):  # outside the measured K range, or not a power of 2
+        assert op.plan(1, 4096, k, 132).config is op.DECODE
+    assert op.plan(40, 4096, 1024, 132).config is op.LARGE  # short K: unsplit
+    assert op.plan(40, 4096, 4096, 132).config is op.MID
+    assert op.plan(40, 200, 320, 132, quantized=True).config is op.MID_N64  # ragged K
+
+
+def test_fixup_bound():
+    assert [op.fixup_for(op.DECODE, s) for s in (1, 2, 8, 9, 64)] == ["whole", "ticket", "ticket", "reduce", "reduce"]
+    assert [op.fixup_for(op.MID, s) for s in (1, 2, 3)] == ["whole", "ticket", "reduce"]
+    assert [op.fixup_for(op.MID_N64, s) for s in (4, 5)] == ["ticket", "reduce"]
 
 
 def test_launchable_covers_the_planned_binaries():
-    kinds = set(op.launchable())
-    for m in (1, 16, 17, 64, 65, 256, 8192):
-        for n, k in ((1536, 4096), (4096, 512)):
-            p = op.plan(m, n, k, 132)
-            a = "bf16" if p.config.fuse_quant else "fp8"
-            assert op.Binary(p.config, a, "bf16", p.split > 1) in kinds
-            assert op.Binary(p.config, "fp8", "bf16", p.split > 1) in kinds  # the GEMM entry (pre-quantized A)
+    gemm = {b.name for b in op.launchable()}
+    gemv = {b.name for b in op.launchable_gemv()}
+    sps = set(op.launchable_reduce())
+    for m in (1, 2, 3, 4, 5, 16, 17, 33, 64, 65, 128, 256, 257, 8192):
+        for n, k in [*DSV4.values(), *OTHER, (200, 320)]:
+            for sms in (132, 170, 188):
+                for quantized in (False, True):
+                    if k % 128 and not quantized:
+                        continue  # the linear hands such K to upstream
+                    p = op.plan(m, n, k, sms, quantized=quantized)
+                    if isinstance(p.config, op.GemvConfig):
+                        for x in ("bf16", "fp32"):
+                            assert op.GemvBinary(p.config, k, op.pow2(m), x, x).name in gemv
+                        continue
+                    sp = op.pow2(p.split) if p.fixup == "ticket" else 1
+                    kinds = [("fp8", "bf16"), ("fp8", "fp32")] if quantized or not p.config.fuse_quant else [
+                        ("bf16", "bf16"), ("fp32", "fp32")]
+                    for a, c in kinds:
+                        want = op.Binary(p.config, a, c, p.fixup, sp, k % 128 == 0)
+                        if k % 128 and c == "bf16":
+                            want = op.Binary(p.config, a, "fp32", p.fixup, sp, False)  # the widest stands for it
+                        assert want.name in gemm, want.name
+                    if p.fixup == "reduce":
+                        assert op.pow2(p.split) in sps
+
+
+# ----------------------------------------------------------------------------- every plan entry, real shapes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape,m", [(s, m) for s in DSV4 for m in (1, 16, 40)] + [("shared_gate_up", 2),
+                                                                                   ("shared_gate_up", 3)])
+def test_dsv4_plan_entries_match_reference_and_upstream(shape, m, upstream, monkeypatch):
+    """Each DeepSeek-V4 shape through the plan the H200 runs (132 SMs: its splits and fix-ups), on the
+    interpreter: the GEMV (1 row; 2 and 3 rows for gate_up), the decode tile, the 64-row tiles, against
+    fp64 and upstream's GEMM (~15 s each)."""
+    monkeypatch.setattr(op, "num_sms", lambda device: 132)
+    n, k = DSV4[shape]
+    x = make_activation(m, k, _gen(100 + m))
+    w, ws = make_weight(n, k, _gen(101))
+    ref, mag = linear_ref(x, w, ws)
+    out = op.w8a8_block_fp8_linear(x, w, [128, 128], ws)
+    _assert_matches(out, ref, mag, torch.bfloat16)
+    qr, sr = quantize_activation_ref(x)
+    up = upstream.w8a8_block_fp8_matmul_triton(qr, w, sr, ws, [128, 128], output_dtype=torch.bfloat16)
+    _assert_matches(up, ref, mag, torch.bfloat16)
+    assert (out.float() - up.float()).abs().max() <= 2 * RTOL[torch.bfloat16] * up.float().abs().max()

@@ -54,25 +54,37 @@ def test_gpu_activation_quant_is_the_definition_bit_for_bit(dtype):
     assert torch.equal(s.cpu(), sr)
 
 
-@pytest.mark.parametrize("cfg", [c for c in op.CONFIGS if c.fuse_quant], ids=lambda c: c.name)
-def test_gpu_fused_quant_codes_bit_for_bit(cfg):
-    """Selector weights: each output is one code times its scale, exact in fp32 (see the CPU test)."""
-    m, k = min(cfg.block_m + 3, 64), 1024
-    x = make_activation(m, k, _gen(2), device="cuda", dtype=torch.float32)
-    perm = torch.randperm(k, generator=_gen(3), device="cuda")
+GEMV_CONFIGS = sorted({b.config for b in op.launchable_gemv()}, key=lambda c: c.name)
+
+
+def _selector(k: int, seed: int):
+    """A permutation weight (block scales 1): each output is one code times its scale, exact in fp32
+    (see the CPU test), so any code or scale the quant got wrong shows."""
+    perm = torch.randperm(k, generator=_gen(seed), device="cuda")
     w = torch.zeros((k, k), device="cuda")
     w[torch.arange(k, device="cuda"), perm] = 1.0
-    ws = torch.ones((k // 128, k // 128), device="cuda")
-    qr, sr = quantize_activation_ref(x.cpu())
-    want = (qr.float() * sr.repeat_interleave(128, -1))[:, perm.cpu()]
-    for split in (1, 3, 8):
-        out = op.linear_2d(x, w.to(FP8), ws, config=cfg, split=split)
-        assert torch.equal(out.cpu(), want), split
+    return perm, w.to(FP8), torch.ones((k // 128, k // 128), device="cuda")
 
 
-@pytest.mark.parametrize("m", [1, 16, 17, 64, 300])
+@pytest.mark.parametrize("cfg", [*op.CONFIGS, *GEMV_CONFIGS], ids=lambda c: c.name)
+def test_gpu_quant_codes_bit_for_bit(cfg):
+    """Fused (GEMV, decode tile) and separate (64-row tiles) quant: the definition's bits, every fix-up."""
+    gemv = isinstance(cfg, op.GemvConfig)
+    k = 1024
+    perm, w8, ws = _selector(k, 3)
+    for m in ((1, 2, 3, 4) if gemv else (cfg.block_m // 2 + 3, 64)):
+        x = make_activation(m, k, _gen(2 + m), device="cuda", dtype=torch.float32)
+        qr, sr = quantize_activation_ref(x.cpu())
+        want = (qr.float() * sr.repeat_interleave(128, -1))[:, perm.cpu()]
+        for split in ((1,) if gemv else (1, 3, 8)):
+            out = op.linear_2d(x, w8, ws, config=cfg, split=None if gemv else split)
+            assert torch.equal(out.cpu(), want), (m, split)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16, 17, 32, 64, 65, 256, 300])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_gpu_linear_matches_reference_and_upstream(n, k, m, upstream):
+    """Every row count where the plan changes, on the DeepSeek-V4 shapes, as planned for this GPU."""
     up_linear, _ = upstream
     x = make_activation(m, k, _gen(10 + m), device="cuda")
     w, ws = make_weight(n, k, _gen(20), device="cuda")
@@ -84,17 +96,20 @@ def test_gpu_linear_matches_reference_and_upstream(n, k, m, upstream):
     _ok(up, ref, mag, atol_mag=ATOL_MAG_UPSTREAM)
 
 
-@pytest.mark.parametrize("cfg", op.CONFIGS, ids=lambda c: c.name)
-def test_gpu_every_config_and_split(cfg):
-    m, n, k = {16: 5, 32: 20, 64: 40}.get(cfg.block_m, 200), 1536, 4096
-    x = make_activation(m, k, _gen(30), device="cuda")
+@pytest.mark.parametrize("cfg", [*op.CONFIGS, *GEMV_CONFIGS], ids=lambda c: c.name)
+def test_gpu_every_config_and_fixup(cfg):
+    """Each tile unsplit, ticket-summed and reduce-summed (splits 1..32 of 32 groups), each GEMV at 1-4 rows."""
+    gemv = isinstance(cfg, op.GemvConfig)
+    n, k = 1536, 4096
     w, ws = make_weight(n, k, _gen(31), device="cuda")
-    ref, mag = linear_ref(x, w, ws)
-    for split in ((1, 2, 7, 32) if cfg.max_split > 1 else (1,)):
-        _ok(op.linear_2d(x, w, ws, config=cfg, split=split), ref, mag)
+    for m in ((1, 2, 3, 4) if gemv else ({16: 5}.get(cfg.block_m, 40),)):
+        x = make_activation(m, k, _gen(30 + m), device="cuda")
+        ref, mag = linear_ref(x, w, ws)
+        for split in ((None,) if gemv else (1, 2, 3, 7, 32)):
+            _ok(op.linear_2d(x, w, ws, config=cfg, split=split), ref, mag)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 512), (5, 200, 1000), (64, 1536, 4096), (300, 1024, 4000)])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 512), (5, 200, 1000), (64, 1536, 4096), (40, 1024, 4000), (300, 1024, 4000)])
 def test_gpu_matmul_matches_reference_and_upstream(m, n, k, upstream):
     _, up_kernel = upstream
     a, a_s = make_quantized(m, k, _gen(40), device="cuda")
@@ -109,14 +124,18 @@ def test_gpu_matmul_matches_reference_and_upstream(m, n, k, upstream):
 
 
 def test_gpu_cuda_graph_replay_follows_new_inputs_and_is_deterministic():
-    """Split-K programs reduce through per-stream tickets that each call leaves at zero: a captured
-    graph replays with new activations, bit-identical to eager calls, many times over."""
-    cases = []
-    for m, (n, k) in ((1, (1536, 4096)), (16, (8192, 1024)), (64, (4096, 2048))):
+    """The GEMV, ticket-summed splits (per-stream tickets each call leaves at zero) and reduce-summed
+    splits (a second launch) in one captured graph: it replays with new activations, bit-identical to
+    eager calls, many times over."""
+    cases, fixups = [], set()
+    for m, (n, k) in ((1, (1536, 4096)), (3, (1024, 4096)), (4, (1536, 4096)), (16, (8192, 1024)),
+                      (64, (4096, 2048)), (64, (1024, 4096)), (64, (4096, 512))):
         x = make_activation(m, k, _gen(50 + m), device="cuda")
         w, ws = make_weight(n, k, _gen(51), device="cuda")
-        assert op.plan(m, n, k, op.num_sms(x.device)).split > 1
+        p = op.plan(m, n, k, op.num_sms(x.device))
+        fixups.add("gemv" if isinstance(p.config, op.GemvConfig) else p.fixup)
         cases.append((x, w, ws))
+    assert fixups == {"gemv", "whole", "ticket", "reduce"}, fixups
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -144,9 +163,13 @@ def test_gpu_cuda_graph_replay_follows_new_inputs_and_is_deterministic():
 
 
 def test_gpu_concurrent_streams_do_not_share_tickets():
-    x1 = make_activation(1, 4096, _gen(60), device="cuda")
-    x2 = make_activation(4, 4096, _gen(61), device="cuda")
-    w, ws = make_weight(1536, 4096, _gen(62), device="cuda")
+    """Two streams running ticket-summed splits on one weight (wo_b: 4 rows and 64 rows, different
+    tile counts) never see each other's tickets."""
+    w, ws = make_weight(4096, 2048, _gen(62), device="cuda")
+    x1 = make_activation(4, 2048, _gen(60), device="cuda")
+    x2 = make_activation(64, 2048, _gen(61), device="cuda")
+    for x in (x1, x2):
+        assert op.plan(x.shape[0], 4096, 2048, op.num_sms(x.device)).fixup == "ticket"
     want1 = op.w8a8_block_fp8_linear(x1, w, [128, 128], ws)
     want2 = op.w8a8_block_fp8_linear(x2, w, [128, 128], ws)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()

@@ -216,3 +216,23 @@ def test_shipped_configs_fit_sm120(tmp_path):
     assert [r["config"] for r in rows] == [c.name for c in indexer.CONFIGS]
     for r in rows:
         assert r["ok"] and r["shared_bytes"] <= 101376 and r["spill_stores"] == 0 and r["registers"] > 0, r
+
+
+def test_dropped_prefetch_outside_the_shipped_kernel_still_matches_reference():
+    """The register prefetch moved to kernels/scripts/indexer_variants.py: it still builds on the shipped
+    kernel's helpers and gives the reference's logits for 1-, 2- and 4-page tiles and any program split."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "kernels" / "scripts" / "indexer_variants.py"
+    spec = importlib.util.spec_from_file_location("_v4flash_script_indexer_variants", path)
+    iv = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = iv
+    spec.loader.exec_module(iv)
+    kw = make_indexer_inputs(IndexerCase(batch=2, width=9, heads=64, lengths=[500, 130]), seed=7)
+    ref = reference_for(kw)
+    for cfg in (c for c in iv.CONFIGS if c.ctas_per_sm == 8):
+        for nprog in (1, 5):
+            rec = iv.check(kw, cfg, ref, nprog)
+            assert rec["ok"] and rec["rel_err"] <= TOL, (cfg.name, nprog, rec)

@@ -326,8 +326,8 @@ def test_v2_e8m0_input_scales_and_planner_default():
 
 
 def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
-    """Past V2_MAX_ROWS_PER_EXPERT the planner hands back v1's plan; v1 then reads the checked
-    uint8 scales with the exponent-only decode."""
+    """Past V2_MAX_ROWS_PER_EXPERT the planner hands back a v1 plan (`prefill_plan`); v1 then reads
+    the PAIR_SPLIT words and the checked uint8 scales with the exponent-only decode."""
     assert isinstance(op_v2.make_plan(4096, 6, 256, 4096, 512), moe.Plan)
     kw = make_inputs(MoeCase(tokens=7, topk=4, hole_frac=0.1, clamp_limit=0.4, routed_scaling_factor=2.0))
     _assert_matches(kw, _call_v2(kw, SORTED))
@@ -441,11 +441,86 @@ def test_repack_in_place_rewrites_the_layer_and_copy_does_not():
 def test_v2_word_decode_slots_are_pinned():
     """The asm (GPU) and the interpreter branch place pair i's halves in the same join slots: the
     interpreter branch (tested above against fp64) hard-codes (0,4), (2,6), (1,5), (3,7)."""
-    from v4flash_kernels.moe import kernel_v2
+    from v4flash_kernels.moe import pairsplit
 
-    assert kernel_v2.PAIR_SLOTS == ((0, 4), (2, 6), (1, 5), (3, 7))
-    for i, (lo, hi) in enumerate(kernel_v2.PAIR_SLOTS):
-        assert f"mul.rn.bf16x2 t, ${8 + i}, $12; mov.b32 {{${lo}, ${hi}}}, t;" in kernel_v2.WORD_ASM
+    assert pairsplit.PAIR_SLOTS == ((0, 4), (2, 6), (1, 5), (3, 7))
+    for i, (lo, hi) in enumerate(pairsplit.PAIR_SLOTS):
+        assert f"mul.rn.bf16x2 t, ${8 + i}, $12; mov.b32 {{${lo}, ${hi}}}, t;" in pairsplit.WORD_ASM
+
+
+# ---------------------------------------------------------------- prefill on repacked experts (v1 GEMM, NIBBLES=1)
+
+# Prefill-like: 15-20 rows per expert on average over 8 experts, so every expert spans several
+# 16-row blocks (and partial ones); small dims for the interpreter. GEMM1 with BLOCK_K 128 covers
+# four scale groups per k-step (PF_G1_SMALL's), GEMM2 with BLOCK_K 32 one.
+PF_CASES = {
+    "rows20_holes_clamp_scale": MoeCase(tokens=40, topk=4, hole_frac=0.1, clamp_limit=0.4, routed_scaling_factor=2.0),
+    "hot_e8m0_rows9": MoeCase(tokens=24, topk=3, routing="hot", scale_e8m0=True, clamp_limit=0.4),
+}
+PF_PLANS = {
+    "mode0": moe.Plan(False, moe.GemmConfig(16, 16, 64, 4, 1), moe.GemmConfig(16, 32, 32, 4, 1)),
+    "mode1": moe.Plan(False, moe.GemmConfig(16, 16, 64, 4, 1, mode=1), moe.GemmConfig(16, 32, 32, 4, 1, mode=1)),
+    "mode1_k128_m32": moe.Plan(False, moe.GemmConfig(32, 16, 128, 4, 1, mode=1), moe.GemmConfig(32, 32, 64, 4, 1, mode=1)),
+}
+
+
+@pytest.mark.parametrize("plan", sorted(PF_PLANS))
+@pytest.mark.parametrize("name", sorted(PF_CASES))
+def test_prefill_on_pair_split_words_matches_fp64(name, plan):
+    """v1's row-block GEMMs reading the repacked (in place, PAIR_SPLIT) words: W decoded into k
+    order, contracted against the activation as loaded, in both operand orders."""
+    kw = make_inputs(PF_CASES[name])
+    _assert_matches(kw, _call_v2(kw, PF_PLANS[plan]))
+
+
+@pytest.mark.parametrize("tokens", [40, 100])
+def test_public_entry_runs_the_shipped_prefill_plan(tokens):
+    """`moe_forward_repacked` (what the patched `apply` calls) at 30 and 75 rows per expert: the
+    planner's own prefill plan with the shipped tiles (32-row mode 0; 128-row mode 1) vs fp64."""
+    kw = make_inputs(MoeCase(tokens=tokens, hole_frac=0.05, clamp_limit=0.4, routed_scaling_factor=1.5))
+    plan = op_v2.make_plan(tokens, 6, 8, 128, 64)
+    assert plan == op_v2.prefill_plan(tokens, 6, 8, 128, 64)
+    assert plan.gemm1 == (op_v2.PF_G1_SMALL if tokens == 40 else op_v2.PF_G1_LARGE)
+    out = op_v2.moe_forward_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+                                     kw["routed_scaling_factor"], kw["clamp_limit"])
+    _assert_matches(kw, out)
+
+
+def test_prefill_on_pair_split_words_inline_grouping():
+    kw = make_inputs(MoeCase(tokens=2, topk=4, hole_frac=0.2, routed_scaling_factor=1.5))
+    _assert_matches(kw, _call_v2(kw, moe.Plan(True, PF_PLANS["mode1"].gemm1, PF_PLANS["mode1"].gemm2)))
+
+
+def test_prefill_plan_is_launchable_on_pair_split_words():
+    """Every plan the repacked path hands to v1's GEMM is one NIBBLES=1 accepts (tensor-core modes,
+    no split-K) and one check_sm120 compiles (op_v2.launchable_v1)."""
+    compiled = set(op_v2.launchable_v1())
+    for m in (64, 256, 300, 512, 1024, 2048, 4096, 16384):
+        p = op_v2.make_plan(m, 6, 256, 4096, 512)
+        if isinstance(p, moe.Plan):
+            assert p == op_v2.prefill_plan(m, 6, 256, 4096, 512) and not p.inline
+            assert {(p.gemm1, True, False), (p.gemm2, False, False)} <= compiled
+            for cfg in (p.gemm1, p.gemm2):
+                assert cfg.mode <= 1 and cfg.split_k == 1 and cfg.block_k <= 128
+    big, small = (op_v2.prefill_plan(m, 6, 256, 4096, 512) for m in (4096, 1024))
+    assert big.gemm1.block_m > small.gemm1.block_m
+
+
+def test_pair_split_words_refuse_other_gemm_bodies():
+    """NIBBLES=1 is only implemented for the dot bodies and the range-checked scales: anything else
+    is refused before a launch, never computed on the wrong nibble order."""
+    kw = make_inputs(MoeCase(tokens=4, topk=2))
+    ex = _repacked(kw)
+    args = (kw["hidden_states"], ex.w13, ex.w2, ex.s13, ex.s2, kw["topk_ids"], kw["topk_weights"], ex.inter)
+    with pytest.raises(ValueError, match="nibbles=1"):
+        moe.run(*args, plan=MODES["fma_rows2"], fast_scales=True, nibbles=1)
+    with pytest.raises(ValueError, match="nibbles=1"):
+        moe.run(*args, plan=MODES["split_k4_dot"], fast_scales=True, nibbles=1)
+    with pytest.raises(ValueError, match="nibbles=1"):
+        moe.run(kw["hidden_states"], ex.w13, ex.w2, kw["w13_scale"], kw["w2_scale"], kw["topk_ids"],
+                kw["topk_weights"], ex.inter, plan=SORTED, nibbles=1)
+    with pytest.raises(ValueError, match="nibbles must be"):
+        moe.run(*args, plan=SORTED, fast_scales=True, nibbles=2)
 
 
 def test_bench_sweep_candidates_and_tables():
@@ -469,6 +544,34 @@ def test_bench_sweep_candidates_and_tables():
            "floor_h200_us": 4.6, "floor_rtx6000_us": 11.0, "plan_v2": "v2-inline/...",
            "variants": {"v1": dict(v, us=40.0), "v2": v, "upstream": dict(v, us=250.0)}}
     assert "4.00" in bench.format_table([row]) and "| **10.0** |" in bench.format_markdown([row])
+
+
+def test_bench_prefill_candidates_and_verdict():
+    """`bench --prefill`'s pure parts: the planner's plan first, every repacked candidate one the
+    kernels accept (v1 plans on PAIR_SPLIT words: dot bodies, no split-K), the v2/v1 crossover
+    covered from both sides, and the verdict compares the planner with v1 (synthetic numbers)."""
+    from v4flash_kernels.moe import bench
+
+    for m in (256, 1024, 4096):
+        plans = bench.prefill_candidates(bench.Shape(4, m))
+        assert next(iter(plans.values())) == op_v2.make_plan(m, 6, 256, 4096, 512)
+        assert op_v2.prefill_plan(m, 6, 256, 4096, 512) in plans.values()
+        assert {c.mode for p in plans.values() if isinstance(p, moe.Plan) for c in (p.gemm1, p.gemm2)} == {0, 1}
+        for p in plans.values():
+            if isinstance(p, moe.Plan):
+                assert not p.inline and all(c.split_k == 1 and c.block_k <= 128 for c in (p.gemm1, p.gemm2))
+        assert any(isinstance(p, op_v2.PlanV2) for p in plans.values()) == (m <= 1024)
+        names = bench.prefill_variants(bench.Shape(4, m))
+        assert list(names)[:2] == [bench.V1_BASELINE, bench.PLANNER] and bench.LOADER_FAST in names
+        assert len(names) <= 16  # ~1 min for three sizes with compiles
+    v = {"ok": True, "rel_err": 3e-3, "nan": False}
+    row = {"tokens": 4096, "variants": {bench.V1_BASELINE: dict(v, us=2232.7), bench.PLANNER: dict(v, us=2000.0),
+                                        "repacked: sorted/x": dict(v, us=1900.0),
+                                        "repacked: sorted/y": dict(v, ok=False, us=10.0)}}
+    line = bench.prefill_verdict(row)
+    assert "planner 2000.0 us vs v1 2232.7 us (1.12x) OK" in line and line.endswith("1900.0 us: sorted/x")
+    row["variants"][bench.PLANNER]["us"] = 2300.0
+    assert "SLOWER" in bench.prefill_verdict(row)
 
 
 def test_selfcheck_covers_the_repacked_path():

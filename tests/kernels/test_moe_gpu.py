@@ -73,7 +73,8 @@ def _v2(kw, out=None):
 
 
 SHAPES = [(1, "random", 0.0), (2, "random", 0.5), (5, "random", 0.2), (16, "random", 0.25), (64, "hot", 0.0),
-          (64, "dup", 0.0), (256, "random", 0.0), (300, "random", 0.1), (1024, "hot", 0.0)]
+          (64, "dup", 0.0), (256, "random", 0.0), (300, "random", 0.1), (1024, "hot", 0.0), (2048, "random", 0.05),
+          (4096, "random", 0.0)]
 
 
 @pytest.mark.parametrize("impl", ["v1", "v2"])
@@ -143,3 +144,23 @@ def test_gpu_cuda_graph_replay_follows_new_routing(tp4, impl, tokens):
             g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("tokens", [1024, 4096])
+def test_gpu_prefill_both_operand_orders_on_repacked_layout(tp4, tokens):
+    """The repacked prefill path (v1's GEMM on PAIR_SPLIT words) in the planner's operand orders and
+    with both GEMMs flipped, so both bodies are checked on the GPU against fp64 with poisoned outputs
+    (`bench --prefill` checks every other candidate the same way before timing it)."""
+    from dataclasses import replace
+
+    from v4flash_kernels.moe import op as moe
+    from v4flash_kernels.moe import op_v2
+
+    kw = _call(tp4, tokens, "random", 0.05, seed=tokens + 1)
+    pf = op_v2.prefill_plan(tokens, TOPK, E, HIDDEN, INTER)
+    flipped = moe.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode))
+    for plan in (pf, flipped):
+        out = torch.full_like(kw["hidden_states"], float("nan"))
+        op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+                           kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
+        _check(kw, out)

@@ -15,8 +15,12 @@ from typing import Any
 import pytest
 
 from v4flash_pd import topology as topo
-from v4flash_pd.cluster import PLAN_FORMAT, layout, part_plans, plan_document, read_plan, select
-from v4flash_pd.config import Config, build_config, load_config, merged_layers
+from v4flash_pd.cluster import PLAN_FORMAT, part_plans, plan_document, read_plan, select
+from v4flash_pd.config.build import build_config, cluster_spec
+from v4flash_pd.config.layers import merged_layers, set_keys
+from v4flash_pd.config.layout import expand, layout
+from v4flash_pd.config.load import load_config
+from v4flash_pd.config.types import Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.plan import Plan, build_plan
@@ -345,7 +349,8 @@ def test_a_box_plan_starts_only_that_boxs_workers_from_its_slots() -> None:
     assert pre.gpus == S0 and dict(pre.env)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert dec.gpus == S1 and dict(dec.env)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     a = argv_of(plan, "prefill-1")
-    assert (flag(a, "--host"), flag(a, "--port"), flag(a, "--nccl-port")) == ("0.0.0.0", "30000", "30010")
+    # cluster.bind_host = "advertise" (the default): box 1's workers listen on box 1's own address only
+    assert (flag(a, "--host"), flag(a, "--port"), flag(a, "--nccl-port")) == (HOSTS[1], "30000", "30010")
     assert flag(a, "--disaggregation-bootstrap-port") == "8998" and flag(a, "--disaggregation-mode") == "prefill"
     d = argv_of(plan, "decode-1")
     assert (flag(d, "--port"), flag(d, "--nccl-port"), flag(d, "--disaggregation-mode")) == ("30001", "30011", "decode")
@@ -447,7 +452,7 @@ def test_part_plans_builds_every_box_and_the_router() -> None:
 def rendered(*sets: str, **cluster_keys: Any) -> tuple[dict[str, Any], str, Config]:
     overrides = {"cluster.boxes": 2, **{f"cluster.{k}": v for k, v in cluster_keys.items()}}
     raw, profile, sources = merged_layers(env={}, overrides=overrides, sets=sets)
-    return raw, profile, build_config(raw, profile, sources)
+    return raw, profile, expand(build_config(raw, profile, sources))
 
 
 def test_plan_document_round_trips_through_read_plan(tmp_path: Path) -> None:
@@ -530,13 +535,44 @@ def test_a_workers_own_ucx_tls_gets_the_network_transport_too() -> None:
 def test_a_pod_binds_the_numa_node_of_the_gpus_it_was_given() -> None:
     """A Kubernetes worker pod sees its 4 GPUs as 0-3 wherever they sit: the node comes from their
     topology (here node 1), never from the worker's index or role."""
-    from v4flash_pd.render_k8s import K8sOptions, pod_cluster
+    from v4flash_pd.render_k8s import K8sOptions, pod_layer
 
     raw, profile, sources = merged_layers(env={}, overrides={"cluster.prefill": 2, "cluster.decode": 1})
-    cfg = build_config(pod_cluster(raw, K8sOptions()), profile, sources)
+    set_keys(raw, pod_layer(cluster_spec(raw, "pd"), 4, K8sOptions()))
+    cfg = expand(build_config(raw, profile, sources))
     for role, index in (("prefill", 1), ("decode", 0)):
         plan = build_plan(select(cfg, role=role, index=index), remote(SWAPPED))
         (p,) = plan.workers()
         assert p.name == f"{role}-{index}" and p.gpus == (0, 1, 2, 3)
         assert p.binding.node == 1, p.binding
         assert flag(list(p.argv), "--host") == "0.0.0.0"
+
+
+def test_workers_listen_on_their_boxs_interconnect_address_or_where_they_are_told() -> None:
+    """Issue 23, security: workers and the KV bootstrap server (it binds the worker's --host) listened
+    on 0.0.0.0 on every box. By default each box binds its own cluster.hosts entry; with an IP the
+    KV side channel (SGLANG_HOST_IP) follows; without hosts, or with an explicit bind_host, as told."""
+    ips = ["10.1.0.1", "10.1.0.2"]
+    cfg = cluster(prefill=2, decode=2, hosts=ips)
+    for w in cfg.workers:
+        assert w.host == ips[w.box or 0] and dict(w.env)["SGLANG_HOST_IP"] == ips[w.box or 0], w
+    named = cluster(prefill=2, decode=2, hosts=HOSTS)
+    assert [w.host for w in named.workers] == [HOSTS[w.box or 0] for w in named.workers]
+    assert not any("SGLANG_HOST_IP" in dict(w.env) for w in named.workers)  # ZMQ binds numeric addresses only
+    assert {w.host for w in cluster(prefill=2, decode=2).workers} == {"0.0.0.0"}  # no hosts known yet
+    told = cluster(prefill=2, decode=2, hosts=ips, bind_host="0.0.0.0")
+    assert {w.host for w in told.workers} == {"0.0.0.0"}
+    assert not any("SGLANG_HOST_IP" in dict(w.env) for w in told.workers)
+
+
+def test_a_box_name_that_is_loopback_here_is_refused_when_other_boxes_must_reach_it(tmp_path: Path) -> None:
+    """Debian maps a host's own name to 127.0.1.1: bound there, the other boxes could never connect."""
+    from v4flash_pd.host import Host as _Host
+
+    cfg = select(cluster(prefill=1, decode=1, hosts=["node-a", "node-b"]), box=0)
+    here = _Host(topology=topo.load(T8), local=True, addresses=(("node-a", ("127.0.1.1",)),))
+    err = refused(build_plan, cfg, here, rehearse=True, require_gpus=False)
+    assert "prefill-0 would listen on node-a = 127.0.1.1" in err.message and "bind_host=0.0.0.0" in err.hint
+    # logical boxes on one host (CI): every box is the loopback literal, nothing else must reach it
+    same = select(cluster(prefill=1, decode=1, hosts=["127.0.0.1", "127.0.0.1"], port_offset=100), box=0)
+    assert build_plan(same, _Host(topology=topo.load(T8), local=True), rehearse=True, require_gpus=False)

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import fakebox
 import pytest
-
-from v4flash_pd.procs import group_alive
+from fakebox import group_alive
 
 pytestmark = pytest.mark.timeout(120)
 

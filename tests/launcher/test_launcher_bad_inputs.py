@@ -161,7 +161,7 @@ def test_up_reports_every_preflight_failure_at_once(tmp_path: Path) -> None:
 
 def test_ipv6_hosts_are_bracketed_in_urls() -> None:
     from v4flash_pd import topology as topo
-    from v4flash_pd.config import load_config
+    from v4flash_pd.config.load import load_config
     from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
 
@@ -197,3 +197,91 @@ def test_up_rehearse_without_the_router_installed_says_so(tmp_path: Path) -> Non
     assert res.returncode == 2 and PARAGRAPH.match(res.stderr), res.stderr
     assert "sglang-router is not installed" in res.stderr and "pip install sglang-router==0.3.2" in res.stderr
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+def test_a_real_up_without_the_serving_stack_is_refused_before_start(tmp_path: Path) -> None:
+    """Issue 23: after a bare `pip install .` (no [serve] extra) a real `up` started workers that died at
+    once with ModuleNotFoundError. This interpreter has the launcher but not sglang: refused up front."""
+    probe = subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True, timeout=60)
+    assert probe.returncode != 0, "this test needs an interpreter without sglang (the test venv has none)"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
+    env = fakebox.box_env(tmp_path, fakebox.BOX_8GPU_2NODE, membind_ok=True)
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd", "up", "--config", str(cfg), "--model", str(model),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and PARAGRAPH.match(res.stderr), (res.returncode, res.stdout, res.stderr)
+    assert "serving stack is not installed" in res.stderr and "sglang==0.5.13.post1" in res.stderr
+    assert "pip install '.[serve]'" in res.stderr
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+FIX_SET = re.compile(r"--set ([A-Za-z0-9_.]+=\S+?)[,;)]?(?:\s|$)")
+
+
+@pytest.mark.parametrize("bad", ["prefill.0.tp=abc", "decode.0.port=abc", "decode.0.nccl_port=true",
+                                 "decode.0.cuda_graph_max_bs=abc", "prefill.0.gpus=7", "router.port=[1]",
+                                 "engine.context_length=abc", "ready_timeout=abc", "prefill.0.numa_node=x"])
+def test_a_fix_gives_a_value_that_works_not_the_error_again(bad: str, tmp_path: Path) -> None:
+    """Issue 23: 'fix: set prefill.0.tp to a positive integer' only repeated the error. The fix now names
+    a concrete --set, and that --set, applied instead, makes the same command succeed."""
+    env = fakebox.clean_env()
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd", "plan", "--topology", T8, "--set", bad],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2 and PARAGRAPH.match(res.stderr), res.stderr
+    fix = res.stderr.split("\n  fix: ", 1)[1]
+    suggested = FIX_SET.findall(fix)
+    assert suggested and suggested[0].split("=", 1)[0] == bad.split("=", 1)[0], fix
+    good = subprocess.run([sys.executable, "-m", "v4flash_pd", "plan", "--topology", T8, "--set", suggested[0]],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert good.returncode == 0, (suggested[0], good.stderr)
+
+
+def test_a_numa_node_this_host_lacks_is_not_told_to_install_numactl(tmp_path: Path) -> None:
+    """numactl is installed and works; node 1 just does not exist here (as on a one-socket machine): the
+    fix must not say 'install numactl'."""
+    shim = tmp_path / "bin" / "numactl"
+    shim.parent.mkdir()
+    shim.write_text(f"""#!{sys.executable}
+import os, sys
+args = sys.argv[1:]
+if any(a.endswith("=1") for a in args[:args.index("--")]):
+    sys.stderr.write("<1> is invalid\\n")
+    sys.exit(1)
+cmd = args[args.index("--") + 1:]
+os.execvp(cmd[0], cmd)
+""")
+    shim.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = fakebox.box_env(tmp_path, fakebox.BOX_8GPU_2NODE)
+    env["V4FLASH_NUMACTL"] = str(shim)
+    cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd", "up", "--config", str(cfg), "--model", str(model),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and PARAGRAPH.match(res.stderr), res.stderr
+    assert "decode-0 must be bound to NUMA node 1" in res.stderr, res.stderr
+    assert "install numactl" not in res.stderr, res.stderr
+    assert "--set decode.0.numa_node=0" in res.stderr and "--set numa=off" in res.stderr, res.stderr
+
+
+def test_bundle_without_its_extra_names_an_install_that_works(tmp_path: Path) -> None:
+    """Issue 23: the fix said `pip install 'v4flash-pd[bundle]'`, a package index the project is not on."""
+    import click
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "click").symlink_to(Path(click.__file__).parent)
+    launcher = Path(__file__).resolve().parents[2] / "launcher"
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    env = fakebox.clean_env()
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{launcher}"
+    # -S: no site-packages, so neither docker nor zstandard (the [bundle] extra) can be found
+    res = subprocess.run([str(base), "-S", "-m", "v4flash_pd", "bundle", "create", "--out", str(tmp_path / "b"),
+                          "--no-image"], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2 and PARAGRAPH.match(res.stderr), res.stderr
+    assert "zstandard" in res.stderr
+    assert "v4flash-pd[bundle]" not in res.stderr, res.stderr
+    assert "pip install '.[bundle]'" in res.stderr and "pip install docker zstandard" in res.stderr

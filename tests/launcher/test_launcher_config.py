@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import DEFAULTS, load_config
+from v4flash_pd.config.keys import DEFAULTS
+from v4flash_pd.config.load import load_config
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.plan import build_plan
@@ -157,14 +158,17 @@ def test_value_validation(item: str, needle: str) -> None:
 # ------------------------------------------------------------------ roles
 
 
+# (a TP2 worker holds 86 GiB of weights per GPU: at the profile's 0.70 the memory check refuses it)
 TWO_P = """
 [[prefill]]
 gpus = [0, 1]
 tp = 2
+mem_fraction_static = 0.94
 
 [[prefill]]
 gpus = [2, 3]
 tp = 2
+mem_fraction_static = 0.94
 numa_node = 0
 port = 30002
 bootstrap_port = 8999
@@ -309,7 +313,7 @@ def test_ucx_module_dir_auto_never_reaches_a_worker_literally() -> None:
 
 def test_prefill_chunk_limit_is_exactly_the_sm120_threshold() -> None:
     """SGLang compares `q.shape[0] > 11673`: a chunk of 11673 is fine, 11674 would crash sm_120."""
-    from v4flash_pd.config import MAX_PREFILL_CHUNK
+    from v4flash_pd.config.values import MAX_PREFILL_CHUNK
 
     assert MAX_PREFILL_CHUNK == 11673
     assert load_config(env=NO_ENV, sets=("engine.chunked_prefill_size=11673",)).chunked_prefill_size == 11673

@@ -118,7 +118,7 @@ def test_router_wrapper_argv_is_the_routers_own(tmp_path: Path) -> None:
     from sglang_router.launch_router import RouterArgs
 
     from v4flash_pd import topology as topo
-    from v4flash_pd.config import load_config
+    from v4flash_pd.config.load import load_config
     from v4flash_pd.host import Host
     from v4flash_pd.plan import build_plan
 

@@ -73,7 +73,7 @@ def test_save_is_a_valid_topology_for_plan(tmp_path: Path, cli) -> None:
     plan = json.loads(res.stdout)
     binds = {p["name"]: p["binding"] for p in plan["processes"]}
     assert binds["prefill-0"]["node"] == 0 and binds["decode-0"]["node"] == 1
-    assert not [w for w in plan["warnings"] if "GPU" in w]  # all 8 GPUs exist in the saved box
+    assert not [w for w in plan["warnings"] if "GPU" in w["text"]]  # all 8 GPUs exist in the saved box
 
 
 def test_missing_nvidia_smi_gives_no_gpus_and_a_note(tmp_path: Path, cli) -> None:

@@ -16,7 +16,7 @@ import fakebox
 import pytest
 
 from v4flash_pd import topology as topo
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.host import Host
 from v4flash_pd.plan import Plan, build_plan
 from v4flash_pd.rundir import RunDir

@@ -24,7 +24,7 @@ import yaml
 from cluster.k8s_schema import load_yaml_docs, validate
 from snapshot import check_snapshot
 from v4flash_pd.cluster import read_plan
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.render_k8s import K8sOptions, manifests, render, to_yaml
 
 SNAPSHOTS = Path(__file__).parent / "snapshots" / "render"
@@ -50,8 +50,10 @@ K8S_LWS = [c for c in K8S if "lws" in c[1]]
 K8S_RBG = [c for c in K8S if "rbg" in c[1]]
 KINDS = {
     "lws": [("v1", "ConfigMap"), ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
-            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("apps/v1", "Deployment"), ("v1", "Service")],
-    "rbg": [("v1", "ConfigMap"), ("workloads.x-k8s.io/v1alpha2", "RoleBasedGroup"), ("v1", "Service")],
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("apps/v1", "Deployment"), ("v1", "Service"),
+            ("networking.k8s.io/v1", "NetworkPolicy")],
+    "rbg": [("v1", "ConfigMap"), ("workloads.x-k8s.io/v1alpha2", "RoleBasedGroup"), ("v1", "Service"),
+            ("networking.k8s.io/v1", "NetworkPolicy")],
 }
 Cli = Callable[..., subprocess.CompletedProcess]
 
@@ -257,3 +259,96 @@ def test_the_router_key_comes_from_a_secret_never_from_the_manifest(key: str, fl
         assert vol["secret"]["secretName"] == "v4flash-router-key"
     assert "kubectl create secret generic v4flash-router-key --from-file=api-key=" in out.read_text()
     assert not any("--api-key" in a for a in c["args"])
+    # the workers take the same key (the router passes it on): the same Secret, the same way
+    if flavor == "lws":
+        workers = [d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"] for d in docs[1:3]]
+    else:
+        workers = [r["standalonePattern"]["template"]["spec"] for r in docs[1]["spec"]["roles"] if r["name"] != "router"]
+    assert len(workers) == 2
+    for w in workers:
+        wc = w["containers"][0]
+        if key.startswith("router.api_key_env"):
+            assert {e["name"]: e for e in wc["env"]}["ROUTER_KEY"]["valueFrom"]["secretKeyRef"]["name"] == \
+                "v4flash-router-key"
+        else:
+            assert any(m["name"] == "router-key" and m["mountPath"] == "/etc/v4flash-key/router.key"
+                       for m in wc["volumeMounts"])
+            assert any(v["name"] == "router-key" for v in w["volumes"])
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics for matchLabels and In-expressions (all the renderer uses)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", e
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def _pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """component -> pod template, for either flavor."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        if d["kind"] == "LeaderWorkerSet":
+            t = d["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        elif d["kind"] == "Deployment":
+            t = d["spec"]["template"]
+        elif d["kind"] == "RoleBasedGroup":
+            for r in d["spec"]["roles"]:
+                out[r["name"]] = r["standalonePattern"]["template"]
+            continue
+        else:
+            continue
+        out[t["metadata"]["labels"]["app.kubernetes.io/component"]] = t
+    return out
+
+
+@pytest.mark.parametrize("flavor", ["lws", "rbg"])
+def test_only_the_router_and_peer_workers_reach_worker_pods(flavor: str, cli: Cli, tmp_path: Path) -> None:
+    """Issue 23, security: workers, bootstrap and KV transfer listen on every pod address without
+    authentication; the NetworkPolicy selects exactly the worker pods and admits only the router (on
+    the workers' named http port) and the peer workers (any port: UCX/ZMQ pick theirs at run time)."""
+    out, _ = rendered(cli, tmp_path, f"np-{flavor}", ["k8s", "--flavor", flavor, "--prefill", "2", "--decode", "1"],
+                      "yaml")
+    docs = load_yaml_docs(out.read_text())
+    assert validate(docs) == []
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    pods = _pods(docs)
+    labels = {c: t["metadata"]["labels"] for c, t in pods.items()}
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert {c for c in labels if _matches(spec["podSelector"], labels[c])} == {"prefill", "decode"}
+    by_router, by_peers = spec["ingress"]
+    assert [c for c in labels if _matches(by_router["from"][0]["podSelector"], labels[c])] == ["router"]
+    assert by_router["ports"] == [{"port": "http"}]
+    for c in ("prefill", "decode"):  # the named port exists on every worker container
+        assert any(p["name"] == "http" for p in pods[c]["spec"]["containers"][0]["ports"])
+    assert {c for c in labels if _matches(by_peers["from"][0]["podSelector"], labels[c])} == {"prefill", "decode"}
+    assert "ports" not in by_peers
+
+
+def test_the_k8s_header_says_what_an_operator_must_know(cli: Cli, tmp_path: Path) -> None:
+    """Issue 23, newcomer friction: weights on every node, emptyDir caches, an unauthenticated router."""
+    out, _ = rendered(cli, tmp_path, "hdr", ["k8s", "--model-host-path", "/data/DeepSeek-V4-Flash"], "yaml")
+    header = "".join(line[2:] + " " for line in out.read_text().splitlines() if line.startswith("# "))
+    assert "'/data/DeepSeek-V4-Flash', so they must be on EVERY GPU node" in header, header
+    assert "emptyDir" in header and "lost when a pod restarts" in header and "tens of minutes" in header
+    assert "The router is UNAUTHENTICATED" in header
+    assert "NetworkPolicy" in header
+    keyed, _ = rendered(cli, tmp_path, "hdr-key", ["k8s", "--set", "router.api_key_env=ROUTER_KEY"], "yaml")
+    text = keyed.read_text()
+    assert "UNAUTHENTICATED" not in text and "kubectl create secret generic v4flash-router-key" in text
+
+
+@pytest.mark.parametrize("argv", [["k8s", "--flavor", "lws", "--prefill", "1", "--decode", "1"],
+                                  ["slurm", "--boxes", "2", "--prefill", "1", "--decode", "1"]], ids=["k8s", "slurm"])
+def test_a_rehearsed_render_keeps_the_routers_address(argv: list[str], cli: Cli, tmp_path: Path) -> None:
+    """A one-box rehearsal listens on 127.0.0.1; a rendered cluster must not: the router pod's Service (or
+    the other Slurm nodes) reach it from outside. `render k8s --rehearse` once carried router.host =
+    127.0.0.1 (the loopback layer applied before the pods became the boxes)."""
+    _, plan = rendered(cli, tmp_path, "reh", [*argv, "--rehearse"], "out")
+    config = json.loads(plan.read_text())["config"]
+    assert config["router"]["host"] == "0.0.0.0", config["router"]
+    assert "rehearsal:loopback" not in json.dumps(config)

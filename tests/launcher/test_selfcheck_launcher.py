@@ -19,7 +19,7 @@ import pytest
 
 from v4flash_kernels.hook.patches import SWITCHES as REGISTRY
 from v4flash_pd import topology as topo
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.host import Host
 from v4flash_pd.plan import build_plan
 from v4flash_pd.selfcheck import result
@@ -194,9 +194,9 @@ def test_selfcheck_command_in_rehearsal_is_marked_stand_in(cli, tmp_path):
     assert s["standin"] and s["decision"] == "checked" and len(s["gpus"]) == 8
     assert s["requested"] == list(SWITCHES)
     assert all(g["patches"]["moe"]["cases"][0]["name"] == "stand-in" for g in s["gpus"])
-    for name in set(SWITCHES) - set(PATCHES):  # a switch without a self-check is never vouched for
-        assert s["patches"][name]["status"] == "unchecked"
-        assert f"WARNING kernel patch {name} has no self-check" in res.stderr
+    for sw in REGISTRY:  # a switch without a self-check is never vouched for
+        assert s["patches"][sw.name]["status"] == ("pass" if sw.selfcheck else "unchecked"), sw.name
+        assert (f"WARNING kernel patch {sw.name} has no self-check" in res.stderr) == (sw.selfcheck is None)
 
 
 def test_selfcheck_command_reports_a_failure_and_exits_1(cli, tmp_path):

@@ -6,9 +6,12 @@ patch off through the plan (plan.json and every worker's V4FLASH_<PATCH>=0), ref
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import fakebox
@@ -75,10 +78,12 @@ def test_a_failing_patch_is_switched_off_through_the_plan(box, stopper):
         assert sw == {f"V4FLASH_{n.upper()}": "0" if n == "moe" else "1" for n in SWITCHES}, name
     s = json.loads((run / "selfcheck.json").read_text())
     assert s["decision"] == "switched_off" and s["switched_off"] == ["moe"] and s["standin"]
-    assert "using the result the detaching launcher wrote" in (run / "launcher.log").read_text()
+    # the detached launcher runs the plan it was handed (moe off): it never checks again
+    assert "kernel self-check" not in (run / "launcher.log").read_text()
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     first_start = next(i for i, e in enumerate(events) if e["event"] == "start")
-    assert any(e["event"] == "selfcheck" for e in events[:first_start])
+    checks = [i for i, e in enumerate(events) if e["event"] == "selfcheck"]
+    assert len(checks) == 1 and checks[0] < first_start
     st = v4(box, "status", "--run-dir", str(run))
     assert "moe FAILED on GPU 5" in st.stdout and "switched off for this run" in st.stdout
     js = json.loads(v4(box, "status", "--json", "--run-dir", str(run)).stdout)
@@ -110,6 +115,57 @@ def test_no_selfcheck_skips_it_and_says_so(box, stopper):
     assert "skipped (--no-selfcheck)" in res.stdout and "unverified" in res.stdout
     assert not (latest(box) / "selfcheck.json").exists()
     assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
+
+
+def _standins_gone(run: Path) -> None:
+    """Every stand-in check process the run started is gone (each record names its pid)."""
+    pids = [json.loads(p.read_text())["pid"] for p in (run / "selfcheck").glob("*.json")]
+    assert pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_closed_stdout_during_the_check_stops_up_like_the_supervisor(box):
+    """`up | head -n 1`: the reader quits after the check's first line; the check's processes are
+    killed, nothing starts, the run dir says stopped and stderr says why (no traceback)."""
+    argv = [sys.executable, "-m", "v4flash_pd", "up", "--rehearse", "--config", str(box["cfg"]),
+            "--topology", str(box["topology"])]
+    cmd = " ".join(f"'{a}'" for a in argv) + ' | head -n 1; echo "rc=${PIPESTATUS[0]}" >&2'
+    # GPU 3's check hangs, so it is still running when the other GPUs' lines meet the closed pipe
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, cwd=box["tmp"], timeout=60,
+                         env=dict(box["env"], **{INJECT: "moe:hang@3"}))
+    assert res.stdout.startswith("kernel self-check: ") and res.stdout.count("\n") == 1
+    assert "stdout closed" in res.stderr and "nothing was started" in res.stderr and "Traceback" not in res.stderr
+    assert res.stderr.rstrip().endswith("rc=1"), res.stderr
+    run = latest(box)
+    st = json.loads((run / "state.json").read_text())
+    assert st["status"] == "stopped" and "stdout closed" in st["reason"] and not st.get("pids")
+    assert not list(run.glob("*.log")), "nothing may have been started"
+    _standins_gone(run)
+
+
+def test_sigterm_during_the_check_stops_up_cleanly(box):
+    p = subprocess.Popen([sys.executable, "-m", "v4flash_pd", "up", "--rehearse", "--config", str(box["cfg"]),
+                          "--topology", str(box["topology"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(box["env"], **{INJECT: "moe:hang"}), cwd=box["tmp"])
+    assert p.stdout is not None
+    assert p.stdout.readline().startswith("kernel self-check: ")
+    run_dir = box["tmp"] / "runs" / "latest"
+    deadline = time.monotonic() + 30  # wait until a stand-in sits in the hanging patch
+    while not any((json.loads(f.read_text()).get("running") or {}).get("patch") == "moe"
+                  for f in run_dir.glob("selfcheck/*.json")):  # records are written atomically
+        assert time.monotonic() < deadline and p.poll() is None, "the check did not reach the hanging patch"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert "received SIGTERM during the kernel self-check" in out and "Traceback" not in err
+    run = latest(box)
+    st = json.loads((run / "state.json").read_text())
+    assert st["status"] == "stopped" and st["reason"].startswith("SIGTERM")
+    assert not list(run.glob("*.log")), "nothing may have been started"
+    _standins_gone(run)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,8 +16,7 @@ from pathlib import Path
 
 import fakebox
 import pytest
-
-from v4flash_pd.procs import group_alive
+from fakebox import group_alive
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,5 +114,60 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
         assert rc == 0, out
         assert "stopped cleanly" in out and "Traceback" not in out, out
         assert "cannot write the run dir" in out, out
+    finally:
+        up.kill_all(pids)
+
+
+@needs_mount_ns
+def test_up_on_a_run_dir_that_is_full_before_the_first_process_refuses_cleanly(tmp_path: Path) -> None:
+    """ENOSPC writing config.json/plan.json (the disk had room for the lock and nothing more): one
+    error + fix paragraph, non-zero exit, no traceback, and no process started."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run = mnt / "run"
+    # fill the tmpfs, then free exactly one page: the write test passes, the lock takes the page back
+    setup = (f"mount -t tmpfs -o size=1m tmpfs '{mnt}'; dd if=/dev/zero of='{mnt}/pad' bs=4096 count=1 2>/dev/null; "
+             f"dd if=/dev/zero of='{mnt}/fill' bs=4096 2>/dev/null || true; rm '{mnt}/pad'")
+    up = NsUp(tmp_path, run, setup)
+    try:
+        rc = up.p.wait(60)
+        out = up.text()
+        assert rc == 2, out
+        assert "Traceback" not in out, out
+        assert re.search(r"^error: cannot write .*No space left on device.*\n  fix: free space", out, re.M), out
+        assert "started prefill" not in out and "READY" not in out, out
+    finally:
+        up.kill_all({})
+
+
+@needs_mount_ns
+def test_a_run_dir_that_fills_after_ready_is_reported_not_hidden(tmp_path: Path) -> None:
+    """Past READY the launcher kept saying `ready` while every log line and state write was lost: it
+    must say so on its output, and `status` must show it (state.json itself cannot be written)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run = mnt / "run"
+    up = NsUp(tmp_path, run, f"mount -t tmpfs -o size=4m tmpfs '{mnt}'")
+    pids: dict[str, int] = {}
+    try:
+        _wait(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
+        assert "READY" in up.text(), up.text()
+        pids = {k: int(v) for k, v in up.state()["pids"].items()}
+        r = up.in_ns(f"dd if=/dev/zero of='{mnt}/fill' bs=64k 2>&1")
+        assert "No space left" in r.stdout, r.stdout + r.stderr
+        _wait(lambda: "run dir is full" in up.text() or up.p.poll() is not None, 30, "the full-disk warning")
+        assert up.p.poll() is None, up.text()  # still serving: a full disk does not stop the run
+        st = up.in_ns(f"{PY} -m v4flash_pd status --run-dir '{run}'")
+        assert st.returncode == 0 and "Traceback" not in st.stderr, st.stdout + st.stderr
+        assert re.search(r"^status +ready \(DEGRADED: run dir is full", st.stdout, re.M), st.stdout
+        # space again: the warning is taken back
+        up.in_ns(f"rm '{mnt}/fill'")
+        _wait(lambda: "run dir has space again" in up.text(), 30, "the all-clear")
+        st = up.in_ns(f"{PY} -m v4flash_pd status --run-dir '{run}'")
+        assert re.search(r"^status +ready$", st.stdout, re.M), st.stdout
+        up.p.send_signal(signal.SIGTERM)
+        assert up.p.wait(60) == 0, up.text()
+        for name, pid in pids.items():
+            _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
     finally:
         up.kill_all(pids)

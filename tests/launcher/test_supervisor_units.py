@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakebox import group_alive
 
 from v4flash_pd.errors import RuntimeFailure
+from v4flash_pd.hostprobe import Binding
 from v4flash_pd.httpclient import ERROR, OK, REFUSED, TIMEOUT, Reply
-from v4flash_pd.plan import Binding, Plan, ProcessSpec
+from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.poll import Clock, poll_until
 from v4flash_pd.procgroup import (
     Child,
@@ -31,7 +33,6 @@ from v4flash_pd.procgroup import (
     pid_file_text,
     verify,
 )
-from v4flash_pd.procs import group_alive
 from v4flash_pd.readiness import HealthGate, describe
 from v4flash_pd.rundir import RunDir
 from v4flash_pd.supervisor import Supervisor
@@ -163,7 +164,7 @@ def _spec(name: str, role: str, url: str, argv: tuple[str, ...] = ("true",)) -> 
 
 def _plan(*specs: ProcessSpec) -> Plan:
     return Plan(profile="t", mode="pd", rehearse=True, model_path="", processes=tuple(specs),
-                url="http://127.0.0.1:1", probe_url="http://127.0.0.1:1", expected=())
+                url="http://127.0.0.1:1", probe_url="http://127.0.0.1:1", expected=(), python=sys.executable)
 
 
 NO_SUCH_PID = 4_000_000  # above pid_max's usual 4194304? keep it unlikely; describe_state treats it as gone

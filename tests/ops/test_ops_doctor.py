@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ops_doctor_fixtures import make_model, make_numactl_docker, make_numactl_ok, make_nvidia_smi, make_sysfs, write_lock
 
-from v4flash_pd.config import load_config
+from v4flash_pd.config.load import load_config
 from v4flash_pd.doctor import (
     EXIT_ERROR,
     EXIT_OK,
@@ -229,7 +229,7 @@ def _inp(box, **probe_over) -> DoctorInput:
     cfg = load_config(overrides={"model.path": str(box["model"])}, env=box["env"])
     host = probe_host(cfg, env=box["env"])
     plan = build_plan(cfg, host, require_gpus=False)
-    expect = expect_from_plan(plan, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
+    expect = expect_from_plan(plan, host, numa_mode=cfg.numa, transfer_backend=cfg.transfer_backend)
     return DoctorInput(expect=expect, topology=host.topology, probe=probe)
 
 
@@ -351,3 +351,33 @@ def test_plan_warnings_no_other_row_covers_are_a_plan_row(box):
     rc, checks = doctor(box, "--set", "prefill.0.host=0.0.0.0")
     c = checks["plan"]
     assert rc == EXIT_WARN and c["status"] == "warn" and "prefill-0 bootstrap on 0.0.0.0" in c["detail"]
+
+
+def test_doctor_rehearse_does_not_fail_on_what_a_rehearsal_does_not_need(tmp_path: Path) -> None:
+    """Issue 23: `doctor --rehearse` exited 4 on GPU, model and NIXL findings a rehearsal never touches
+    (here: a 4-GPU, one-node box and no model dir). They are shown as skipped rows that say why; what a
+    rehearsal does need (ports) still fails it."""
+    import fakebox
+
+    ports = fakebox.free_ports(7)
+    cfg = fakebox.write_pd_config(tmp_path, ports)
+    env = fakebox.box_env(tmp_path, fakebox.BOX_4GPU_1NODE, membind_ok=True)
+
+    def run(*extra: str) -> tuple[int, dict]:
+        p = subprocess.run([sys.executable, "-m", "v4flash_pd", "doctor", "--json", "--config", str(cfg), *extra],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert "Traceback" not in p.stderr, p.stderr
+        return p.returncode, {c["name"]: c for c in json.loads(p.stdout)["checks"]}
+
+    rc, checks = run("--rehearse")
+    assert rc in (EXIT_OK, EXIT_WARN), {n: c["status"] for n, c in checks.items()}
+    for name in ("gpus", "gpu-numa", "model-dir"):
+        assert checks[name]["status"] == "skip" and "not needed for a rehearsal" in checks[name]["detail"], checks[name]
+    assert checks["ports"]["status"] == "ok"
+    real_rc, real = run()
+    assert real_rc == EXIT_ERROR and real["gpus"]["status"] == "error"  # the real start needs them
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", ports[5]))
+        busy.listen(1)
+        busy_rc, busy_checks = run("--rehearse")
+    assert busy_rc == EXIT_ERROR and busy_checks["ports"]["status"] == "error"

@@ -21,14 +21,16 @@ step at 128K context: 2 SWA + 21 c4 + 20 c128 layers.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_kernels.provenance import measured_commit
+from v4flash_kernels.timing import time_graph, variant_summary  # also imported from here by other benches
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -39,17 +41,18 @@ TWO_LAUNCH_VARIANT = "two_launch"  # the planner's plan with split + combine, wh
 
 # Exploration-only configs timed by --sweep next to the shipped table; a config from here may
 # only ship after `check_sm120` passes it (some of these exceed sm_120 smem or spill there).
-EXPLORE_CONFIGS = (
-    dict(block_h=64, block_t=16, num_warps=8),
-    dict(block_h=16, block_t=32, num_warps=4, prefetch=True),
-    dict(block_h=16, block_t=16, num_warps=2, prefetch=True),
+# Variants that need their own kernel path (register prefetch, the latent across warps) are timed
+# by kernels/scripts/attention_variants.py.
+EXPLORE_CONFIGS: Tuple[Dict[str, Any], ...] = (
+    {"block_h": 64, "block_t": 16, "num_warps": 8},
 )
 
-KINDS = {
-    "swa": dict(extra_width=0),
-    "c4": dict(extra_width=512, extra_page_size=64, extra_dense=False),
-    "c128@128K": dict(extra_width=1024, extra_page_size=2, extra_dense=True),
-    "c128@256K": dict(extra_width=2048, extra_page_size=2, extra_dense=True),
+# The decode's layer kinds as `reference.Case` fields.
+KINDS: Dict[str, Dict[str, Any]] = {
+    "swa": {"extra_width": 0},
+    "c4": {"extra_width": 512, "extra_page_size": 64, "extra_dense": False},
+    "c128@128K": {"extra_width": 1024, "extra_page_size": 2, "extra_dense": True},
+    "c128@256K": {"extra_width": 2048, "extra_page_size": 2, "extra_dense": True},
 }
 
 
@@ -91,7 +94,7 @@ def floor_bytes(kw: dict, tokens: int) -> int:
     return tokens * TOKEN_BYTES + 2 * B * H * D * 2 + idx + B * H * 4
 
 
-def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: Optional[slice] = None) -> dict:
+def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: slice | None = None) -> dict:
     """Run `fn(**kw)` once on NaN-poisoned outputs (when it accepts them) and compare to the ref.
 
     With `heads`, the reference holds only those heads and only they are compared; with `poison`
@@ -125,29 +128,8 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: Op
     empty = ref_out.abs().amax(dim=(-1, -2, -3)) == 0  # rows with no valid token
     empty_zero = bool((o[empty] == 0).all()) if empty.any() else True
     ok = (not nan) and err <= REL_TOL and lse_err <= 1e-2 and lse_inf_ok and empty_zero and untouched
-    return dict(ok=ok, rel_err=err, lse_abs_err=lse_err, nan=nan, lse_inf_ok=lse_inf_ok,
-                empty_rows_zero=empty_zero, other_heads_untouched=untouched)
-
-
-def time_graph(fn: Callable, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median µs per replay of a CUDA graph holding one call of `fn` (L2 flushed by do_bench)."""
-    import torch
-    import triton
-
-    fn()  # compile / autotune outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    del g
-    return ms * 1e3
+    return {"ok": ok, "rel_err": err, "lse_abs_err": lse_err, "nan": nan, "lse_inf_ok": lse_inf_ok,
+                "empty_rows_zero": empty_zero, "other_heads_untouched": untouched}
 
 
 def cache_widths(kw: dict) -> tuple:
@@ -156,7 +138,7 @@ def cache_widths(kw: dict) -> tuple:
     return kw["indices"].shape[-1], w_b
 
 
-def bind_plan(plan, heads: Optional[tuple] = None) -> Callable:
+def bind_plan(plan, heads: tuple | None = None) -> Callable:
     """`fn(out=None, lse=None, **inputs)` that runs the decode with this explicit plan (for A/B runs)."""
     from v4flash_kernels.attention import op as decode
 
@@ -186,7 +168,7 @@ def production_call(shape: Shape) -> Callable:
     return call
 
 
-def plan_for(shape: Shape, kw: dict, smem_per_sm: Optional[int] = None):
+def plan_for(shape: Shape, kw: dict, smem_per_sm: int | None = None):
     from v4flash_kernels.attention import op as decode
 
     w_a, w_b = cache_widths(kw)
@@ -272,7 +254,7 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
         if name == "ours":  # the poisoned check above ran the same plan; now the real adapter call too
             direct = check_call(fn, kw, ref_out, ref_lse, poison=False, heads=sl)
             chk = dict(chk, ok=chk["ok"] and direct["ok"], rel_err=max(chk["rel_err"], direct["rel_err"]))
-        us = time_graph(lambda: fn(**kw))
+        us = time_graph(functools.partial(fn, **kw))
         row["variants"][name] = dict(chk, us=us)
     del kw, ref_out, ref_lse
     torch.cuda.empty_cache()
@@ -280,40 +262,26 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
 
 
 def _upstream_kwargs(kw: dict) -> dict:
-    return dict(
-        q=kw["q"], k_cache=kw["k_cache"], indices=kw["indices"], topk_length=kw["topk_length"],
-        attn_sink=kw["attn_sink"], head_dim_v=kw["head_dim_v"], softmax_scale=kw["softmax_scale"],
-        extra_k_cache=kw.get("extra_k_cache"), extra_indices=kw.get("extra_indices"),
-        extra_topk_length=kw.get("extra_topk_length"),
-    )
-
-
-
-def variant_summary(v: Dict[str, dict]) -> Tuple[float, str, float, float, float, str]:
-    """(ours µs, fastest correct variant of ours, its µs, upstream µs, worst rel. err, "  FAIL:..." or "")
-    of one row's variants: the columns every kernel bench's table shares."""
-    ours = v["ours"]["us"]
-    mine = {k: x for k, x in v.items() if k != "upstream" and x["ok"]}
-    best_name = min(mine, key=lambda k: mine[k]["us"]) if mine else "-"
-    best = mine[best_name]["us"] if mine else float("nan")
-    up = v.get("upstream", {}).get("us", float("nan"))
-    err = max(x["rel_err"] for k, x in v.items() if k != "upstream")
-    bad = "" if all(x["ok"] for x in v.values()) else "  FAIL:" + ",".join(k for k, x in v.items() if not x["ok"])
-    return ours, best_name, best, up, err, bad
+    return {
+        "q": kw["q"], "k_cache": kw["k_cache"], "indices": kw["indices"], "topk_length": kw["topk_length"],
+        "attn_sink": kw["attn_sink"], "head_dim_v": kw["head_dim_v"], "softmax_scale": kw["softmax_scale"],
+        "extra_k_cache": kw.get("extra_k_cache"), "extra_indices": kw.get("extra_indices"),
+        "extra_topk_length": kw.get("extra_topk_length"),
+    }
 
 
 def format_table(rows: List[dict]) -> str:
-    head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} {'sm120cfg':>8} "
-            f"{'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
+    head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} "
+            f"{'sm120cfg':>8} {'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
     lines = [head, "-" * len(head)]
     for r in rows:
         v = r["variants"]
         ours, best_name, best, up, err, bad = variant_summary(v)
         s120 = v.get(SM120_VARIANT, {}).get("us", float("nan"))
         lines.append(
-            f"{r['kind']:<10} {r.get('mode', ''):<6} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} {r['floor_h200_us']:>9.2f} "
-            f"{r['floor_rtx6000_us']:>8.2f} {ours:>8.1f} {s120:>8.1f} {best:>8.1f} {up:>9.1f} {up / ours:>6.1f} {err:>8.1e}  "
-            f"{r['plan']} / {best_name}{bad}"
+            f"{r['kind']:<10} {r.get('mode', ''):<6} {r['batch']:>3} {r['heads']:>3} {r['tokens']:>7} "
+            f"{r['floor_h200_us']:>9.2f} {r['floor_rtx6000_us']:>8.2f} {ours:>8.1f} {s120:>8.1f} {best:>8.1f} {up:>9.1f} "
+            f"{up / ours:>6.1f} {err:>8.1e}  {r['plan']} / {best_name}{bad}"
         )
     return "\n".join(lines)
 
@@ -321,7 +289,8 @@ def format_table(rows: List[dict]) -> str:
 def format_markdown(rows: List[dict]) -> str:
     """The BENCH.md table: µs per call (graph replay, L2 flushed, median) and the floors."""
     lines = [
-        "| kind | mode | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | other merge | sm_120 choice | upstream | ours vs upstream | rel. err | plan |",
+        "| kind | mode | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | other merge | sm_120 choice "
+        "| upstream | ours vs upstream | rel. err | plan |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -334,15 +303,14 @@ def format_markdown(rows: List[dict]) -> str:
         one = other[0] if other else "–"
         ok = "" if ours["ok"] else " FAIL"
         lines.append(
-            f"| {r['kind']} | {r.get('mode', '')} | {r['batch']} | {r['heads']} | {r['tokens']} | {r['floor_h200_us']:.2f} | "
-            f"{r['floor_rtx6000_us']:.2f} | **{ours['us']:.1f}** | {one} | {v.get(SM120_VARIANT, {}).get('us', float('nan')):.1f} | "
-            f"{up_s} | "
-            f"{ours['rel_err']:.1e}{ok} | {r['plan']} |"
+            f"| {r['kind']} | {r.get('mode', '')} | {r['batch']} | {r['heads']} | {r['tokens']} | "
+            f"{r['floor_h200_us']:.2f} | {r['floor_rtx6000_us']:.2f} | **{ours['us']:.1f}** | {one} | "
+            f"{v.get(SM120_VARIANT, {}).get('us', float('nan')):.1f} | {up_s} | {ours['rel_err']:.1e}{ok} | {r['plan']} |"
         )
     return "\n".join(lines)
 
 
-def step_time_us(rows: List[dict], variant: str = "ours") -> Optional[float]:
+def step_time_us(rows: List[dict], variant: str = "ours") -> float | None:
     """Sum of one decode step's attention calls at B=1, 128K, from the tp4 rows; None if any is missing."""
     by = {(r["kind"], r.get("mode"), r["batch"]): r for r in rows}
     total = 0.0
@@ -354,7 +322,7 @@ def step_time_us(rows: List[dict], variant: str = "ours") -> Optional[float]:
     return total
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.attention.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--batches", default="1,4,16,64")
@@ -397,16 +365,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         r = rows[-1]
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(partial=True, seed=seed), rows=rows), f, indent=1)
-        print(f"[{time.time() - t0:6.1f}s] {sh.kind} {sh.mode} B={sh.batch} H={sh.heads}: ours {r['variants']['ours']['us']:.1f} us"
-              f" err {r['variants']['ours']['rel_err']:.2e}"
+                json.dump({"meta": {"partial": True, "seed": seed}, "rows": rows}, f, indent=1)
+        print(f"[{time.time() - t0:6.1f}s] {sh.kind} {sh.mode} B={sh.batch} H={sh.heads}: "
+              f"ours {r['variants']['ours']['us']:.1f} us err {r['variants']['ours']['rel_err']:.2e}"
               + (f", upstream {r['variants']['upstream']['us']:.1f} us" if "upstream" in r["variants"] else ""),
               flush=True)
     table = format_table(rows)
     props = torch.cuda.get_device_properties(0)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, commit=measured_commit(), argv=sys.argv[1:], seed=seed,
-                upstream_origin=getattr(upstream, "__v4flash_origin__", None))
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
+            "upstream_origin": getattr(upstream, "__v4flash_origin__", None)}
     step = step_time_us(rows)
     if step is not None:
         meta["tp4_step_b1_128k_us"] = step
@@ -417,7 +386,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"(2 SWA + 21 c4 + 20 c128 layers): {step / 1000:.3f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")

@@ -27,6 +27,9 @@ exact; ``softmax_scale`` is applied in fp32 after the dot (rounding ``q*scale`` 
 exact and one instruction per two values; bounds in ``_dequant_tile``), ``tl.bfloat16`` for the wide
 block; bf16 configs get ``tl.float32`` under ``TRITON_INTERPRET=1`` because the interpreter computes
 bf16 arithmetic on raw bit patterns (fp16 is real numpy arithmetic there).
+
+Only paths a shipped plan launches live here; the measured-and-dropped 16-head variants (register
+prefetch of the next tile, the latent split across warps) are in kernels/scripts/attention_variants.py.
 """
 
 from __future__ import annotations
@@ -188,14 +191,12 @@ def split_kernel(
     HAS_LEN_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    PREFETCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     KSPLIT: tl.constexpr = 1,  # 4: the latent as four 128-wide parts (wide head blocks)
     EPILOGUE: tl.constexpr = 0,  # 0: partials only (combine_kernel merges); 1: cooperative merge; 2: NS == 1
     HAS_SINK: tl.constexpr = False,
     MERGE_SB: tl.constexpr = 16,  # splits per merge load (EPILOGUE 1)
     MERGE_COLS: tl.constexpr = 16,  # columns per merge slice (EPILOGUE 1)
-    DSPLIT: tl.constexpr = False,  # latent split across 4 warps (batched dots), see the loop
 ):
     sid = tl.program_id(0)
     hb = tl.program_id(1)
@@ -288,62 +289,6 @@ def split_kernel(
             acc_3 = tl.dot(pd, kv_3, acc=acc_3 * alpha[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
-    elif DSPLIT:
-        # The 512-wide latent as 4 parts of 128 (2 fp8 groups each; part 3 = group 6 + RoPE), one
-        # per warp through batched dots: each warp keeps only its quarter of q and of the
-        # accumulator, and the only cross-warp step is summing the 4 partial score tiles.
-        offs_p = tl.arange(0, 4)
-        offs_c = tl.arange(0, 64)
-        p4 = offs_p[:, None, None, None]
-        half = tl.arange(0, 2)[None, None, :, None]
-        c4 = offs_c[None, None, None, :]
-        grp = p4 * 2 + half  # [4,1,2,1] fp8 group (7 = RoPE)
-        q4 = tl.load(Q + b.to(tl.int64) * stride_qb + offs_h[None, :, None, None] * stride_qh + grp * 64 + c4,
-                     mask=hmask[None, :, None, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
-        q3 = tl.reshape(q4, [4, BLOCK_H, 128])
-        acc3 = tl.zeros([4, BLOCK_H, 128], tl.float32)
-        for t0 in range(start, end, BLOCK_T):
-            base, sc, valid = _tile_addr(ks64, idx, page_size, page_bytes, scale_section)
-            t = t0 + BLOCK_T + offs_t
-            idx = tl.load(idx_row + t, mask=t < end, other=-1)
-            b4 = base[None, :, None, None]
-            v4 = valid[None, :, None, None]
-            rb = tl.multiple_of(base // 2 + 224, 8)
-            nope = tl.load(k8 + b4 + grp * 64 + c4, mask=v4 & (grp < 7), other=0.0)  # [4,T,2,64]
-            rope = tl.load(kbf + rb[None, :, None, None] + c4, mask=v4, other=0.0)  # [1,T,1,64]
-            byte = ((sc[None, :, None, None] >> (grp.to(tl.int64) * 8)) & 0xFF).to(tl.int32)  # [4,T,2,1]
-            scale = (byte << 23).to(tl.float32, bitcast=True)
-            kv4 = tl.where(grp == 7, rope.to(tl.float32).to(DOT_DTYPE), nope.to(DOT_DTYPE) * scale.to(DOT_DTYPE))
-            kv3 = tl.reshape(kv4, [4, BLOCK_T, 128])
-            s = tl.sum(tl.dot(q3, tl.permute(kv3, (0, 2, 1))), axis=0) * qk_scale  # [BLOCK_H, BLOCK_T]
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            p3 = tl.broadcast_to(p.to(DOT_DTYPE)[None, :, :], [4, BLOCK_H, BLOCK_T])
-            acc3 = tl.dot(p3, kv3, acc=acc3 * alpha[None, :, None])
-            m_i = m_new
-        acc = tl.reshape(tl.permute(acc3, (1, 0, 2)), [BLOCK_H, 512])
-    elif PREFETCH:
-        # Register double buffering: the next tile's gather is in flight while this tile's math
-        # runs, and indices run two tiles ahead. Costs registers: only configs that stay
-        # spill-free on sm_120 enable it (check_sm120).
-        t = start + BLOCK_T + offs_t
-        idx_nxt = tl.load(idx_row + t, mask=t < end, other=-1)
-        nope, sc, rope = _gather_tile(k8, ks64, kbf, idx, page_size, page_bytes, scale_section)
-        valid = idx >= 0
-        for t0 in range(start, end, BLOCK_T):
-            nope_n, sc_n, rope_n = _gather_tile(k8, ks64, kbf, idx_nxt, page_size, page_bytes, scale_section)
-            valid_n = idx_nxt >= 0
-            t = t0 + 2 * BLOCK_T + offs_t
-            idx_nxt = tl.load(idx_row + t, mask=t < end, other=-1)
-            kv = _dequant_tile(nope, sc, rope, BLOCK_T, DOT_DTYPE)
-            m_i, l_i, acc = _online_softmax_step(q, kv, valid, m_i, l_i, acc, qk_scale, DOT_DTYPE)
-            nope = nope_n
-            sc = sc_n
-            rope = rope_n
-            valid = valid_n
     else:
         # Indices one tile ahead so the index->gather dependency overlaps the previous tile.
         for t0 in range(start, end, BLOCK_T):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import triton
@@ -34,17 +34,15 @@ class KernelConfig:
     block_t: int
     num_warps: int
     num_stages: int = 1
-    prefetch: bool = False  # double-buffer the next tile's gather in registers
     ksplit: int = 1  # 4: the latent as four 128-wide parts with q re-read per tile (wide head blocks)
-    dsplit: bool = False  # the latent split across 4 warps with batched dots (16-head blocks)
     f16: bool = False  # fp16 dot operands instead of bf16 (16-head path; see _dequant_tile)
     shared_bytes: int = 0  # compiled shared memory on sm_120 (and sm_90 unless given below); check_sm120 verifies it
     shared_bytes_sm90: int = 0  # sm_90's value where it differs (Hopper lowers wide-block dots to wgmma)
 
     @property
     def name(self) -> str:
-        return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}{'_pf' if self.prefetch else ''}"
-                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_ds' if self.dsplit else ''}{'_f16' if self.f16 else ''}")
+        return (f"h{self.block_h}_t{self.block_t}_w{self.num_warps}"
+                f"{f'_k{self.ksplit}' if self.ksplit > 1 else ''}{'_f16' if self.f16 else ''}")
 
 
 # The 16-head configs the dispatcher launches. fp16 dot operands: fp8 -> fp16 is one instruction per
@@ -59,8 +57,9 @@ WIDE = KernelConfig(block_h=64, block_t=32, num_warps=8, ksplit=4, shared_bytes=
 
 # Every split-kernel config the dispatcher may launch. check_sm120 cross-compiles each of them
 # (every epilogue it can take) for sm_120 and sm_90 and fails if one exceeds sm_120's shared
-# memory or spills. Variants measured and dropped (bf16 operands, 8 warps, register prefetch, q
-# re-read, latent across warps) stay constructible for the A/B scripts.
+# memory or spills. Variants measured and dropped: bf16 operands and 8 warps stay constructible
+# here for the A/B scripts; register prefetch and the latent across warps, which needed their own
+# kernel paths, live in kernels/scripts/attention_variants.py.
 SPLIT_CONFIGS: Tuple[KernelConfig, ...] = (T32, T16, WIDE)
 # Dispatcher preference, best first (H200 measurements); the first one that fits two CTAs per SM
 # in the device's shared memory is used.
@@ -154,11 +153,11 @@ def make_plan(
     width_main: int,
     width_extra: int,
     num_sms: int,
-    config: Optional[KernelConfig] = None,
+    config: KernelConfig | None = None,
     min_tiles: int = MIN_TILES_PER_SPLIT,
-    ctas_per_sm: Optional[int] = None,
+    ctas_per_sm: int | None = None,
     smem_per_sm: int = 233472,
-    fused: Optional[bool] = None,
+    fused: bool | None = None,
 ) -> Plan:
     """Split the top-k axes of both caches into equal chunks so the grid covers ~ctas_per_sm waves.
 
@@ -260,7 +259,7 @@ def _flat_indices(indices: torch.Tensor, batch: int) -> torch.Tensor:
     return flat
 
 
-def _lengths(length: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _lengths(length: torch.Tensor | None) -> torch.Tensor | None:
     if length is None:
         return None
     length = length.reshape(-1)
@@ -271,16 +270,16 @@ def run(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-    attn_sink: Optional[torch.Tensor],
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
     softmax_scale: float,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
-    plan: Optional[Plan] = None,
-    out: Optional[torch.Tensor] = None,
-    lse: Optional[torch.Tensor] = None,
-    head_range: Optional[Tuple[int, int]] = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    plan: Plan | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    head_range: Tuple[int, int] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The decode with an optional explicit plan (the benchmark sweeps plans through this).
 
@@ -297,20 +296,19 @@ def run(
     if q.stride(3) != 1:
         q = q.contiguous()
     dev = q.device
-    use_extra = extra_k_cache is not None and extra_indices is not None
 
     k8_a, ks_a, kbf_a, ps_a, pb_a = _cache_views(k_cache)
     idx_a = _flat_indices(indices, B)
     len_a = _lengths(topk_length)
-    if use_extra:
+    if extra_k_cache is not None and extra_indices is not None:
         k8_b, ks_b, kbf_b, ps_b, pb_b = _cache_views(extra_k_cache)
         idx_b = _flat_indices(extra_indices, B)
         len_b = _lengths(extra_topk_length)
+        w_b = idx_b.shape[1]
     else:
         k8_b, ks_b, kbf_b, ps_b, pb_b = k8_a, ks_a, kbf_a, ps_a, pb_a
-        idx_b, len_b = idx_a, None
+        idx_b, len_b, w_b = idx_a, None, 0
     w_a = idx_a.shape[1]
-    w_b = idx_b.shape[1] if use_extra else 0
 
     if plan is None:
         sms, smem = _device_info(dev)
@@ -358,9 +356,7 @@ def run(
         HAS_LEN_B=len_b is not None,
         BLOCK_H=cfg.block_h,
         BLOCK_T=cfg.block_t,
-        PREFETCH=cfg.prefetch,
         KSPLIT=cfg.ksplit,
-        DSPLIT=cfg.dsplit,
         DOT_DTYPE=_dot_dtype(cfg),
         EPILOGUE=epilogue,
         HAS_SINK=sink is not None,
@@ -401,7 +397,7 @@ def launchable_epilogues(cfg: KernelConfig) -> Tuple[int, ...]:
     return (0, 1, 2) if cfg.ksplit == 1 else (0,)
 
 
-def check_head_range(heads: Optional[Tuple[int, int]], total: int) -> Tuple[int, int]:
+def check_head_range(heads: Tuple[int, int] | None, total: int) -> Tuple[int, int]:
     """Validate `head_range=(start, stop)` against q's head count; None = all heads."""
     if heads is None:
         return 0, total
@@ -443,15 +439,15 @@ def sparse_mla_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-    attn_sink: Optional[torch.Tensor],
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
     head_dim_v: int,
     softmax_scale: float,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     *,
-    head_range: Optional[Tuple[int, int]] = None,
+    head_range: Tuple[int, int] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over the SWA cache plus an optional extra (c4/c128) cache, one softmax.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -62,13 +62,13 @@ def sparse_mla_decode_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-    attn_sink: Optional[torch.Tensor],
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
     head_dim_v: int,
-    softmax_scale: Optional[float],
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
+    softmax_scale: float | None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reference decode; returns (out [B,1,H,512], lse [B,H,1]) in `dtype`."""
@@ -115,7 +115,7 @@ class CacheSpec:
     fp8_view: bool = False  # hand the kernel a float8_e4m3fn view instead of uint8
 
 
-def make_cache(spec: CacheSpec, device="cpu", gen: Optional[torch.Generator] = None) -> torch.Tensor:
+def make_cache(spec: CacheSpec, device="cpu", gen: torch.Generator | None = None) -> torch.Tensor:
     """Random fp8_ds_mla pool `[P, page_stride]` uint8, returned as SGLang's `[P, ps, 1, 584]` view.
 
     Every byte starts as garbage (including fp8 NaN patterns in page padding and the scale pad
@@ -147,7 +147,7 @@ def make_indices(
     dense: bool,
     hole_frac: float = 0.0,
     dup_frac: float = 0.0,
-    gen: Optional[torch.Generator] = None,
+    gen: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Indices `[B, 1, width]` int32; row b draws from its own slot range [b*spr, (b+1)*spr).
 
@@ -197,7 +197,7 @@ class Case:
     ctx_tokens: int = 0  # extra-cache valid length target (0 = full width)
 
 
-def make_inputs(case: Case, device="cpu", seed: Optional[int] = None) -> dict:
+def make_inputs(case: Case, device="cpu", seed: int | None = None) -> dict:
     """Keyword arguments for `sparse_mla_decode` (and the reference) drawn fresh for `case`."""
     g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
     B, H = case.batch, case.heads
@@ -216,15 +216,15 @@ def make_inputs(case: Case, device="cpu", seed: Optional[int] = None) -> dict:
 
     spr_a = max(case.width, case.page_size)
     len_a = lengths(case.width, case.width)
-    kw = dict(
-        q=(torch.randn((B, 1, H, HEAD_DIM), generator=g)).to(torch.bfloat16).to(device),
-        k_cache=cache_for(case.width, case.page_size, spr_a),
-        indices=make_indices(B, case.width, len_a, spr_a, True, case.hole_frac, case.dup_frac, g).to(device),
-        topk_length=len_a.to(device),
-        attn_sink=(torch.randn((H,), generator=g) * 2.0).to(device) if case.sink else None,
-        head_dim_v=HEAD_DIM,
-        softmax_scale=HEAD_DIM**-0.5,
-    )
+    kw = {
+        "q": (torch.randn((B, 1, H, HEAD_DIM), generator=g)).to(torch.bfloat16).to(device),
+        "k_cache": cache_for(case.width, case.page_size, spr_a),
+        "indices": make_indices(B, case.width, len_a, spr_a, True, case.hole_frac, case.dup_frac, g).to(device),
+        "topk_length": len_a.to(device),
+        "attn_sink": (torch.randn((H,), generator=g) * 2.0).to(device) if case.sink else None,
+        "head_dim_v": HEAD_DIM,
+        "softmax_scale": HEAD_DIM**-0.5,
+    }
     if case.extra_width:
         full = case.ctx_tokens or case.extra_width
         spr_b = max(case.extra_width, full) if case.extra_dense else max(4 * case.extra_width, 64)

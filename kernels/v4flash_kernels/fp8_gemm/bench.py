@@ -1,6 +1,6 @@
 """Benchmark of the block-FP8 linear: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.fp8_gemm.bench [--json out.json] [--md out.md] [--m 1,4,16,64,256,1024,8192]
+    python -m v4flash_kernels.fp8_gemm.bench [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
         [--shapes wqkv_a,...] [--sweep [--budget-s 135]] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash's six block-FP8 linears at TP4 (N x K; the indexer's wq_b has the
@@ -36,7 +36,8 @@ from v4flash_kernels import upstream as _up
 from v4flash_kernels.provenance import measured_commit
 
 FP8_UTILS_PATH = "sglang/srt/layers/quantization/fp8_utils.py"
-M_LIST = (1, 4, 16, 64, 256, 1024, 8192)
+# The issue's row counts, plus 2 and 32: where `op.plan` changes config between measured points.
+M_LIST = (1, 2, 4, 16, 32, 64, 256, 1024, 8192)
 BW_RTX6000 = 1.792e12
 BW_H200_FALLBACK = 4.2e12  # only when the copy measurement is unavailable (recorded in the JSON)
 ROT_MAX = 16
@@ -143,7 +144,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
     """Ours and upstream at one (shape, M)."""
     import torch
 
-    from v4flash_kernels.attention.bench import time_graph
+    from v4flash_kernels.timing import time_graph
     from v4flash_kernels.fp8_gemm import op
     from v4flash_kernels.fp8_gemm.reference import make_activation, make_weight
 

@@ -1,9 +1,11 @@
 """Experiment-only kernels and launches for the small-M sweep (`bench --sweep`); none of this ships.
 
-Why they exist: at M = 1..64 the shipped `gemm_kernel` sits at 6-12 µs per call (a few x the bytes
-floor) whatever its tile, so the sweep measures the design space around it on the GPU before the
-plan table changes: the data picks, and only then does a candidate move into `kernel.py`/`op.py`
-(with check_sm120 and the CPU/GPU tests). Families:
+Why they exist: the sweep measures the design space around the shipped kernels on the GPU before
+the plan table changes: the data picks, and only then does a candidate move into `kernel.py`/`op.py`
+(with check_sm120 and the CPU/GPU tests). Promoted from the first H200 sweep: the whole-K GEMV
+(fused quant, no PDL) as `kernel.gemv_kernel`, and the ``ticket`` / ``reduce`` fix-ups (KG = 1) into
+`kernel.gemm_kernel` / `kernel.reduce_kernel`; PDL, split GEMVs, KG = 2, the ``serial`` fix-up and
+the other tiles stay here. Families:
 
 * ``gemv_kernel`` (M <= 4): no tensor cores. Each program issues ONE load of its whole weight tile
   `[BLOCK_N, KCHUNK]` (16-byte vector loads along K; all its bytes in flight at once, the thing a

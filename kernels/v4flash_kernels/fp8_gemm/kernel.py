@@ -4,24 +4,35 @@ Format: the weight `B [N, K]` is e4m3 with one fp32 scale per 128x128 block (`BS
 ceil(K/128)]`); the activation `A [M, K]` is e4m3 with one fp32 scale per row and 128-column group
 (`AS [M, ceil(K/128)]`). `C = sum_g (A_g . B_g^T) * AS[:, g] * BS[n // 128, g]` in fp32, cast once.
 
+Only what `op`'s plan launches is here (the experiments the plan was chosen from are in `candidates`):
+
+* ``gemv_kernel`` (1-4 rows, the linear only): no tensor cores. Each program issues ONE load of its
+  whole weight tile `[BLOCK_N, K]` (all its bytes in flight at once: what a latency-bound decode
+  GEMM needs; padded MMA rows would cost nothing here but the MMA's shapes force tiles and splits),
+  quantizes the activation rows itself, converts e4m3 -> fp32 on the CUDA cores and reduces each row
+  against the tile. Whole K per program: no split, no fix-up, one launch.
 * ``gemm_kernel``: one program = one output tile x one contiguous run of 128-wide K groups (split-K).
   ``QUANT_A``: `A` is the unquantized activation (bf16/fp16/fp32) and each program quantizes the
   groups it reads itself (``quant_groups``), so a linear is one launch. Every program quantizing the
   same group computes the same bits, from the same 128 inputs, so this is exactly the separate
   per-token-group quant followed by the GEMM. ``SWAP``: the tile is computed as `B_tile . A_tile^T`
-  (the weight fills the MMA's M side; decode rows are few). ``SPLIT``: the programs of a tile write
-  fp32 partials, and the last to arrive (an integer ticket; which program that is does not matter)
-  sums them in split order 0..S-1, casts, stores and resets the ticket: deterministic, one launch,
-  no floating-point atomics, no wait on other programs (no residency requirement).
-* ``act_quant_kernel``: the per-token-group quant on its own, for calls large enough that
-  re-quantizing a group in every output-column program would cost more than a launch (prefill).
+  (the weight fills the MMA's M side; decode rows are few). ``FIXUP`` of a split K: ``ticket``: the
+  programs of a tile write fp32 partials and the last to arrive (an integer ticket; which program
+  that is does not matter) sums them in split order 0..S-1 with all S loads issued at once, casts,
+  stores and resets the ticket: one launch, no floating-point atomics, no wait on other programs
+  (no residency requirement). ``partials``: the programs only write their partials and
+  ``reduce_kernel`` (a second launch) sums them: for splits whose partials are too many bytes for
+  one program to read (the planner's `TICKET_MAX_ELEMS`). Both deterministic.
+* ``act_quant_kernel``: the per-token-group quant on its own, for the tiles that do not fuse it
+  (64-row tiles: re-quantizing a group in every output-column program costs more than a launch).
 
 The quant arithmetic is sgl-kernel's `per_token_group_quant_8bit` v2 (what the pinned SGLang runs on
 CUDA): ``amax = max(1e-10, max |x|)``, stored scale ``amax * fp32(1/448)``, codes
 ``e4m3_rn(clamp(x * (448 / amax), -448, 448))`` with an IEEE division. The codes are rounded onto the
 e4m3 grid in fp32 first (``round_e4m3``) so the cast itself is exact: the same bits as the hardware
 ``cvt.rn.satfinite`` on the GPU, and correct under the Triton interpreter, whose fp32 -> e4m3 cast
-drops the carry into the next binade (127.7 -> 64).
+drops the carry into the next binade (127.7 -> 64). All three kernels that quantize call
+``quant_groups``, so fused and separate quant are the same function.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ import triton.language as tl
 GROUP = tl.constexpr(128)  # quantization group along K (block_size[1]) and the K step of the loop
 FP8_MAX = tl.constexpr(448.0)
 AMAX_FLOOR = tl.constexpr(1e-10)
+FIXUP_WHOLE = tl.constexpr(0)  # no split: the program stores its tile
+FIXUP_TICKET = tl.constexpr(1)  # split: the last-arriving program of a tile sums the partials
+FIXUP_PARTIALS = tl.constexpr(2)  # split: partials only, `reduce_kernel` sums them
 
 
 @triton.jit
@@ -47,15 +61,52 @@ def round_e4m3(v):
 
 @triton.jit
 def quant_groups(x, AXIS: tl.constexpr):
-    """One 128-wide group per row (AXIS=1) or per column (AXIS=0) of fp32 `x` -> (e4m3 codes, fp32 scales)."""
+    """One 128-wide group along axis AXIS of fp32 `x` (any rank) -> (e4m3 codes, fp32 scales with AXIS reduced)."""
     amax = tl.maximum(tl.max(tl.abs(x), axis=AXIS), AMAX_FLOOR)
     mult = tl.math.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax)
-    if AXIS == 1:
-        v = x * mult[:, None]
-    else:
-        v = x * mult[None, :]
+    v = x * tl.expand_dims(mult, AXIS)
     q = round_e4m3(tl.clamp(v, -FP8_MAX, FP8_MAX)).to(tl.float8e4nv)
     return q, amax * (1.0 / 448.0)
+
+
+@triton.jit
+def gemv_kernel(
+    X, stride_xm,  # [M, K] bf16/fp16/fp32 activation (K contiguous), quantized here
+    B, stride_bn,  # [N, K] e4m3 (K contiguous)
+    BS, stride_bsn, stride_bsk,  # [ceil(N/128), K/128] fp32 weight scales
+    C, stride_cm,  # [M, N] output (N contiguous)
+    M, N,
+    BM: tl.constexpr,  # rows handled: a power of 2 >= M (<= 4)
+    BLOCK_N: tl.constexpr,  # weight rows per program; divides 128, so one weight-scale row per program
+    K: tl.constexpr,  # the whole K (a power of 2, a multiple of 128): one program reads all of it
+):
+    """Grid (ceil(N / BLOCK_N),): `C[:, tile] = quant(X) . dequant(B[tile])^T`, the weight tile in one load."""
+    G: tl.constexpr = K // GROUP
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    # All of this program's weight bytes are requested before anything else happens. Wrapped rows
+    # (N not a multiple of BLOCK_N) keep every load in bounds; they are never stored.
+    w = tl.load(B + (offs_n % N).to(tl.int64)[:, None] * stride_bn + tl.arange(0, K)[None, :])
+    gs = tl.arange(0, G)
+    bs = tl.load(BS + ((pid * BLOCK_N) // GROUP) * stride_bsn + gs * stride_bsk)
+    kk = gs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, 128]: group g's columns
+    if BM == 1:
+        q, a_s = quant_groups(tl.load(X + kk).to(tl.float32), 1)
+        a = tl.reshape(q.to(tl.float32) * (a_s * bs)[:, None], (K,))
+        # converted here, after the quant's reductions, so the fp32 copy of the tile is never all live
+        acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        tl.store(C + offs_n, acc.to(C.dtype.element_ty), mask=n_ok)
+    else:  # every row quantized first, then one [BM, BLOCK_N, K] product reduced over K
+        rm = tl.arange(0, BM)
+        r_ok = rm < M
+        x = tl.load(X + rm[:, None, None] * stride_xm + kk[None, :, :], mask=r_ok[:, None, None] & (kk >= 0)[None, :, :],
+                    other=0.0)
+        q, a_s = quant_groups(x.to(tl.float32), 2)
+        a = tl.reshape(q.to(tl.float32) * (a_s * bs[None, :])[:, :, None], (BM, K))
+        acc = tl.sum(w.to(tl.float32)[None, :, :] * a[:, None, :], axis=2)  # [BM, BLOCK_N]
+        tl.store(C + rm[:, None] * stride_cm + offs_n[None, :], acc.to(C.dtype.element_ty),
+                 mask=r_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -65,11 +116,13 @@ def gemm_kernel(
     B, stride_bn,  # [N, K] e4m3 (K contiguous)
     BS, stride_bsn, stride_bsk,  # [ceil(N/128), ceil(K/128)] fp32 weight scales
     C, stride_cm,  # [M, N] output (N contiguous)
-    WS, CNT,  # SPLIT: fp32 partials [S, M, N] and int32 tickets, one per tile, zero between calls
+    WS, stride_ws, CNT,  # split: fp32 partials [S, M, N] (stride_ws = M * N); ticket: int32 tickets, one
+                         # per tile, zero between calls
     M, N, K, groups_per_split,
     QUANT_A: tl.constexpr,
     SWAP: tl.constexpr,
-    SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,  # FIXUP_WHOLE / FIXUP_TICKET / FIXUP_PARTIALS
+    SP: tl.constexpr,  # ticket: a power of 2 >= the split count (the partial loads are unrolled)
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -77,6 +130,7 @@ def gemm_kernel(
 ):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
+    n_split = tl.num_programs(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * num_pid_n
@@ -143,22 +197,37 @@ def gemm_kernel(
         c_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         c_off = offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
         w_off = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    if SPLIT:
-        tl.store(WS + sid.to(tl.int64) * M * N + w_off, acc, mask=c_mask)
-        # The barrier orders this program's partial stores before the release; the acquire and the
-        # .cg loads (which skip the non-coherent L1) make every program's partial visible to the last.
-        tl.debug_barrier()
-        ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-        if ticket == tl.num_programs(1) - 1:
-            total = tl.zeros_like(acc)
-            part = WS + w_off
-            for _ in range(0, tl.num_programs(1)):
-                total += tl.load(part, mask=c_mask, other=0.0, cache_modifier=".cg")
-                part += M * N
-            tl.store(C + c_off, total.to(C.dtype.element_ty), mask=c_mask)
-            tl.atomic_xchg(CNT + pid, 0, sem="relaxed", scope="gpu")
-    else:
+    if FIXUP == FIXUP_WHOLE:
         tl.store(C + c_off, acc.to(C.dtype.element_ty), mask=c_mask)
+    else:
+        tl.store(WS + sid.to(tl.int64) * stride_ws + w_off, acc, mask=c_mask)
+        if FIXUP == FIXUP_TICKET:
+            # The barrier orders this program's partial stores before the release; the acquire and
+            # the .cg loads (which skip the non-coherent L1) make every program's partial visible to
+            # the last. Its S loads are independent (unrolled to SP, masked), so they overlap.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == n_split - 1:
+                total = tl.zeros_like(acc)
+                part = WS + w_off
+                for s in tl.static_range(SP):
+                    total += tl.load(part, mask=c_mask & (s < n_split), other=0.0, cache_modifier=".cg")
+                    part += stride_ws
+                tl.store(C + c_off, total.to(C.dtype.element_ty), mask=c_mask)
+                tl.atomic_xchg(CNT + pid, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def reduce_kernel(WS, C, stride_cm, total, N, S, SP: tl.constexpr, BLOCK: tl.constexpr):
+    """`C[m, n] = sum_s WS[s, m, n]` (`total` = M * N) for the FIXUP_PARTIALS launch: all S partials of
+    BLOCK outputs in one load, summed by a fixed tree over s (deterministic)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    s = tl.arange(0, SP)
+    part = tl.load(WS + s[:, None].to(tl.int64) * total + offs[None, :], mask=(s < S)[:, None] & ok[None, :],
+                   other=0.0)
+    acc = tl.sum(part, axis=0)
+    tl.store(C + (offs // N) * stride_cm + offs % N, acc.to(C.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -6,9 +6,11 @@ Two public entries, each exactly the contract of the sglang 0.5.13.post1 functio
   `layers/quantization/fp8_utils.py::triton_w8a8_block_fp8_linear`, the function the sm_120
   dispatch (`dispatch_w8a8_block_fp8_linear`, Triton backend forced on sm_120) hands every
   128x128-block FP8 linear. Upstream quantizes the activation per token and 128-column group (one
-  kernel) and then runs `w8a8_block_fp8_matmul_triton` (a second); here both are one launch for
-  decode-sized calls (`GemmConfig.fuse_quant`) and two for prefill (the quant re-done per output
-  tile would cost more than the launch). Then `output += bias` and the same dtype/shape as upstream.
+  kernel) and then runs `w8a8_block_fp8_matmul_triton` (a second). Here, by rows (`plan`): 1 row
+  (1-4 for some shapes) one GEMV launch that quantizes as it goes; up to 16 rows one swap-AB
+  tensor-core launch with the quant fused (plus a reduce launch when K is split wide); more rows the
+  separate quant and 64-row tensor-core tiles (re-quantizing every group in each output-column
+  program would cost more than the launch). Then `output += bias` and the same dtype/shape as upstream.
 * `w8a8_block_fp8_matmul(A, B, As, Bs, block_size, output_dtype=torch.float16)`:
   `layers/quantization/fp8_kernel.py::w8a8_block_fp8_matmul_triton`, the GEMM on an already
   quantized activation (As may be column-major, as upstream allows; K need not be a multiple of 128).
@@ -41,7 +43,25 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_UTILS, UPSTREAM_LINEAR = FP8_GEMM.target_module, FP8_GEMM.target_attr  # what the hook replaces with ours
 FP8_KERNEL = "sglang.srt.layers.quantization.fp8_kernel"
 UPSTREAM_MATMUL = "w8a8_block_fp8_matmul_triton"
+DECODE_MAX_M = 16  # rows the swap-AB decode tile holds (its activation side is padded to 16)
 SPLIT_MAX_M = 256  # prefill (more rows) runs upstream's tiling unsplit: never slower than its GEMM
+GEMV_MAX_ROWS = 4  # the GEMV's row block (a power of 2 >= M) is at most this
+# A split tile whose partials (split x BLOCK_M x BLOCK_N fp32 values) are at most this many is summed
+# by its last-arriving program (ticket: one launch); a larger one by a second launch (reduce_kernel),
+# which spreads the sum over the GPU. Of the 14 ticket/reduce pairs the H200 sweep timed on one tile
+# (16x128 at M = 1 and 4, 64x128 at M = 64), this bound picks the faster in 13 (e.g. 16x128: 8 splits
+# ticket 8.50 us vs reduce 8.81 (wo_b, M=4), 32 splits 9.00 vs 7.81 (shared gate_up, M=4); 64x128:
+# 16 splits 31.44 vs 11.89 (wqkv_a), 4 splits 18.62 vs 14.30 (wq_b)) and the 14th is a tie (wqkv_a,
+# M=4, 16 splits of 16x128: ticket 8.66, reduce 8.68). On 64x64 tiles only the ticket was timed.
+TICKET_MAX_ELEMS = 16384
+# The GEMV for an (N, K) the table below does not list: a 16 KB weight tile per program (BLOCK_N =
+# 16384 / K), 4 warps, for K a power of 2 in the measured range. On the five measured shapes this
+# rule is the best non-PDL GEMV (wqkv_a, wq_b, wo_b) or within 5 % of it (gate_up 4.86 vs 4.75 us,
+# down 3.53 vs 3.37 us).
+GEMV_TILE_BYTES = 16384
+GEMV_GENERIC_K = (512, 1024, 2048, 4096)
+REDUCE_BLOCK = 256  # outputs per program of reduce_kernel
+REDUCE_NUM_WARPS = 4
 QUANT_BLOCK_R = 32  # rows per program of the standalone activation quant
 QUANT_NUM_WARPS = 4
 
@@ -50,109 +70,150 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pow2(x: int) -> int:
+    """The smallest power of 2 >= x (>= 1)."""
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """`gemv_kernel`: `block_n` weight rows x the whole K per program, the activation quant fused (linear only)."""
+
+    block_n: int
+    num_warps: int
+
+    @property
+    def name(self) -> str:
+        return f"gemv_n{self.block_n}_K_w{self.num_warps}"
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """One compiled variant of `gemm_kernel` and how far the planner may split K for it."""
+    """One tile of `gemm_kernel` and how far the planner may split K for it."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     swap: bool = False  # tile = W_tile . A_tile^T: the weight fills the MMA's M side (decode rows are few)
-    fuse_quant: bool = False  # the linear quantizes the activation inside the GEMM (one launch)
-    max_split: int = 1  # K split over up to this many programs per tile (last-arriving one reduces)
+    fuse_quant: bool = False  # the linear quantizes the activation inside the GEMM (else act_quant_kernel first)
+    max_split: int = 64  # K split over up to this many programs per tile (1: never split)
     ctas_per_sm: int = 2  # programs per SM the split aims at (all resident: one wave)
     group_m: int = 8
 
     @property
+    def tile_name(self) -> str:
+        """What a `gemm_kernel` binary depends on (the sweep's naming: `dot_...`)."""
+        return (f"dot_m{self.block_m}_n{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+                + ("_swap" if self.swap else "") + ("_fq" if self.fuse_quant else "_sepq")
+                + (f"_g{self.group_m}" if self.group_m != 8 else ""))
+
+    @property
     def name(self) -> str:
-        tags = ("_swap" if self.swap else "") + ("_fq" if self.fuse_quant else "") + (
-            f"_sk{self.max_split}c{self.ctas_per_sm}" if self.max_split > 1 else "") + (
-            f"_g{self.group_m}" if self.group_m != 8 else "")
-        return f"m{self.block_m}_n{self.block_n}_w{self.num_warps}_s{self.num_stages}{tags}"
+        return self.tile_name + ("_whole" if self.max_split == 1 else f"_c{self.ctas_per_sm}")
+
+
+def fixup_for(cfg: GemmConfig, split: int) -> str:
+    """How a tile's K split is summed: "whole" (no split), "ticket" (last program) or "reduce" (second launch)."""
+    if split <= 1:
+        return "whole"
+    return "ticket" if split * cfg.block_m * cfg.block_n <= TICKET_MAX_ELEMS else "reduce"
 
 
 @dataclass(frozen=True)
 class Plan:
     """One call's launch: the config and how many programs share each tile's K (1 = no split)."""
 
-    config: GemmConfig
-    split: int
+    config: GemvConfig | GemmConfig
+    split: int = 1
+
+    @property
+    def fixup(self) -> str:
+        return fixup_for(self.config, self.split) if isinstance(self.config, GemmConfig) else "whole"
 
     @property
     def name(self) -> str:
-        return f"{self.config.name}/split{self.split}"
+        if isinstance(self.config, GemvConfig):
+            return self.config.name
+        c = self.config  # the sweep's naming: tile, fix-up, programs per SM aimed at, then the split
+        return f"{c.tile_name}_{self.fixup}" + (f"c{c.ctas_per_sm}/split{self.split}" if self.split > 1 else "")
 
 
-# Every config the planner may launch (check_sm120 compiles each for sm_120 and sm_90, with the
-# activation quant fused where `fuse_quant` and without, since the GEMM entry takes pre-quantized A).
-# Decode (M <= 16): swap-AB, 16 activation rows padded, 128 weight rows per program, K split so the
-# grid is ~2 programs per SM, each streaming 16-32 KB of weight with its loads all in flight.
-DECODE = GemmConfig(16, 128, 4, 2, swap=True, fuse_quant=True, max_split=64)
-# ... with 64 weight rows, where 128-row tiles split as far as K allows still leave SMs idle (small K).
-DECODE_NARROW = GemmConfig(16, 64, 4, 2, swap=True, fuse_quant=True, max_split=64)
-SMALL = GemmConfig(32, 64, 4, 2, fuse_quant=True, max_split=64)  # 17..32 rows
-MEDIUM = GemmConfig(64, 64, 4, 2, fuse_quant=True, max_split=64)  # 33..64 rows
-# 65 rows and up: upstream's default config (64x128x128 tiles, 4 warps, 3 stages, tile groups of 32
-# rows) after a separate quant; split only up to SPLIT_MAX_M rows, where the tiles alone leave SMs idle.
-LARGE = GemmConfig(64, 128, 4, 3, max_split=8, group_m=32)
-CONFIGS: Tuple[GemmConfig, ...] = (DECODE, DECODE_NARROW, SMALL, MEDIUM, LARGE)
-BUCKETS: Tuple[Tuple[int, GemmConfig], ...] = ((16, DECODE), (32, SMALL), (64, MEDIUM))
+# ----------------------------------------------------------------------------- the plan
+#
+# Chosen from the H200 sweep (`bench --sweep`: CUDA graph of calls on weights rotated past L2, the
+# step bench's method; µs per call, "upstream" = sglang's Triton quant + default-config GEMM,
+# "before" = this module's previous plan, same run). Every tile below is what the sweep timed, under
+# the sweep's name; the fix-up is `fixup_for`'s. PDL variants of the GEMV timed faster still
+# (3.2-4.3 us at M = 1), but only because consecutive calls of one kernel overlap in the bench's
+# graph; in the model the previous kernel never triggers the early launch, so they do not ship.
 
-# Candidates `bench --sweep` times next to the table; one may only ship after check_sm120 passes it.
-SWEEP: Tuple[GemmConfig, ...] = (
-    DECODE,
-    DECODE_NARROW,
-    GemmConfig(16, 128, 4, 3, swap=True, fuse_quant=True, max_split=64, ctas_per_sm=4),
-    GemmConfig(16, 64, 4, 2, fuse_quant=True, max_split=64),
-    GemmConfig(16, 128, 8, 2, swap=True, fuse_quant=True, max_split=64, ctas_per_sm=1),
-    SMALL,
-    MEDIUM,
-    GemmConfig(64, 128, 4, 2, fuse_quant=True, max_split=64),
-    GemmConfig(64, 64, 4, 2, max_split=64),
-    LARGE,
-    GemmConfig(64, 128, 4, 3, max_split=8),
-    GemmConfig(128, 128, 8, 2, max_split=8),
-    GemmConfig(128, 128, 8, 3, max_split=8),
-)
+# 2..16 rows (1 row where the GEMV does not apply): swap-AB, activation rows padded to 16, 128 weight
+# rows per program, K split to ~2 programs per SM, the quant fused. M = 4 (us; wqkv_a / wq_b / wo_b /
+# shared gate_up / shared down): 8.68 (reduce; ticket 8.66) / 8.43 (ticket) / 8.50 (ticket) / 7.81
+# (reduce) / 5.55 (ticket); before 9.31 / 8.71 / 9.15 / 11.37 / 5.96, upstream 22.38 / 9.58 / 13.70 /
+# 22.23 / 6.80. M = 5..16 runs the same tile (its MMA work does not change up to 16 rows; only the
+# activation grows). NOT MEASURED at M = 16 with these fix-ups: the previous plan's same tile with a
+# serial fix-up (shared down: its 64-wide variant) timed 9.99 / 9.05 / 9.65 / 12.82 / 6.08 at M = 16
+# vs 9.27 / 8.64 / 9.15 / 11.23 / 5.89 at M = 4 in one run.
+DECODE = GemmConfig(16, 128, 4, 2, swap=True, fuse_quant=True)
+# 17..256 rows: upstream's tile (64x128, 4 warps, 3 stages, tile groups of 32 rows) after the separate
+# quant, K split when the tiles alone leave SMs idle. M = 64: wqkv_a 11.89, shared gate_up 11.80
+# (both reduce; before 17.44 / 15.69, upstream 23.42 / 23.31). M = 17..32 takes the 64-row tiles (a
+# 16-row tile would stream the weight once per 16 rows); their work at 17-63 rows is that of 64.
+MID = GemmConfig(64, 128, 4, 3, group_m=32)
+# ... 64x64 tiles: wo_b 11.99 at M = 64 (ticket, 4 splits; before 18.80, upstream 14.25).
+MID_N64 = GemmConfig(64, 64, 4, 3)
+# ... unsplit: K is short (<= 8 groups), a split's fix-up costs more than it saves. M = 64: wq_b
+# 10.07, shared down 7.39 (before 18.08 / 9.43, upstream 9.83 / 7.11). Also every shape's prefill
+# (more than SPLIT_MAX_M rows), unchanged from the first plan.
+LARGE = GemmConfig(64, 128, 4, 3, max_split=1, group_m=32)
+CONFIGS: Tuple[GemmConfig, ...] = (DECODE, MID, MID_N64, LARGE)
+# The GEMM entry's K that is not a multiple of 128 (no DeepSeek-V4 linear; the masked last group):
+# the 64x128 tiles spill registers with the masked loads (check_sm120), so these two run it at any M.
+RAGGED_CONFIGS: Tuple[GemmConfig, ...] = (DECODE, MID_N64)
 
 
 @dataclass(frozen=True)
-class Binary:
-    """One `gemm_kernel` specialization the entries can launch: its config, operand types, split."""
+class ShapePlan:
+    """What the linear of one (N, K) weight runs at each row count up to SPLIT_MAX_M."""
 
-    config: GemmConfig
-    a_dtype: str  # "bf16" / "fp32": unquantized activation (QUANT_A), "fp8": pre-quantized
-    c_dtype: str
-    split: bool
-
-    @property
-    def name(self) -> str:
-        return f"{self.config.name}/{self.a_dtype}-{self.c_dtype}/{'split' if self.split else 'whole'}"
+    gemv: GemvConfig | None  # 1..gemv_max_m rows (None: the tensor-core tiles from one row)
+    gemv_max_m: int
+    decode: GemmConfig  # up to DECODE_MAX_M rows (and the GEMM entry's rows the GEMV would take)
+    mid: GemmConfig  # DECODE_MAX_M + 1 .. SPLIT_MAX_M rows
 
 
-def launchable() -> Tuple[Binary, ...]:
-    """The `gemm_kernel` binaries check_sm120 compiles: per config, what DeepSeek-V4 launches (bf16 in
-    and out; fused quant where the config fuses, else e4m3 A after the quant kernel; with and without
-    a split) and the widest operands any caller can pass (fp32 in / fp32 out: the most shared memory)."""
-    out: List[Binary] = []
-    for c in CONFIGS:
-        splits = (False, True) if c.max_split > 1 else (False,)
-        a_kinds = (("bf16", "bf16"), ("fp8", "bf16")) if c.fuse_quant else (("fp8", "bf16"),)
-        out += [Binary(c, a, o, sp) for a, o in a_kinds for sp in splits]
-        wide = (("fp32", "fp32"), ("fp8", "fp32")) if c.fuse_quant else (("fp8", "fp32"),)
-        out += [Binary(c, a, o, splits[-1]) for a, o in wide]
-    return tuple(out)
+# DeepSeek-V4-Flash's block-FP8 linears at TP4 (N, K), keyed by shape (the indexer's wq_b is wq_b's).
+# GEMV at M = 1 (us; best non-PDL, before, upstream): wqkv_a 5.43 / 9.80 / 22.41, wq_b 5.49 / 9.13 /
+# 13.79, wo_b 5.62 / 9.23 / 16.76, shared gate_up 4.75 / 12.65 / 22.26, shared down 3.37 / 6.02 /
+# 7.25 (a weight-only read on the same grid: 4.3-4.8 us; an empty launch 1.1 us). At M = 4 the best
+# non-PDL GEMV lost to DECODE (wqkv_a 11.52, wq_b 11.83, wo_b 11.45, shared down 6.00 us vs 8.68 /
+# 8.43 / 8.50 / 5.55) except on shared gate_up (7.71 vs 7.81), so the GEMV runs 1 row, and 1-4 rows
+# for gate_up. NOT MEASURED: M = 2 and 3 (they take the M = 4 choice: the DECODE tile costs the same
+# at 1-4 rows, while the GEMV's cost grows with them).
+MEASURED: Dict[Tuple[int, int], ShapePlan] = {
+    (1536, 4096): ShapePlan(GemvConfig(4, 4), 1, DECODE, MID),  # wqkv_a
+    (8192, 1024): ShapePlan(GemvConfig(16, 4), 1, DECODE, LARGE),  # wq_b, indexer wq_b
+    (4096, 2048): ShapePlan(GemvConfig(8, 4), 1, DECODE, MID_N64),  # wo_b
+    (1024, 4096): ShapePlan(GemvConfig(8, 8), 4, DECODE, MID),  # shared expert gate_up (2 x 512 per rank)
+    (4096, 512): ShapePlan(GemvConfig(16, 4), 1, DECODE, LARGE),  # shared expert down
+}
 
 
-def config_for(m: int, n: int = 0, k: int = 0, num_sms: int = 0) -> GemmConfig:
-    """The config of an [m, k] x [n, k]^T call: by rows; decode narrows its tiles when N x K is small."""
-    for top, cfg in BUCKETS:
-        if m <= top:
-            if cfg is DECODE and cdiv(n, cfg.block_n) * min(cfg.max_split, cdiv(k, GROUP)) < num_sms:
-                return DECODE_NARROW
-            return cfg
-    return LARGE
+def shape_plan(n: int, k: int) -> ShapePlan:
+    """The table's entry for (N, K), else the rule fitted to it (not measured on other shapes): the
+    16 KB GEMV at one row where K allows, DECODE to 16 rows, then 64x128 tiles, split unless K is short."""
+    hit = MEASURED.get((n, k))
+    if hit is not None:
+        return hit
+    gemv = generic_gemv(k)
+    return ShapePlan(gemv, 1 if gemv else 0, DECODE, LARGE if k <= 8 * GROUP else MID)
+
+
+def generic_gemv(k: int) -> GemvConfig | None:
+    """The GEMV of an unlisted shape: GEMV_TILE_BYTES of weight per program, 4 warps (GEMV_GENERIC_K only)."""
+    return GemvConfig(GEMV_TILE_BYTES // k, 4) if k in GEMV_GENERIC_K else None
 
 
 def split_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
@@ -168,10 +229,109 @@ def split_for(cfg: GemmConfig, m: int, n: int, k: int, num_sms: int) -> int:
     return cdiv(groups, cdiv(groups, want))
 
 
-def plan(m: int, n: int, k: int, num_sms: int, config: GemmConfig | None = None) -> Plan:
-    """The launch for an [m, k] x [n, k]^T call on a GPU with `num_sms` SMs (pure function of shapes)."""
-    cfg = config or config_for(m, n, k, num_sms)
-    return Plan(cfg, split_for(cfg, m, n, k, num_sms))
+def plan(m: int, n: int, k: int, num_sms: int, config: GemvConfig | GemmConfig | None = None, *,
+         quantized: bool = False) -> Plan:
+    """The launch for an [m, k] x [n, k]^T call on a GPU with `num_sms` SMs (pure function of shapes).
+
+    `quantized`: the activation arrives quantized (the GEMM entry), so the GEMV (which quantizes
+    itself) is not a candidate and its rows take the decode tile."""
+    if config is None and k % GROUP:
+        config = DECODE if m <= DECODE_MAX_M else MID_N64  # see RAGGED_CONFIGS
+    if config is None:
+        sp = shape_plan(n, k)
+        if sp.gemv is not None and m <= sp.gemv_max_m and not quantized:
+            return Plan(sp.gemv)
+        config = sp.decode if m <= DECODE_MAX_M else sp.mid if m <= SPLIT_MAX_M else LARGE
+    if isinstance(config, GemvConfig):
+        return Plan(config)
+    return Plan(config, split_for(config, m, n, k, num_sms))
+
+
+# ----------------------------------------------------------------------------- what check_sm120 compiles
+
+
+@dataclass(frozen=True)
+class Binary:
+    """One `gemm_kernel` specialization the entries can launch."""
+
+    config: GemmConfig
+    a_dtype: str  # "bf16" / "fp32": unquantized activation (QUANT_A), "fp8": pre-quantized
+    c_dtype: str
+    fixup: str  # "whole" / "ticket" / "reduce"
+    sp: int = 1  # ticket: the unrolled partial loads (a power of 2 >= the split)
+    even_k: bool = True  # False: the GEMM entry's K not a multiple of 128 (masked last group)
+
+    @property
+    def name(self) -> str:
+        fix = f"ticket{self.sp}" if self.fixup == "ticket" else self.fixup
+        return f"{self.config.tile_name}/{self.a_dtype}-{self.c_dtype}/{fix}" + ("" if self.even_k else "/ragged")
+
+
+@dataclass(frozen=True)
+class GemvBinary:
+    """One `gemv_kernel` specialization: config, K, row block, activation and output types."""
+
+    config: GemvConfig
+    k: int
+    bm: int
+    x_dtype: str
+    c_dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.name}/k{self.k}_bm{self.bm}/{self.x_dtype}-{self.c_dtype}"
+
+
+def _fixups(cfg: GemmConfig) -> List[Tuple[str, int]]:
+    """(fix-up, SP) pairs `fixup_for` can give this config over every split the planner can choose."""
+    out = [("whole", 1)]
+    for s in range(2, cfg.max_split + 1):
+        f = fixup_for(cfg, s)
+        pair = (f, pow2(s) if f == "ticket" else 1)
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+def launchable() -> Tuple[Binary, ...]:
+    """The `gemm_kernel` binaries check_sm120 compiles: per config and fix-up, what DeepSeek-V4
+    launches (bf16 in and out; fused quant where the config fuses, else e4m3 A after the quant
+    kernel), the widest operands any caller can pass (fp32 in / fp32 out: the most registers and
+    shared memory), and the GEMM entry's pre-quantized A (K not a multiple of 128: RAGGED_CONFIGS)."""
+    out: Dict[str, Binary] = {}
+    for c in CONFIGS:
+        kinds = [("fp8", "bf16", True), ("fp8", "fp32", True)] + ([("fp8", "fp32", False)] if c in RAGGED_CONFIGS else [])
+        if c.fuse_quant:
+            kinds = [("bf16", "bf16", True), ("fp32", "fp32", True)] + kinds
+        for fix, sp in _fixups(c):
+            for a, o, even in kinds:
+                b = Binary(c, a, o, fix, sp, even)
+                out.setdefault(b.name, b)
+    return tuple(out.values())
+
+
+def launchable_gemv() -> Tuple[GemvBinary, ...]:
+    """Every `gemv_kernel` binary a plan can launch: the table's, and the generic rule's per K; row
+    blocks up to each entry's rows; bf16 (DeepSeek-V4) and fp32 (the widest) in and out."""
+    entries = [(sp.gemv, k, sp.gemv_max_m) for (_, k), sp in MEASURED.items()]
+    entries += [(generic_gemv(k), k, 1) for k in GEMV_GENERIC_K]
+    out: Dict[str, GemvBinary] = {}
+    for cfg, k, max_m in entries:
+        if cfg is None:
+            continue
+        for bm in sorted({pow2(m) for m in range(1, max_m + 1)}):
+            for x, o in (("bf16", "bf16"), ("fp32", "fp32")):
+                b = GemvBinary(cfg, k, bm, x, o)
+                out.setdefault(b.name, b)
+    return tuple(out.values())
+
+
+def launchable_reduce() -> Tuple[int, ...]:
+    """The `reduce_kernel` SP values (powers of 2 >= the split) a reduce fix-up can need."""
+    sps = set()
+    for c in CONFIGS:
+        sps |= {pow2(s) for s in range(2, c.max_split + 1) if fixup_for(c, s) == "reduce"}
+    return tuple(sorted(sps))
 
 
 _SMS: Dict[int, int] = {}
@@ -209,6 +369,8 @@ def tickets(device: torch.device, n: int) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- launches
 
+FIXUP_CODE = {"whole": int(_k.FIXUP_WHOLE), "ticket": int(_k.FIXUP_TICKET), "reduce": int(_k.FIXUP_PARTIALS)}
+
 
 def quantize_activation(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token 128-group e4m3 quant of a contiguous [M, K] (K % 128 == 0) -> (codes, [M, K/128] fp32 scales)."""
@@ -221,9 +383,27 @@ def quantize_activation(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
+def gemv_ok(cfg: GemvConfig, m: int, k: int) -> bool:
+    """What `gemv_kernel` computes: 1..4 rows, K a power of 2 and a multiple of 128, BLOCK_N dividing 128."""
+    return 1 <= m <= GEMV_MAX_ROWS and k >= GROUP and k & (k - 1) == 0 and GROUP % cfg.block_n == 0
+
+
+def launch_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor,
+                cfg: GemvConfig) -> torch.Tensor:
+    """`out[M, N] = quant(x) . dequant(weight)^T` through `gemv_kernel` (x [M, K] unquantized, K contiguous)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert gemv_ok(cfg, m, k), (cfg, m, k)
+    _k.gemv_kernel[(cdiv(n, cfg.block_n),)](
+        x, x.stride(0), weight, weight.stride(0), weight_scale, weight_scale.stride(0), weight_scale.stride(1),
+        out, out.stride(0), m, n, BM=pow2(m), BLOCK_N=cfg.block_n, K=k, num_warps=cfg.num_warps, num_stages=1)
+    return out
+
+
 def launch(a: torch.Tensor, a_scale: torch.Tensor | None, weight: torch.Tensor, weight_scale: torch.Tensor,
            out: torch.Tensor, p: Plan, a_scale_strides: Tuple[int, int] | None = None) -> torch.Tensor:
-    """`out[M, N] = GEMM(a, weight)`; `a_scale` None: `a` is unquantized and quantized in the kernel.
+    """`out[M, N] = GEMM(a, weight)` through `gemm_kernel`; `a_scale` None: `a` is unquantized and
+    quantized in the kernel.
 
     `a` is [M, K] with K contiguous, `out` [M, N] with N contiguous; `a_scale_strides` overrides the
     strides of `a_scale` (upstream indexes an N-d As by its last two strides).
@@ -231,15 +411,17 @@ def launch(a: torch.Tensor, a_scale: torch.Tensor | None, weight: torch.Tensor, 
     m, k = a.shape
     n = weight.shape[0]
     cfg = p.config
+    assert isinstance(cfg, GemmConfig)
     groups = cdiv(k, GROUP)
     per = cdiv(groups, p.split)
     split = cdiv(groups, per)
+    fixup = fixup_for(cfg, split)
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     if split > 1:
         ws: torch.Tensor = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
-        cnt = tickets(a.device, tiles)
+        cnt = tickets(a.device, tiles) if fixup == "ticket" else ws  # not read (reduce)
     else:
-        ws, cnt = out, out  # not read (SPLIT=False)
+        ws, cnt = out, out  # not read (whole)
     quant_a = a_scale is None
     if quant_a:
         scale, (sam, sak) = weight_scale, (0, 0)  # not read (QUANT_A=True)
@@ -253,11 +435,12 @@ def launch(a: torch.Tensor, a_scale: torch.Tensor | None, weight: torch.Tensor, 
         weight, weight.stride(0),
         weight_scale, weight_scale.stride(0), weight_scale.stride(1),
         out, out.stride(0),
-        ws, cnt,
+        ws, m * n, cnt,
         m, n, k, per,
         QUANT_A=quant_a,
         SWAP=cfg.swap,
-        SPLIT=split > 1,
+        FIXUP=FIXUP_CODE[fixup],
+        SP=pow2(split) if fixup == "ticket" else 1,
         EVEN_K=k % GROUP == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -265,20 +448,25 @@ def launch(a: torch.Tensor, a_scale: torch.Tensor | None, weight: torch.Tensor, 
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if fixup == "reduce":
+        _k.reduce_kernel[(cdiv(m * n, REDUCE_BLOCK),)](
+            ws, out, out.stride(0), m * n, n, split, SP=pow2(split), BLOCK=REDUCE_BLOCK, num_warps=REDUCE_NUM_WARPS)
     return out
 
 
 def linear_2d(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
-              config: GemmConfig | None = None, split: int | None = None) -> torch.Tensor:
+              config: GemvConfig | GemmConfig | None = None, split: int | None = None) -> torch.Tensor:
     """The linear's core on a supported call (see `unsupported_linear`): `[M, N]` in x's dtype.
 
-    `config` / `split` override the planner (tests and the benchmark's sweep)."""
+    `config` / `split` override the planner (tests and the benchmark)."""
     m, k = x.shape
     n = weight.shape[0]
     p = plan(m, n, k, num_sms(x.device), config)
     if split is not None:
         p = Plan(p.config, split)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if isinstance(p.config, GemvConfig):
+        return launch_gemv(x, weight, weight_scale, out, p.config)
     if p.config.fuse_quant:
         return launch(x, None, weight, weight_scale, out, p)
     q, s = quantize_activation(x)
@@ -409,6 +597,6 @@ def w8a8_block_fp8_matmul(
     a2 = A.view(-1, k)
     m = a2.shape[0]
     C = A.new_empty(A.shape[:-1] + (n,), dtype=output_dtype)
-    p = plan(m, n, k, num_sms(A.device))
+    p = plan(m, n, k, num_sms(A.device), quantized=True)
     launch(a2, As, B, Bs, C.view(m, n), p, a_scale_strides=(As.stride(-2), As.stride(-1)))
     return C

@@ -30,7 +30,7 @@ WARMUP_MS, REP_MS = 5, 20
 
 def _time(fn: Callable, ws: list) -> float:
     """µs per call: a CUDA graph of one call per rotated weight, median replay / r."""
-    from v4flash_kernels.attention.bench import time_graph
+    from v4flash_kernels.timing import time_graph
 
     def many() -> None:
         for w, s in ws:

@@ -22,7 +22,7 @@ import sys
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.hook import hook_boot
@@ -59,10 +59,10 @@ class Decision:
     active: bool
     reason: str
     warn: bool  # True when the user expected the patch (switch on) but it was refused
-    sglang_version: Optional[str]
+    sglang_version: str | None
 
 
-def parse_switch(value: Optional[str]) -> Optional[bool]:
+def parse_switch(value: str | None) -> bool | None:
     """A patch switch's value -> True (on, the default), False (off), None (unrecognised)."""
     if value is None:
         return True
@@ -79,7 +79,7 @@ def signature_params(fn: Callable[..., Any]) -> tuple:
     return tuple((p.name, p.kind.name, p.default) for p in inspect.signature(fn).parameters.values())
 
 
-def signature_mismatch(upstream: Callable[..., Any], ours: Callable[..., Any]) -> Optional[str]:
+def signature_mismatch(upstream: Callable[..., Any], ours: Callable[..., Any]) -> str | None:
     """None when ours accepts exactly upstream's calls, else what differs.
 
     Names, kinds and defaults must match one for one; ours may add keyword-only parameters with
@@ -101,11 +101,11 @@ def signature_mismatch(upstream: Callable[..., Any], ours: Callable[..., Any]) -
 
 
 def decide(
-    switch: Optional[str],
-    sglang_version: Optional[str],
+    switch: str | None,
+    sglang_version: str | None,
     upstream: Any,
     ours: Any,
-    ours_error: Optional[str],
+    ours_error: str | None,
     pinned: str = PINNED_SGLANG,
     spec: PatchSpec = SPARSE_DECODE,
 ) -> Decision:
@@ -175,7 +175,7 @@ def status(probe: bool = False) -> dict:
     }
 
 
-def patch_status(name: str, why_undecided: Optional[str] = None) -> dict:
+def patch_status(name: str, why_undecided: str | None = None) -> dict:
     """One patch's record: decided?, active (the attribute really is ours right now), why."""
     spec = by_name(name)
     d = _decisions.get(name)
@@ -230,7 +230,7 @@ def _install_finder_only() -> None:
         sys.meta_path.insert(0, hook_boot.SglangKernelFinder())
 
 
-def on_module_executed(module: Any, fullname: Optional[str] = None) -> None:
+def on_module_executed(module: Any, fullname: str | None = None) -> None:
     """Decide once per patch per process, then (re)apply each patch that targets `module`; never raises.
 
     A failure while patching rolls that patch back to upstream's function and records the error, so
@@ -283,7 +283,7 @@ def _sglang_backend() -> str:
     return os.environ.get(SGLANG_BACKEND_ENV, "1")
 
 
-def _sglang_version() -> Optional[str]:
+def _sglang_version() -> str | None:
     """The installed distribution's version; a disagreeing `sglang.__version__` makes it unknown."""
     from importlib import metadata
 

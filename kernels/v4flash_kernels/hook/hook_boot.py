@@ -21,6 +21,7 @@ TARGET_MODULES = frozenset({
     "sglang.srt.layers.attention.dsv4.indexer",
     "sglang.srt.layers.quantization.fp8_utils",
     "sglang.srt.models.deepseek_v4",
+    "sglang.srt.distributed.parallel_state",
 })
 
 
@@ -33,7 +34,7 @@ class SglangKernelFinder:
 
     _v4flash_hook = True  # marker: one finder per interpreter, whatever imported this module
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 - finder protocol
+    def find_spec(self, fullname, path=None, target=None):  # the finder protocol's signature
         if fullname not in TARGET_MODULES:
             return None
         from v4flash_kernels.hook import hook

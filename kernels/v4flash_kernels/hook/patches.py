@@ -11,7 +11,7 @@ import-free); `hook` does the rest. This module imports nothing heavy: the torch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 
 def switch_env_of(switch: str) -> str:
@@ -31,7 +31,7 @@ class Switch:
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
-    selfcheck: Optional[str] = None
+    selfcheck: str | None = None
 
     @property
     def env(self) -> str:
@@ -62,8 +62,8 @@ class PatchSpec:
     target_attr: str
     ours_module: str
     ours_attr: str
-    adapter: Optional[str] = None
-    detail: Optional[str] = None
+    adapter: str | None = None
+    detail: str | None = None
 
     @property
     def switch_env(self) -> str:
@@ -95,6 +95,8 @@ SWITCHES: Tuple[Switch, ...] = (
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
+    Switch("allreduce", "IPC all-reduce",
+           "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL (off)."),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -199,8 +201,20 @@ TOPK = PatchSpec(
     ours_attr="topk_transform_512",
 )
 
+# Where SGLang's all-reduce lands when no custom all-reduce takes it (NCCL: PyNccl in graphs,
+# torch.distributed eagerly), found through the class at call time: the in-place method replaced whole.
+ALLREDUCE = PatchSpec(
+    name="allreduce",
+    title="IPC all-reduce",
+    switch="allreduce",
+    target_module="sglang.srt.distributed.parallel_state",
+    target_attr="GroupCoordinator._all_reduce_in_place",
+    ours_module="v4flash_kernels.allreduce.op",
+    ours_attr="group_all_reduce_in_place",
+)
+
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
-                                  MHC_FUSED, MHC_FUSED_ON, TOPK)
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK, ALLREDUCE)
 
 
 def by_name(name: str) -> PatchSpec:

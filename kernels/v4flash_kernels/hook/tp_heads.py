@@ -15,7 +15,7 @@ that is always correct because the caller slices; a wrong slice would not be.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Tuple
 
 import torch
 
@@ -28,7 +28,7 @@ class AttnTp:
     size: int
 
 
-def heads_for(total_heads: int, tp: Optional[AttnTp]) -> Optional[Tuple[int, int]]:
+def heads_for(total_heads: int, tp: AttnTp | None) -> Tuple[int, int] | None:
     """This rank's head range in a q of `total_heads` heads; None = all heads.
 
     Mirrors the model's `tp_slice = slice(rank * n_local, (rank + 1) * n_local)` with
@@ -40,7 +40,7 @@ def heads_for(total_heads: int, tp: Optional[AttnTp]) -> Optional[Tuple[int, int
     return tp.rank * n, (tp.rank + 1) * n
 
 
-def read_attn_tp() -> Optional[AttnTp]:
+def read_attn_tp() -> AttnTp | None:
     """SGLang's attention-TP rank and size, or None when they cannot be read yet.
 
     DSA prefill context parallel makes the DeepSeek-V4 layer run with tp 1 (all heads real, no
@@ -66,7 +66,7 @@ def _prefill_cp_enabled() -> bool:
         return False
 
 
-def make_tp_aware(ours: Callable[..., Any], read: Callable[[], Optional[AttnTp]] = read_attn_tp) -> Callable[..., Any]:
+def make_tp_aware(ours: Callable[..., Any], read: Callable[[], AttnTp | None] = read_attn_tp) -> Callable[..., Any]:
     """A drop-in with upstream's exact signature that passes this rank's `heads` to `ours`.
 
     `ours` must accept `head_range=(start, stop)` as a keyword (v4flash_kernels.attention.op.sparse_mla_decode).
@@ -75,7 +75,7 @@ def make_tp_aware(ours: Callable[..., Any], read: Callable[[], Optional[AttnTp]]
     """
     cached: list = []
 
-    def rank() -> Optional[AttnTp]:
+    def rank() -> AttnTp | None:
         if not cached:
             tp = read()
             if tp is None:
@@ -87,13 +87,13 @@ def make_tp_aware(ours: Callable[..., Any], read: Callable[[], Optional[AttnTp]]
         q: torch.Tensor,
         k_cache: torch.Tensor,
         indices: torch.Tensor,
-        topk_length: Optional[torch.Tensor],
-        attn_sink: Optional[torch.Tensor],
+        topk_length: torch.Tensor | None,
+        attn_sink: torch.Tensor | None,
         head_dim_v: int,
         softmax_scale: float,
-        extra_k_cache: Optional[torch.Tensor] = None,
-        extra_indices: Optional[torch.Tensor] = None,
-        extra_topk_length: Optional[torch.Tensor] = None,
+        extra_k_cache: torch.Tensor | None = None,
+        extra_indices: torch.Tensor | None = None,
+        extra_topk_length: torch.Tensor | None = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """v4flash_kernels' sparse-MLA decode, computing only this attention-TP rank's heads."""
         return ours(

@@ -8,7 +8,8 @@ page table of C/256 columns and `max_seq_len` = C/4 compressed positions (what S
 CUDA graphs: `PagedIndexerMetadata.max_c4_seq_len`); an actual length of L tokens gives every row
 `seq_lens` = L/4. Per shape it draws a fresh real-layout pool on the GPU (distinct pages per row,
 random order), runs ours on a NaN-poisoned output, ours without the -inf tail (to show what the
-fill costs) and the pinned upstream `fp8_paged_mqa_logits_torch_sm120` (read from the sglang
+fill costs: the same binary and programs per row over a `max_seq_len` cut at the last valid tile)
+and the pinned upstream `fp8_paged_mqa_logits_torch_sm120` (read from the sglang
 wheel), checks ours and upstream against the fp64 reference and each other, then times each with
 `triton.testing.do_bench` on a captured CUDA graph (L2 flushed before each replay, median µs).
 `--sweep` also times every candidate config of `indexer.SWEEP` on a few shapes.
@@ -22,10 +23,10 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import List
 
-from v4flash_kernels.attention.bench import time_graph
 from v4flash_kernels.provenance import measured_commit
+from v4flash_kernels.timing import time_graph
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
@@ -83,7 +84,7 @@ def check(out, ref, other=None) -> dict:
     from v4flash_kernels.indexer.reference import logits_error
 
     e = logits_error(out, ref)
-    res = dict(rel_err=e["rel_err"], inf_ok=e["inf_ok"], nan=e["nan"])
+    res = {"rel_err": e["rel_err"], "inf_ok": e["inf_ok"], "nan": e["nan"]}
     res["ok"] = (not e["nan"]) and e["inf_ok"] and e["rel_err"] <= REL_TOL
     if other is not None:
         import torch
@@ -94,6 +95,15 @@ def check(out, ref, other=None) -> dict:
 
 def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cuda", config=None) -> dict:
     """One shape: ours with `config` (default: the shipped one), w/o tail, upstream; `sweep`: SWEEP only."""
+    import torch
+
+    row = _measure_shape(shape, upstream, seed, sweep, device, config)
+    if device == "cuda":  # the shape's tensors went with _measure_shape's frame
+        torch.cuda.empty_cache()
+    return row
+
+
+def _measure_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str, config) -> dict:
     import torch
 
     from v4flash_kernels.indexer import op as indexer
@@ -111,9 +121,9 @@ def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cud
                floor_h200_us=nbytes / BW_H200 * 1e6, config=cfg_main.name,
                nprog=indexer.programs_per_row(B, shape.width, sms, cfg_main), variants={})
 
-    def ours_fn(cfg, write_tail=True, out=None):
+    def ours_fn(cfg, out=None, max_seq_len=msl, nprog=None):
         return lambda: indexer.run(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
-                                   kw["page_table"], msl, config=cfg, write_tail=write_tail, out=out)
+                                   kw["page_table"], max_seq_len, config=cfg, nprog=nprog, out=out)
 
     def checked(cfg, other=None) -> dict:
         poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
@@ -136,17 +146,17 @@ def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cud
         row["variants"]["ours"]["public_entry_ok"] = check(pub, ref)["ok"]
         del pub
         row["variants"]["ours"]["us"] = time_graph(ours_fn(cfg_main))
-        row["variants"]["ours_no_tail"] = dict(ok=True, us=time_graph(ours_fn(cfg_main, write_tail=False)))
+        # Every row has length c4_len: cut there (rounded up to a tile) nothing is left to fill.
+        cut = min(msl, math.ceil(shape.c4_len / (cfg_main.pages * indexer.PAGE)) * cfg_main.pages * indexer.PAGE)
+        row["variants"]["ours_no_tail"] = {"ok": True, "us": time_graph(ours_fn(cfg_main, max_seq_len=cut,
+                                                                              nprog=row["nprog"]))}
         if upstream is not None:
             row["variants"]["upstream"]["us"] = time_graph(lambda: upstream.fp8_paged_mqa_logits_torch_sm120(*args))
         del up_out
-    del kw, args, ref
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
-def sweep_winner(rows: List[dict]) -> Optional[str]:
+def sweep_winner(rows: List[dict]) -> str | None:
     """The SWEEP config with the lowest geometric-mean time over the sweep shapes (all checks ok)."""
     best = None
     names = [k for k in rows[0]["variants"] if k.startswith("cfg:")] if rows else []
@@ -184,7 +194,7 @@ def format_sweep(rows: List[dict]) -> str:
     if not swept:
         return ""
     names = [k for k in swept[0]["variants"] if k.startswith("cfg:")]
-    cols = ["B%d/%s/%s" % (r["batch"], r["context"], r["actual"]) for r in swept]
+    cols = [f"B{r['batch']}/{r['context']}/{r['actual']}" for r in swept]
     head = f"{'config':<18}" + "".join(f"{c:>17}" for c in cols) + f"{'geomean':>10}"
     lines = [head, "-" * len(head)]
     scored = []
@@ -216,7 +226,7 @@ def format_markdown(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.indexer.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--contexts", default="128K,1M")
@@ -251,10 +261,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     def dump(partial: bool, meta: dict) -> None:
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
-                json.dump(dict(meta=dict(meta, partial=partial), rows=rows, sweep=sweep_rows, failed=failed), f,
+                json.dump({"meta": dict(meta, partial=partial), "rows": rows, "sweep": sweep_rows, "failed": failed}, f,
                           indent=1)
 
-    def one(sh: Shape, i: int, sweep: bool, config=None) -> Optional[dict]:
+    def one(sh: Shape, i: int, sweep: bool, config=None) -> dict | None:
         try:
             return run_shape(sh, upstream, seed + i, sweep, config=config)
         except Exception as exc:  # one broken shape must not lose the others' rows
@@ -272,7 +282,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if r is not None:
                 sweep_rows.append(r)
                 print(f"[{time.time() - t0:6.1f}s] sweep B={b} ctx={c} actual={a} done", flush=True)
-            dump(True, dict(seed=seed))
+            dump(True, {"seed": seed})
         win = sweep_winner(sweep_rows)
         if win is not None:
             chosen = next(c for c in indexer.SWEEP if c.name == win)
@@ -282,15 +292,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         if r is None:
             continue
         rows.append(r)
-        dump(True, dict(seed=seed, config=chosen.name))
+        dump(True, {"seed": seed, "config": chosen.name})
         v = r["variants"]
         print(f"[{time.time() - t0:6.1f}s] B={sh.batch} ctx={sh.context} actual={sh.actual}: ours "
               f"{v['ours']['us']:.1f} us (no tail {v['ours_no_tail']['us']:.1f}) err {v['ours']['rel_err']:.1e}"
               + (f", upstream {v['upstream']['us']:.1f} us" if "upstream" in v else ""), flush=True)
     props = torch.cuda.get_device_properties(0)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=props.name, sms=props.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, commit=measured_commit(), argv=sys.argv[1:], seed=seed,
-                upstream_origin=getattr(upstream, "__v4flash_origin__", None), config=chosen.name)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
+            "upstream_origin": getattr(upstream, "__v4flash_origin__", None), "config": chosen.name}
     print(json.dumps(meta))
     print(format_table(rows))
     sw = format_sweep(sweep_rows)

@@ -10,6 +10,9 @@ Per tile: the fp8 keys `[64*PAGES, 128]` times the fp8 q of all heads `[128, BLO
 operands as fp16 (every e4m3 value is exact in fp16, their products exact in fp32) with fp32
 accumulation, i.e. upstream's fp32 bmm to rounding: fp8 tensor-core MMAs may accumulate with fewer
 bits (Hopper's fp8 wgmma does by default), and the kernel is bound by memory, not by the MMA.
+
+Only what a shipped config launches lives here; the measured-and-dropped register prefetch (keys
+one tile ahead) is in kernels/scripts/indexer_variants.py.
 """
 
 from __future__ import annotations
@@ -67,8 +70,6 @@ def indexer_logits_kernel(
     PAGES: tl.constexpr,
     FILL: tl.constexpr,
     DOT_F16: tl.constexpr,
-    WRITE_TAIL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -92,36 +93,19 @@ def indexer_logits_kernel(
     n = tl.minimum(tl.maximum(seq, 0), max_seq_len).to(tl.int32)
     n_tiles = tl.cdiv(n, TILE)
 
-    if PREFETCH:
-        # Keys one tile ahead and page ids two tiles ahead, so a program keeps its next tile's bytes
-        # in flight while it computes this one (masked-off loads past the length cost nothing).
-        step = nprog * TILE
+    for t in range(pid, n_tiles, nprog):
+        pos = t * TILE + t_off
         valid = pos < n
+        if t != pid:
+            page = tl.load(pt_row + pos // PAGE, mask=valid, other=0)
         k, sc = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page, num_pages), pos, valid)
-        page_n = tl.load(pt_row + (pos + step) // PAGE, mask=pos + step < n, other=0)
-        for t in range(pid, n_tiles, nprog):
-            pos = t * TILE + t_off
-            valid = pos < n
-            pos_n = pos + step
-            valid_n = pos_n < n
-            k_n, sc_n = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page_n, num_pages), pos_n, valid_n)
-            page_n = tl.load(pt_row + (pos_n + step) // PAGE, mask=pos_n + step < n, other=0)
-            _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16)
-            k, sc = k_n, sc_n
-    else:
-        for t in range(pid, n_tiles, nprog):
-            pos = t * TILE + t_off
-            valid = pos < n
-            if t != pid:
-                page = tl.load(pt_row + pos // PAGE, mask=valid, other=0)
-            k, sc = _load_keys(K8, KS, stride_kp8, stride_kps, _fix_page(page, num_pages), pos, valid)
-            _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16)
+        _store_logits(out_row, k, sc, q, w, pos, valid, max_seq_len, DOT_F16)
 
-    if WRITE_TAIL:  # -inf over [n_tiles * TILE, max_seq_len): the tail past the last valid tile
-        tail0 = n_tiles * TILE
-        n_fill = tl.cdiv(tl.maximum(max_seq_len - tail0, 0), FILL)
-        f_off = tl.arange(0, FILL)
-        neg = tl.full((FILL,), float("-inf"), tl.float32)
-        for f in range(pid, n_fill, nprog):
-            pos_f = tail0 + f * FILL + f_off
-            tl.store(out_row + pos_f, neg, mask=pos_f < max_seq_len)
+    # -inf over [n_tiles * TILE, max_seq_len): the tail past the last valid tile
+    tail0 = n_tiles * TILE
+    n_fill = tl.cdiv(tl.maximum(max_seq_len - tail0, 0), FILL)
+    f_off = tl.arange(0, FILL)
+    neg = tl.full((FILL,), float("-inf"), tl.float32)
+    for f in range(pid, n_fill, nprog):
+        pos_f = tail0 + f * FILL + f_off
+        tl.store(out_row + pos_f, neg, mask=pos_f < max_seq_len)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
@@ -39,15 +39,13 @@ class IndexerConfig:
     ctas_per_sm: int = 4
     ctas_per_sm_big: int = 0  # programs per SM from BIG_BATCH rows on (0 = ctas_per_sm)
     fill: int = 2048  # positions per -inf store in the tail
-    prefetch: bool = False  # keys one tile ahead, page ids two ahead, in registers
     shared_bytes: int = 0  # compiled shared memory on sm_120 (0 = not recorded); check_sm120 verifies
 
     @property
     def name(self) -> str:
         fill = "" if self.fill == 2048 else f"_f{self.fill}"
-        pf = "_pf" if self.prefetch else ""
         big = f"_b{self.ctas_per_sm_big}" if self.ctas_per_sm_big else ""
-        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}{big}{fill}{pf}"
+        return f"p{self.pages}_w{self.num_warps}_s{self.num_stages}_c{self.ctas_per_sm}{big}{fill}"
 
 
 # Every config the dispatcher may launch (check_sm120 compiles each for sm_120 and sm_90).
@@ -56,7 +54,6 @@ class IndexerConfig:
 # 128K actual: 150 us vs 184 us with 8; everything below 64 rows was as fast or faster with 4-8).
 CONFIGS = (
     IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=8, ctas_per_sm_big=16),
-    IndexerConfig(pages=1, num_warps=4, num_stages=1, ctas_per_sm=8, prefetch=True),
     IndexerConfig(pages=2, num_warps=8, num_stages=1, ctas_per_sm=4),
 )
 DEFAULT = CONFIGS[0]
@@ -65,15 +62,14 @@ BIG_BATCH = 64
 # Candidates the benchmark times next to the table (`--sweep`); one may only ship after
 # `check_sm120` passes it. Round 2 on the H200: 8 warps per 64-position tile and Triton's own
 # pipelining (num_stages 2-3) were slower everywhere; round 3: the register prefetch, 2- and
-# 4-page tiles were no faster than single-page tiles (kernels/BENCH.md).
+# 4-page tiles were no faster than single-page tiles (kernels/BENCH.md). The register prefetch
+# needs its own kernel path: kernels/scripts/indexer_variants.py times it.
 SWEEP = tuple(
-    IndexerConfig(pages=p, num_warps=w, num_stages=1, ctas_per_sm=c, prefetch=pf)
-    for pf in (False, True)
+    IndexerConfig(pages=p, num_warps=w, num_stages=1, ctas_per_sm=c)
     for p, w in ((1, 4), (2, 4), (2, 8), (4, 8))
     for c in (4, 8, 16, 32)
 ) + (
     IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=16),
-    IndexerConfig(pages=1, num_warps=4, num_stages=2, ctas_per_sm=16, prefetch=True),
     DEFAULT,
 )
 
@@ -111,16 +107,14 @@ def run(
     seq_lens: torch.Tensor,
     page_table: torch.Tensor,
     max_seq_len: int,
-    config: Optional[IndexerConfig] = None,
-    nprog: Optional[int] = None,
-    out: Optional[torch.Tensor] = None,
-    write_tail: bool = True,
+    config: IndexerConfig | None = None,
+    nprog: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The logits with an optional explicit config / programs per row (benchmark and tests).
 
     `out` ([B, max_seq_len] fp32, last dim contiguous) may be given so tests can poison it and prove
-    every element is written. `write_tail=False` leaves the columns past each row's last valid
-    64-position tile unwritten: only the benchmark uses it, to measure what the -inf fill costs.
+    every element is written.
     """
     batch, _, num_heads, head_dim = q_fp8.shape
     block_size = kvcache_fp8.shape[1]
@@ -172,8 +166,6 @@ def run(
         PAGES=cfg.pages,
         FILL=cfg.fill,
         DOT_F16=dot_f16,
-        WRITE_TAIL=write_tail,
-        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -81,10 +81,10 @@ def logits_error(out: torch.Tensor, ref: torch.Tensor) -> dict:
     inf_ok = o.shape == r.shape and bool(torch.equal(torch.isneginf(o), torch.isneginf(r)))
     fin = torch.isfinite(r)
     if not inf_ok or not fin.any():
-        return dict(rel_err=0.0 if inf_ok and not nan else float("inf"), inf_ok=inf_ok, nan=nan)
+        return {"rel_err": 0.0 if inf_ok and not nan else float("inf"), "inf_ok": inf_ok, "nan": nan}
     scale = r[fin].abs().max().item() or 1.0
     err = (o[fin] - r[fin]).abs().max().item() / scale
-    return dict(rel_err=err if not nan else float("nan"), inf_ok=inf_ok, nan=nan)
+    return {"rel_err": err if not nan else float("nan"), "inf_ok": inf_ok, "nan": nan}
 
 
 # ---------------------------------------------------------------- random real-layout inputs
@@ -104,10 +104,10 @@ class IndexerCase:
     batch: int
     width: int
     heads: int = 64
-    lengths: Optional[Sequence[int]] = None
+    lengths: Sequence[int] | None = None
     pad_rows: int = 0
     table_pad: str = "zeros"
-    max_seq_len: Optional[int] = None
+    max_seq_len: int | None = None
     extra_table_cols: int = 0
     seq_lens_2d: bool = True  # SGLang passes c4_seq_lens.unsqueeze(-1)
     weight_strided: bool = False  # a non-contiguous [B, H] view (every other element of a wider buffer)
@@ -143,7 +143,7 @@ def make_pool(num_pages: int, gen: torch.Generator, device="cpu", chunk: int = 8
     return pool
 
 
-def make_indexer_inputs(case: IndexerCase, device="cpu", seed: Optional[int] = None) -> dict:
+def make_indexer_inputs(case: IndexerCase, device="cpu", seed: int | None = None) -> dict:
     """Positional-call kwargs for `fp8_paged_mqa_logits` (and the reference), drawn for `case`.
 
     Rows draw distinct physical pages from a shared pool in random order, so a kernel that ignores
@@ -186,16 +186,16 @@ def make_indexer_inputs(case: IndexerCase, device="cpu", seed: Optional[int] = N
     seq = torch.tensor(lens, dtype=case.seq_dtype, device=device)
     if case.seq_lens_2d:
         seq = seq.unsqueeze(-1)
-    return dict(
-        q_fp8=q.unsqueeze(1),
-        kvcache_fp8=pool.view(num_pages, PAGE, 1, HEAD_DIM + 4),
-        weight=weight,
-        seq_lens=seq,
-        page_table=table,
-        deep_gemm_metadata=None,
-        max_seq_len=msl,
-        clean_logits=False,
-    )
+    return {
+        "q_fp8": q.unsqueeze(1),
+        "kvcache_fp8": pool.view(num_pages, PAGE, 1, HEAD_DIM + 4),
+        "weight": weight,
+        "seq_lens": seq,
+        "page_table": table,
+        "deep_gemm_metadata": None,
+        "max_seq_len": msl,
+        "clean_logits": False,
+    }
 
 
 def reference_for(kw: dict) -> torch.Tensor:

@@ -3,6 +3,7 @@
     python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
                                         [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 16]
     python -m v4flash_kernels.moe.bench --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
+    python -m v4flash_kernels.moe.bench --prefill [--prefill-sizes 256,1024,4096] [--json prefill.json]
 
 Per TP (DeepSeek-V4-Flash routed experts per GPU: E=256, top-6, hidden 4096, intermediate 512 at
 TP4 / 1024 at TP2 / 2048 at TP1) it draws `--copies` independent sets of expert weights once (int8
@@ -22,6 +23,13 @@ layer runs), `upstream` = the pinned `mxfp4_moe_forward_triton` from the sglang 
 `--quick` instead sweeps candidate v2 plans (one GEMM varied at a time around the planner's) and,
 from M=256 on, v1's plan on the fast scales, with a per-kernel device-time breakdown (torch
 profiler), to pick the planner's table in one GPU round.
+
+`--prefill` times the repacked experts' prefill path against the bar it must clear, v1 (the
+drop-in on the loader's order and fp32 scales), at M = 256, 1024, 4096 (~1 min with compiles):
+the planner's plan, v1's row-block GEMM on the PAIR_SPLIT words with one GEMM varied at a time
+(neighbouring tiles x both operand orders), the v2 plans up to M=1024 (the v2/v1 crossover), and
+v1's tiles on the loader's order with the fast scales (the path before PAIR_SPLIT). It prints each
+size's variants fastest first and a verdict line (planner vs v1; exit status 1 if any check fails).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ INTER = {1: 2048, 2: 1024, 4: 512, 8: 256}  # routed-expert intermediate size pe
 CLAMP, SCALING = 10.0, 1.5
 DEFAULT_SIZES = "1,2,4,8,16,32,64,256,1024,4096"
 QUICK_SIZES = "1,16,64,256,1024"
+PREFILL_SIZES = "256,1024,4096"
+V1_BASELINE = "v1 (drop-in: loader order, fp32 scales)"
+LOADER_FAST = "v1 tiles, loader order, fast scales (before PAIR_SPLIT)"
+PLANNER = "repacked: planner"
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,60 @@ def sweep_variants(shape: Shape) -> Dict[str, Callable]:
     return out
 
 
+def prefill_candidates(shape: Shape) -> Dict[str, Any]:
+    """Plans on the repacked experts at a prefill size, the planner's first: v1's row-block GEMM on the
+    PAIR_SPLIT words around `op_v2.prefill_plan` (GEMM1 tiles of half to twice its rows and a 4-warp
+    128-row tile, GEMM2 tiles of 64 and 128 rows, each in both operand orders, the other GEMM kept),
+    plus the v2 plans with 16- and 32-token tiles up to M=1024."""
+    from dataclasses import replace
+
+    from v4flash_kernels.moe import op as v1
+    from v4flash_kernels.moe import op_v2
+
+    inter = INTER[shape.tp]
+    base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    pf = op_v2.prefill_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    plans: List[Any] = [base, pf]
+    bm = pf.gemm1.block_m
+    g1s = [c for c in (op_v2.PF_G1_SMALL, op_v2.PF_G1, op_v2.PF_G1_LARGE) if bm // 2 <= c.block_m <= 2 * bm]
+    if bm >= 64:
+        g1s.append(v1.GemmConfig(128, 32, 64, 4, 3, mode=1))  # 4 warps: several programs per SM
+    g2s = [op_v2.PF_G2, v1.GemmConfig(128, 64, 64, 8, 3, mode=1)]
+    plans.append(v1.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode)))
+    for mode in (1, 0):
+        plans += [v1.Plan(False, replace(g, mode=mode), pf.gemm2) for g in g1s]
+        plans += [v1.Plan(False, pf.gemm1, replace(g, mode=mode)) for g in g2s]
+    if shape.tokens <= 1024:
+        plans += [op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)) for t in (16, 32)]
+    out: Dict[str, Any] = {}
+    for p in plans:
+        out.setdefault(p.name, p)
+    return out
+
+
+def prefill_variants(shape: Shape) -> Dict[str, Callable]:
+    """The bar (v1 as the drop-in runs it), the planner's repacked path, the candidates on the
+    repacked experts and v1's tiles on the loader's order with the fast scales."""
+    from v4flash_kernels.moe import op as v1
+
+    out: Dict[str, Callable] = {V1_BASELINE: v1_fn(), PLANNER: v2_fn()}
+    for name, p in list(prefill_candidates(shape).items())[1:]:
+        out["repacked: " + name] = v2_fn(p)
+    out[LOADER_FAST] = v1_fast_loader_order_fn(v1.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, INTER[shape.tp]))
+    return out
+
+
+def prefill_verdict(row: dict) -> str:
+    """One line per size: the planner's path against v1's, and the fastest repacked candidate."""
+    v = row["variants"]
+    base, plan = v[V1_BASELINE]["us"], v[PLANNER]["us"]
+    cands = {k: x["us"] for k, x in v.items() if k.startswith("repacked: ") and x["ok"] and x["us"] == x["us"]}
+    best = min(cands, key=cands.__getitem__)
+    word = "OK" if plan <= base else "SLOWER"
+    return (f"M={row['tokens']}: planner {plan:.1f} us vs v1 {base:.1f} us ({base / plan:.2f}x) {word}; "
+            f"fastest repacked {cands[best]:.1f} us: {best[len('repacked: '):]}")
+
+
 # ---------------------------------------------------------------- measurement
 
 
@@ -342,7 +408,7 @@ def run_shape(shape: Shape, weights: List[dict], variants: Dict[str, Callable], 
             else:
                 us, note = time_calls(fn, calls, graph), ("graph" if graph else "eager")
         except Exception as exc:  # a swept config that does not launch must not end the run
-            if name in ("v1", "v2") or name.startswith("v2 (planner)"):
+            if name in ("v1", "v2", V1_BASELINE, PLANNER) or name.startswith("v2 (planner)"):
                 raise
             chk, us, note = {"ok": False, "rel_err": float("nan"), "nan": False}, float("nan"), f"error: {exc}"[:300]
         row["variants"][name] = dict(chk, us=us, note=note)
@@ -413,7 +479,7 @@ def _warm_worker(job) -> int:
     try:
         weights = build_weights(shape.tp, 1, 0)
         kw = build_calls(shape, weights, 0)[0]
-        (sweep_variants(shape) if quick else default_variants(shape, None))[name](**kw)
+        _variants(shape, quick, None)[name](**kw)
         torch.cuda.synchronize()
     except Exception as exc:  # reported again (and recorded) by the timing process
         print(f"prewarm: {name} at M={shape.tokens}: {exc}"[:300], file=sys.stderr)
@@ -421,7 +487,14 @@ def _warm_worker(job) -> int:
     return 0
 
 
-def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
+def _variants(shape: Shape, quick: Any, upstream) -> Dict[str, Callable]:
+    """quick: False (the default table), True (`--quick`) or "prefill" (`--prefill`)."""
+    if quick == "prefill":
+        return prefill_variants(shape)
+    return sweep_variants(shape) if quick else default_variants(shape, upstream)
+
+
+def prewarm(shapes: List[Shape], quick: Any, procs: int) -> None:
     """Triton compiles one kernel at a time per process; spread the first compiles over processes
     (same GPU, same cache directory, so the timing process then finds every binary cached)."""
     import multiprocessing as mp
@@ -431,9 +504,11 @@ def prewarm(shapes: List[Shape], quick: bool, procs: int) -> None:
 
     jobs, seen = [], set()
     for sh in shapes:
-        names = sweep_variants(sh) if quick else default_variants(sh, None)
-        plans = {"v1": v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name,
-                 "v2": op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name}
+        names = _variants(sh, quick, None)
+        v1_plan = v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
+        v2_plan = op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
+        plans = {"v1": v1_plan, "v2": v2_plan, V1_BASELINE: v1_plan, PLANNER: v2_plan,
+                 LOADER_FAST: "fast/" + v1_plan}
         for name in names:
             # one job per binary set: the plan, and for inline grouping the slot block (follows M)
             key = (sh.tp, plans.get(name, name), sh.tokens if sh.tokens * TOPK <= 16 else 0)
@@ -454,6 +529,10 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=4, help="weight copies rotated per timed call")
     ap.add_argument("--quick", action="store_true", help="sweep candidate v2 plans at a few sizes (TP4)")
     ap.add_argument("--quick-sizes", default=QUICK_SIZES)
+    ap.add_argument("--prefill", action="store_true",
+                    help="the repacked prefill path and its candidates against v1 (TP4, no upstream)")
+    ap.add_argument("--prefill-sizes", default=PREFILL_SIZES)
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel device times (--prefill; --quick always)")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--prewarm", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling kernels up front (0 = off)")
@@ -474,19 +553,22 @@ def main(argv: List[str] | None = None) -> int:
     def ints(s: str) -> List[int]:
         return [int(x) for x in s.split(",") if x]
 
-    if args.quick:
+    quick: Any = "prefill" if args.prefill else args.quick
+    if args.prefill:
+        shapes = [Shape(4, m) for m in ints(args.prefill_sizes)]
+    elif args.quick:
         shapes = [Shape(4, m) for m in ints(args.quick_sizes)]
     else:
         shapes = default_shapes(ints(args.tp), ints(args.sizes), not args.no_adversarial)
     upstream = None
-    if not args.no_upstream and not args.quick:
+    if not args.no_upstream and not quick:
         from v4flash_kernels.upstream import MOE_PATH, load_module
 
         upstream = load_module(MOE_PATH)
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     t0 = time.time()
     if args.prewarm:
-        prewarm(shapes, args.quick, args.prewarm)
+        prewarm(shapes, quick, args.prewarm)
         print(f"[{time.time() - t0:6.1f}s] kernels compiled", flush=True)
     rows: List[dict] = []
     weights: Dict[int, List[dict]] = {}
@@ -495,8 +577,8 @@ def main(argv: List[str] | None = None) -> int:
             weights.clear()  # one TP's copies at a time (4 GB at TP4, 16 GB at TP1)
             torch.cuda.empty_cache()
             weights[sh.tp] = build_weights(sh.tp, args.copies, seed)
-        variants = sweep_variants(sh) if args.quick else default_variants(sh, upstream)
-        r = run_shape(sh, weights[sh.tp], variants, seed + 1 + i, breakdown=args.quick)
+        variants = _variants(sh, quick, upstream)
+        r = run_shape(sh, weights[sh.tp], variants, seed + 1 + i, breakdown=args.quick or args.breakdown)
         r["plan_v1"] = v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
         r["plan_v2"] = op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
         rows.append(r)
@@ -505,9 +587,13 @@ def main(argv: List[str] | None = None) -> int:
                 json.dump({"meta": {"partial": True, "seed": seed}, "rows": rows}, f, indent=1)
         us = {k: x["us"] for k, x in r["variants"].items()}
         print(f"[{time.time() - t0:6.1f}s] tp{sh.tp} M={sh.tokens} {sh.routing}: "
-              + " ".join(f"{k}={v:.1f}" for k, v in us.items() if not args.quick or k.startswith("v2 (planner)")),
+              + " ".join(f"{k}={v:.1f}" for k, v in us.items()
+                         if not quick or k.startswith("v2 (planner)") or k in (V1_BASELINE, PLANNER)),
               flush=True)
-        if args.quick:
+        if args.prefill:
+            r["verdict"] = prefill_verdict(r)
+            print("    " + r["verdict"], flush=True)
+        if quick:
             for name, v in sorted(r["variants"].items(), key=lambda kv: kv[1]["us"]):
                 parts = " ".join(f"{k.split(' ')[0]}={t:.1f}" for k, t in v.get("breakdown_us", {}).items())
                 print(f"    {v['us']:9.1f} us  err {v['rel_err']:.1e} {'ok' if v['ok'] else 'FAIL'}  {name}  [{parts}]",
@@ -518,12 +604,14 @@ def main(argv: List[str] | None = None) -> int:
             "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "seconds": round(time.time() - t0, 1),
             "upstream_origin": getattr(upstream, "__v4flash_origin__", None)}
     print(json.dumps(meta))
-    if not args.quick:
+    if args.prefill:
+        print("\n".join(r["verdict"] for r in rows))
+    elif not args.quick:
         print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    if args.md and not args.quick:
+    if args.md and not quick:
         with open(args.md, "w") as f:
             f.write(format_markdown(rows) + "\n")
     return 0 if all(x["ok"] for r in rows for x in r["variants"].values()) else 1

@@ -33,6 +33,12 @@ tensor and the weight layout):
   scales; upstream multiplies in fp32 too). This is what the drop-in runs for its inputs: an fp32
   scale that is not a power of two must not be read by its exponent alone.
 
+``NIBBLES=1`` (layers repacked at load time, `moe.repack`): W is read as int32 ``PAIR_SPLIT`` words
+and decoded into k order with v2's word decode (`pairsplit.decode_word_groups`), so the activation
+tile is contracted as loaded; the loader's byte order (``NIBBLES=0``) splits the activation into
+its even and odd columns instead. Permuting the activation to match the words was tried first: its
+shared-memory reads became 2-byte loads and the prefill GEMMs twice as slow on the H200.
+
 ``DEQ_ASM`` is True on the GPU; under ``TRITON_INTERPRET=1`` (no inline asm) the same bit pattern
 is widened to fp32 and multiplied there, and ``DOT_DTYPE`` is fp32 (the interpreter computes bf16
 on raw bits).
@@ -42,6 +48,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from v4flash_kernels.moe.pairsplit import decode_word_groups
 
 SHIFT = tl.constexpr(9.223372036854775808e18)  # 2^63: the accumulator factor SCALE_FAST leaves out
 TWO_126 = tl.constexpr(8.507059173023462e37)  # 2^126: makes the e2m1 bit pattern its exact value
@@ -166,7 +174,7 @@ def gemm_kernel(
     SPLIT_K: tl.constexpr = 1,  # GATED only: K split over grid axis 2, raw partials out, no activation
     A_PARTS: tl.constexpr = 0,  # w2 only: A is GEMM1's A_PARTS partial planes, reduced and activated here
     MODE: tl.constexpr = 0,  # 0: tl.dot(x, w^T); 1: tl.dot(w, x^T) (w in the left operand); 2: FMA; 3: FMA + prefetch
-    NIBBLES: tl.constexpr = 0,  # weight nibble order: 0 the loader's, 1 repack.PAIR_SPLIT (repacked layers)
+    NIBBLES: tl.constexpr = 0,  # W: 0 bytes in the loader's nibble order; 1 int32 repack.PAIR_SPLIT words
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -199,9 +207,12 @@ def gemm_kernel(
     w_ok = col < N
     G: tl.constexpr = BLOCK_K // 32
     offs_g = tl.arange(0, G)
-    offs_j = tl.arange(0, 16)
+    if NIBBLES == 1:  # int32 PAIR_SPLIT words [NW, G, 4], decoded into k order (pairsplit)
+        tl.static_assert(SCALE_MODE == 0 and MODE <= 1, "PAIR_SPLIT words: fast scales, tensor-core modes")
+    W_PER_K: tl.constexpr = 8 if NIBBLES == 1 else 2  # k per loaded element: words, or bytes [NW, G, 16]
+    W_GROUP: tl.constexpr = 32 // W_PER_K  # elements per 32-weight scale group
     w_base = W + e64 * stride_we + wrow.to(tl.int64)[:, None, None] * stride_wn \
-        + offs_g[None, :, None] * 16 + offs_j[None, None, :]
+        + offs_g[None, :, None] * W_GROUP + tl.arange(0, W_GROUP)[None, None, :]
     s_base = SC + e64 * stride_se + wrow.to(tl.int64)[:, None] * stride_sn + offs_g[None, :]
     offs_k = tl.arange(0, BLOCK_K)
 
@@ -224,16 +235,16 @@ def gemm_kernel(
         k_lo = pid_k * (KD // SPLIT_K)
         k_hi = k_lo + KD // SPLIT_K
         if MODE == 3:  # FMA with the next W tile's bytes and scales loaded one step ahead
-            packed_nx = tl.load(w_base + k_lo // 2, mask=w_ok[:, None, None], other=0)
+            packed_nx = tl.load(w_base + k_lo // W_PER_K, mask=w_ok[:, None, None], other=0)
             sc_nx = tl.load(s_base + k_lo // 32, mask=w_ok[:, None], other=0)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if MODE == 3:
                 packed, sc = packed_nx, sc_nx
                 more = (k0 + BLOCK_K) < k_hi
-                packed_nx = tl.load(w_base + (k0 + BLOCK_K) // 2, mask=w_ok[:, None, None] & more, other=0)
+                packed_nx = tl.load(w_base + (k0 + BLOCK_K) // W_PER_K, mask=w_ok[:, None, None] & more, other=0)
                 sc_nx = tl.load(s_base + (k0 + BLOCK_K) // 32, mask=w_ok[:, None] & more, other=0)
             else:
-                packed = tl.load(w_base + k0 // 2, mask=w_ok[:, None, None], other=0)
+                packed = tl.load(w_base + k0 // W_PER_K, mask=w_ok[:, None, None], other=0)
                 sc = tl.load(s_base + k0 // 32, mask=w_ok[:, None], other=0)
             if A_PARTS > 0:  # A = the split-K partial gate/up sums of GEMM1: reduce, activate
                 g = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -244,32 +255,33 @@ def gemm_kernel(
                 a = _swiglu(g, u, clamp_limit, HAS_CLAMP).to(tl.bfloat16)
             else:
                 a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
-            if MODE >= 2:
-                a = a.to(tl.float32)
-            else:
-                a = a.to(DOT_DTYPE)
-            if NIBBLES == 1:  # repack.PAIR_SPLIT: byte p of each 4-byte word holds k {0,4,1,5}[p], {2,6,3,7}[p]
-                a5 = tl.permute(tl.reshape(a, [BLOCK_M, BLOCK_K // 8, 2, 2, 2]), (0, 1, 4, 2, 3))
-                a_even, a_odd = tl.split(a5)
-                a_even = tl.reshape(a_even, [BLOCK_M, BLOCK_K // 2])
-                a_odd = tl.reshape(a_odd, [BLOCK_M, BLOCK_K // 2])
-            else:  # the loader's order: byte j holds k 2j (low nibble) and 2j + 1
-                a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
-            if MODE >= 2:
-                lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, tl.float32)
-                lo = tl.reshape(lo, [NW, BLOCK_K // 2])
-                hi = tl.reshape(hi, [NW, BLOCK_K // 2])
-                acc3 += a_even[:, None, :] * lo[None, :, :] + a_odd[:, None, :] * hi[None, :, :]
-            else:
-                lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, DOT_DTYPE)
-                lo = tl.reshape(lo, [NW, BLOCK_K // 2])
-                hi = tl.reshape(hi, [NW, BLOCK_K // 2])
+            if NIBBLES == 1:  # W decoded into k order: one dot against the activation as loaded
+                w = decode_word_groups(packed, sc, NW, BLOCK_K, DEQ_ASM, DOT_DTYPE)
                 if MODE == 1:
-                    acc_t = tl.dot(lo, tl.trans(a_even), acc_t)
-                    acc_t = tl.dot(hi, tl.trans(a_odd), acc_t)
+                    acc_t = tl.dot(w, tl.trans(a.to(DOT_DTYPE)), acc_t)
                 else:
-                    acc = tl.dot(a_even, tl.trans(lo), acc)
-                    acc = tl.dot(a_odd, tl.trans(hi), acc)
+                    acc = tl.dot(a.to(DOT_DTYPE), tl.trans(w), acc)
+            else:  # the loader's order: byte j holds k 2j (low nibble) and 2j + 1
+                if MODE >= 2:
+                    a = a.to(tl.float32)
+                else:
+                    a = a.to(DOT_DTYPE)
+                a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
+                if MODE >= 2:
+                    lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, tl.float32)
+                    lo = tl.reshape(lo, [NW, BLOCK_K // 2])
+                    hi = tl.reshape(hi, [NW, BLOCK_K // 2])
+                    acc3 += a_even[:, None, :] * lo[None, :, :] + a_odd[:, None, :] * hi[None, :, :]
+                else:
+                    lo, hi = _dequant(packed, sc, SCALE_MODE, DEQ_ASM, DOT_DTYPE)
+                    lo = tl.reshape(lo, [NW, BLOCK_K // 2])
+                    hi = tl.reshape(hi, [NW, BLOCK_K // 2])
+                    if MODE == 1:
+                        acc_t = tl.dot(lo, tl.trans(a_even), acc_t)
+                        acc_t = tl.dot(hi, tl.trans(a_odd), acc_t)
+                    else:
+                        acc = tl.dot(a_even, tl.trans(lo), acc)
+                        acc = tl.dot(a_odd, tl.trans(hi), acc)
         ACC_SCALE: tl.constexpr = SHIFT if SCALE_MODE == 0 else 1.0
         if MODE >= 2:
             acc = tl.sum(acc3, axis=2) * ACC_SCALE

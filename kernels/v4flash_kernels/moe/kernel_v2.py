@@ -15,10 +15,11 @@ the packed bytes, their bf16 copy and the padded activation tile through shared 
   so one mask, one multiply and one mask build a whole 32-bit MMA fragment register (both values'
   exponent/mantissa and sign bits at once), and one ``mul.rn.bf16x2`` applies the scale: ~4
   instructions per fragment register, no byte extraction. The eight values of a word are joined
-  back into k order (`_join_slot`) and the tile is one ``tl.dot`` over its whole k range; no bf16
-  copy of W exists anywhere. (The decode chain must stay elementwise from the load to the dot,
-  the scale broadcast over its 32 weights by ``broadcast_to``/``reshape``, for Triton to put the
-  layout conversion on the loaded words; ``check_sm120`` keeps the result honest: no spills.)
+  back into k order (`pairsplit.decode_words`; v1's prefill tiles use the same decode) and the
+  tile is one ``tl.dot`` over its whole k range; no bf16 copy of W exists anywhere. (The decode
+  chain must stay elementwise from the load to the dot, the scale broadcast over its 32 weights
+  by ``broadcast_to``/``reshape``, for Triton to put the layout conversion on the loaded words;
+  ``check_sm120`` keeps the result honest: no spills.)
 * **uint8 e8m0 scales**, range-checked at load time (``kernel.SCALE_FAST``): the scale becomes the
   bf16 multiplier ``2^(byte - 64)`` of the same ``mul.rn.bf16x2``; the missing ``2^63`` is applied
   to the fp32 accumulator.
@@ -35,67 +36,7 @@ import triton
 import triton.language as tl
 
 from v4flash_kernels.moe.kernel import SHIFT, _swiglu
-
-
-def _join_slot(f: int) -> int:
-    """Which of the 8 values `_join8` puts at offset f of its word (nested tl.join: bit reversal)."""
-    return int(f"{f:03b}"[::-1], 2)
-
-
-# r_i (pair i = k 2i, 2i + 1 of a word) -> the join slots of its low and high half; the asm below and
-# the interpreter branch of `_decode_words` both follow this table (a CPU test pins it).
-PAIR_SLOTS = tuple((_join_slot(2 * i), _join_slot(2 * i + 1)) for i in range(4))
-WORD_ASM = "{ .reg .b32 t; " + " ".join(
-    f"mul.rn.bf16x2 t, ${8 + i}, $12; mov.b32 {{${lo}, ${hi}}}, t;" for i, (lo, hi) in enumerate(PAIR_SLOTS)) + " }"
-_WORD_ASM = tl.constexpr(WORD_ASM)
-
-
-@triton.jit
-def _pair_bits(w, SHIFT: tl.constexpr, ODD: tl.constexpr):
-    """bf16 bits of (nibble j, nibble j + 4) * 2^-126 of PAIR_SPLIT words, j = SHIFT // 4 + ODD.
-
-    The masked nibbles sit 16 bits apart, so one multiply moves both halves' exponent/mantissa
-    bits (to 8..6) and sign bits (to 15) at once; the mask drops what lands elsewhere.
-    """
-    if ODD:  # nibbles at bits 4-7 / 20-23: << 2 and << 8
-        return (((w >> SHIFT) & 0x00F000F0) * 0x104) & -2118090304  # 0x81C081C0
-    else:  # nibbles at bits 0-3 / 16-19: << 6 and << 12
-        return (((w >> SHIFT) & 0x000F000F) * 0x1040) & -2118090304
-
-
-@triton.jit
-def _halves(r, mult):
-    """Interpreter: the two bf16 values of a pair word times the fp32 multiplier (numpy keeps subnormals)."""
-    return (r << 16).to(tl.float32, bitcast=True) * mult, (r & -65536).to(tl.float32, bitcast=True) * mult
-
-
-@triton.jit
-def _decode_words(wd, sc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DEQ_ASM: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr):
-    """PAIR_SPLIT words [BLOCK_N, BLOCK_K/8] + e8m0 bytes [BLOCK_N, BLOCK_K/32] -> W [BLOCK_N, BLOCK_K] * 2^-63."""
-    G: tl.constexpr = BLOCK_K // 32
-    r0 = _pair_bits(wd, 0, False)  # k 0, 1 of the word
-    r1 = _pair_bits(wd, 0, True)  # k 2, 3
-    r2 = _pair_bits(wd, 8, False)  # k 4, 5
-    r3 = _pair_bits(wd, 8, True)  # k 6, 7
-    mexp = sc.to(tl.int32) + 63  # bf16/fp32 exponent field of 2^(byte - 64)
-    if DEQ_ASM:
-        mword = (mexp << 7) | (mexp << 23)
-        mword = tl.reshape(tl.broadcast_to(mword[:, :, None], [BLOCK_N, G, 4]), [BLOCK_N, BLOCK_K // 8])
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            asm=_WORD_ASM, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", args=[r0, r1, r2, r3, mword],
-            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    else:  # same slots as PAIR_SLOTS: pair i's (low, high) half -> (o0, o4), (o2, o6), (o1, o5), (o3, o7)
-        mult = (mexp << 23).to(tl.float32, bitcast=True)
-        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, G, 4]), [BLOCK_N, BLOCK_K // 8])
-        o0, o4 = _halves(r0, mult)
-        o2, o6 = _halves(r1, mult)
-        o1, o5 = _halves(r2, mult)
-        o3, o7 = _halves(r3, mult)
-    o0, o1, o2, o3 = o0.to(DOT_DTYPE), o1.to(DOT_DTYPE), o2.to(DOT_DTYPE), o3.to(DOT_DTYPE)
-    o4, o5, o6, o7 = o4.to(DOT_DTYPE), o5.to(DOT_DTYPE), o6.to(DOT_DTYPE), o7.to(DOT_DTYPE)
-    w8 = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
-    return tl.reshape(w8, [BLOCK_N, BLOCK_K])
+from v4flash_kernels.moe.pairsplit import decode_words
 
 
 @triton.jit
@@ -182,7 +123,7 @@ def mma_gemm_kernel(
             wd = tl.load(w_ptr + k0 // 8, mask=w_ok[:, None], other=0)
             sc = tl.load(s_ptr + k0 // 32, mask=w_ok[:, None], other=0)
             x = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
-            w = _decode_words(wd, sc, BLOCK_N, BLOCK_K, DEQ_ASM, DOT_DTYPE)
+            w = decode_words(wd, sc, BLOCK_N, BLOCK_K, DEQ_ASM, DOT_DTYPE)
             acc = tl.dot(w, tl.trans(x.to(DOT_DTYPE)), acc)
         res = tl.trans(acc) * SHIFT  # [BLOCK_T, BLOCK_N]
         if GATED:

@@ -197,7 +197,8 @@ def run(
     `out` ([M, hidden], input dtype) may be given so tests can poison it and prove every element
     is written. `fast_scales`: both scale tensors are uint8 e8m0 bytes that `repack.check_scales`
     accepted (a `repack.RepackedExperts`), read with the exponent-only decode. `nibbles=1`: the
-    weights are in `repack.PAIR_SPLIT` order (a repacked layer), 0: the loader's.
+    weights are in `repack.PAIR_SPLIT` order (a repacked layer; needs `fast_scales` and a plan of
+    tensor-core GEMMs, modes 0-1, without split-K), 0: the loader's.
     """
     M, K = hidden_states.shape
     E = w13_packed.shape[0]
@@ -223,6 +224,14 @@ def run(
     ids = ids.contiguous()
     tw = topk_weights.reshape(-1).contiguous()
     w13, w2 = _weight_view(w13_packed), _weight_view(w2_packed)
+    if nibbles == 1:
+        bad = [c.name for c in (plan.gemm1, plan.gemm2) if c.mode > 1 or c.split_k > 1]
+        if not fast_scales or bad:
+            raise ValueError(f"PAIR_SPLIT weights (nibbles=1) need fast_scales and tensor-core GEMMs without "
+                             f"split-K (fast_scales={fast_scales}, refused configs: {bad})")
+        w13, w2 = w13.view(torch.int32), w2.view(torch.int32)  # the kernel reads whole PAIR_SPLIT words
+    elif nibbles != 0:
+        raise ValueError(f"nibbles must be 0 (the loader's order) or 1 (PAIR_SPLIT), got {nibbles}")
     if fast_scales:
         if w13_scale.dtype != torch.uint8 or w2_scale.dtype != torch.uint8:
             raise ValueError("fast_scales needs the checked uint8 e8m0 bytes of a RepackedExperts")

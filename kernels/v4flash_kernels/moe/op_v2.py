@@ -6,9 +6,10 @@ clamp_limit)` computes exactly what `op.mxfp4_moe_forward` (and upstream's
 
 * decode sizes (up to `V2_MAX_ROWS_PER_EXPERT` rows per expert on average) run the v2 GEMMs
   (`kernel_v2.mma_gemm_kernel`: swap-AB MMA, FP4 words decoded in the MMA fragments, uint8 scales);
-* larger calls run v1's prefill GEMMs (`op.run`) on the same words (`nibbles=1`: the activation
-  columns are permuted in registers to match `repack.PAIR_SPLIT`) with the exponent-only scale
-  decode, which the repack's check made exact.
+* larger calls run v1's prefill GEMM (`kernel.gemm_kernel` through `op.run`) on the same words
+  (`nibbles=1`: each k-step's words are decoded into k order with `pairsplit.decode_word_groups`,
+  so the activation tile is contracted as loaded) with the exponent-only scale decode, which the
+  repack's check made exact. Its tiles are `prefill_plan`'s, not the drop-in's `op.make_plan`.
 
 Plans are pure functions of shapes (graph-safe: one captured graph replays correctly for any
 routing); every config either path can launch is in `launchable()` for `check_sm120`.
@@ -72,6 +73,23 @@ G2_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T16 = MmaConfig(16, 64, 256, 4, 3)
 G2_T16 = MmaConfig(16, 64, 256, 4, 3)
 
+# Prefill (v1's GEMM on PAIR_SPLIT words, `nibbles=1`): the drop-in's row-block tiles (`op.make_plan`
+# picks them by mean rows per expert, measured on the H200 for the loader's order). Operand order
+# per tile, from the generated code (not yet measured; `bench --prefill` times both for each tile):
+# the 8-warp 128-row tile runs one CTA per SM, so there W is the MMA's left operand (mode 1): on
+# sm_90 the decoded tile is then wgmma's register operand, issued asynchronously (the next k-step's
+# decode overlaps it) with one CTA barrier per k-step instead of three. The 4-warp tiles keep
+# several CTAs per SM, which overlap each other anyway; there mode 0 keeps the leaner k-step on
+# sm_90 (32-row: mma.sync as v1 was measured with, 637 instructions and 2 CTA barriers per k-step
+# against 604 and 4 for mode 1, whose scales take a trip through shared memory; 64-row: 271
+# against 335 instructions).
+PF_G1_SMALL = _v1.GemmConfig(32, 64, 128, 4, 3)
+PF_G1 = _v1.GemmConfig(64, 64, 64, 4, 3)
+PF_G1_LARGE = _v1.GemmConfig(128, 64, 64, 8, 3, mode=1)
+PF_G2 = _v1.GemmConfig(64, 64, 64, 4, 3)
+PF_SMALL_MAX_ROWS = 32  # mean rows per expert up to which GEMM1 uses 32-row tiles (as op.make_plan)
+PF_MEDIUM_MAX_ROWS = 64  # ... 64-row tiles; above, 128-row tiles
+
 INLINE_MAX_SLOTS = 12  # as v1: the inline grouping's O(slots) scan per program stays cheap
 SPLIT_MAX_SLOTS = 8  # up to here (M=1 at top-6) GEMM1 splits K: too few row blocks to fill the GPU
 T8_MAX_ROWS_PER_EXPERT = 2.5  # mean rows per expert up to which the 8-token MMA tile is used
@@ -83,12 +101,24 @@ def make_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int)
     slots = tokens * topk
     rows = slots / max(1, num_experts)
     if rows > V2_MAX_ROWS_PER_EXPERT:
-        return _v1.make_plan(tokens, topk, num_experts, hidden, inter)
+        return prefill_plan(tokens, topk, num_experts, hidden, inter)
     if slots <= INLINE_MAX_SLOTS:
         return PlanV2(True, G1_T8_SK4 if slots <= SPLIT_MAX_SLOTS else G1_T8, G2_T8)
     if rows <= T8_MAX_ROWS_PER_EXPERT:
         return PlanV2(False, G1_T8, G2_T8)
     return PlanV2(False, G1_T16, G2_T16)
+
+
+def prefill_plan(tokens: int, topk: int, num_experts: int, hidden: int, inter: int) -> _v1.Plan:
+    """v1's sorted row-block GEMMs on the PAIR_SPLIT words, GEMM1's tile by mean rows per expert."""
+    rows = tokens * topk / max(1, num_experts)
+    if rows <= PF_SMALL_MAX_ROWS:
+        g1 = PF_G1_SMALL
+    elif rows <= PF_MEDIUM_MAX_ROWS:
+        g1 = PF_G1
+    else:
+        g1 = PF_G1_LARGE
+    return _v1.Plan(False, g1, PF_G2)
 
 
 def launchable() -> Tuple[Tuple[MmaConfig, bool, bool], ...]:
@@ -99,10 +129,9 @@ def launchable() -> Tuple[Tuple[MmaConfig, bool, bool], ...]:
 
 
 def launchable_v1() -> Tuple[Tuple[_v1.GemmConfig, bool, bool], ...]:
-    """(config, GATED, INLINE) of the v1 binaries `make_plan` hands large calls to (they read the
-    repacked uint8 scales with SCALE_FAST): v1's sorted prefill tiles."""
-    return tuple((c, g, i) for c, g, i in _v1.launchable()
-                 if not i and c in (_v1.PREFILL_G1_SMALL, _v1.PREFILL_G1, _v1.PREFILL_G1_LARGE, _v1.PREFILL_G2))
+    """(config, GATED, INLINE) of the v1 binaries `make_plan` hands large calls to (sorted, reading
+    PAIR_SPLIT words with NIBBLES=1 and the repacked uint8 scales with SCALE_FAST)."""
+    return ((PF_G1_SMALL, True, False), (PF_G1, True, False), (PF_G1_LARGE, True, False), (PF_G2, False, False))
 
 
 def fit_block_k(cfg: MmaConfig, kd: int) -> int:

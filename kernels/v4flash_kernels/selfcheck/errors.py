@@ -30,7 +30,7 @@ def classify(exc: BaseException) -> str:
         from triton.compiler.errors import CompilationError
         from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError
     except Exception:  # pragma: no cover - triton missing: only the message can tell
-        CompilationError = InterpreterError = OutOfResources = PTXASError = ()  # type: ignore[assignment,misc]
+        CompilationError = InterpreterError = OutOfResources = PTXASError = ()
     if OutOfResources and isinstance(exc, OutOfResources):
         return RESOURCE_ERROR
     if (CompilationError and isinstance(exc, (CompilationError, PTXASError, InterpreterError))):

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from v4flash_pd.bundle.hashing import HashJob, default_workers, hash_parallel
 
@@ -86,7 +87,7 @@ def main() -> None:
     paths = make_dir(root / "model", args.size_gb, args.files)
     total = sum(p.stat().st_size for p in paths)
     workers = default_workers()
-    methods = [
+    methods: list[tuple[str, Callable[[], object]]] = [
         ("raw read, 1 thread", lambda: raw_read(paths)),
         (f"raw read, {workers} threads (disk limit)", lambda: raw_read_parallel(paths, workers)),
         ("sha256sum (coreutils, 1 proc)", lambda: sha256sum(paths)),

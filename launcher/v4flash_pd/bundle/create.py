@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from v4flash_pd import __version__
 from v4flash_pd.bundle import layout, modelmanifest, sbom, signing, sums
@@ -106,7 +107,7 @@ def _image(opts: CreateOptions, work: Path, state: Path, lock: StackLock, log: C
     return record
 
 
-def _wheelhouse(opts: CreateOptions, work: Path, lock: StackLock, log: Callable[[str], None]) -> dict:
+def _wheelhouse(opts: CreateOptions, work: Path, lock: StackLock, log: Callable[[str], None]) -> dict[str, Any]:
     from v4flash_pd.bundle import wheelhouse
 
     dest = work / layout.WHEELHOUSE
@@ -133,7 +134,7 @@ def _drop_model_copy(model_dir: Path, text: str, log: Callable[[str], None]) -> 
     return None
 
 
-def _model(opts: CreateOptions, work: Path, state: Path, log: Callable[[str], None]) -> dict:
+def _model(opts: CreateOptions, work: Path, state: Path, log: Callable[[str], None]) -> dict[str, Any]:
     assert opts.model is not None
     model_dir = opts.model.resolve()
     progress = Progress("hash model", enabled=opts.show_progress)

@@ -78,10 +78,17 @@ def check_sbom(text: str, lock: StackLock) -> list[str]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         return [f"not valid JSON ({exc.msg})"]
+    if not isinstance(doc, dict):
+        return [f"a JSON {type(doc).__name__}, not a CycloneDX document (a JSON object)"]
     problems = []
     if doc.get("bomFormat") != "CycloneDX":
         problems.append("bomFormat is not CycloneDX")
-    props = {p.get("name"): p.get("value") for p in doc.get("metadata", {}).get("properties", [])}
+    meta = doc.get("metadata")
+    listed = meta.get("properties") if isinstance(meta, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
+        listed = []
+        problems.append("metadata.properties is not a list of CycloneDX properties")
+    props = {p.get("name"): p.get("value") for p in listed}
     if props.get("v4flash:lock-sha256") != lock.sha256:
         problems.append(f"records lock sha256 {props.get('v4flash:lock-sha256')}, the bundled lock is {lock.sha256}")
     if doc.get("components") != components(lock):

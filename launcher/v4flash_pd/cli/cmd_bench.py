@@ -10,7 +10,10 @@ import sys
 
 import click
 
+from v4flash_pd import benchmark
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.routerauth import auth_headers
 
 
 @click.command("bench")
@@ -30,8 +33,7 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               help="Seed for the generated prompts.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               envvar="V4FLASH_BENCH_TIMEOUT", help="Per-request timeout in seconds.")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_BENCH_JSON",
-              help="Print the machine-readable report (for comparing runs) instead of the table.")
+@json_option("Print the machine-readable report (for comparing runs) instead of the table.")
 @click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, envvar="V4FLASH_BENCH_API_KEY_FILE",
               help="File holding the router's API key (a router started with router.api_key_file).")
 @click.option("--api-key-env", metavar="NAME", default=None, envvar="V4FLASH_BENCH_API_KEY_ENV",
@@ -40,9 +42,15 @@ from v4flash_pd.errors import RuntimeFailure, UserError
               help="Instead of HTTP: time one decode step / prefill chunk op by op on this machine's GPU "
                    "(python -m v4flash_kernels.step), upstream sm_120 path vs our kernels.")
 @click.option("--step-args", default="", help="Options passed on to the step bench, e.g. \"--batches 1,16 --json s.json\".")
+@click.option("--allreduce", is_flag=True,
+              help="Instead of HTTP: check and time the IPC all-reduce against NCCL on this box's GPUs, one process "
+                   "per GPU, 2..N ranks (python -m v4flash_kernels.allreduce.bench); run it with the workers stopped.")
+@click.option("--allreduce-args", default="",
+              help="Options passed on to the all-reduce bench, e.g. \"--worlds 4 --sizes 16384,65536 --json ar.json\".")
 def command(url: str, concurrency: str, n_requests: int | None, input_len: int, output_len: int,
             warmup: int, seed: int, timeout_s: float, as_json: bool, api_key_file: str | None = None,
-            api_key_env: str | None = None, step: bool = False, step_args: str = "") -> None:
+            api_key_env: str | None = None, step: bool = False, step_args: str = "", allreduce: bool = False,
+            allreduce_args: str = "") -> None:
     """Measure output tok/s, req/s, TTFT and ITL p50/p90/p99 per concurrency level.
 
     Exits 1 if any request failed (the table is printed first).
@@ -50,15 +58,15 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     if step:
         _run_step_bench(step_args)
         return
-    from v4flash_pd import benchmark
-
+    if allreduce:
+        _run_allreduce_bench(allreduce_args)
+        return
     try:
         levels = benchmark.parse_concurrency(concurrency)
     except ValueError as exc:
         raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
     if n_requests is not None and n_requests < 1:
         raise UserError(f"--requests must be >= 1, got {n_requests}")
-    from v4flash_pd.routerauth import auth_headers
 
     source = ("file", api_key_file) if api_key_file else ("env", api_key_env) if api_key_env else ("", "")
     spec = benchmark.BenchSpec(url=url, concurrency=levels, requests=n_requests, input_len=input_len,
@@ -107,3 +115,31 @@ def _run_step_bench(step_args: str) -> None:
     if rc != 0:
         raise RuntimeFailure(f"the step bench exited with status {rc}",
                              "read the FAILED lines above: an op disagreed with its reference or raised")
+
+
+def _run_allreduce_bench(args_text: str) -> None:
+    """Run `python -m v4flash_kernels.allreduce.bench` in this interpreter on this box's GPUs."""
+    import importlib.util
+
+    try:
+        extra = shlex.split(args_text)
+    except ValueError as exc:
+        raise UserError(f"--allreduce-args {args_text!r}: {exc}",
+                        "quote it as one shell word, e.g. --allreduce-args '--worlds 4'") from None
+    if importlib.util.find_spec("v4flash_kernels") is None:
+        raise UserError("the kernel package v4flash_kernels is not importable in this environment",
+                        "run from the built environment (`make venv`, or the image), where the kernels are installed")
+    smi = shutil.which("nvidia-smi")
+    probe = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) if smi else None
+    gpus = probe.stdout.count("GPU ") if probe is not None and probe.returncode == 0 else 0
+    if gpus < 2:
+        raise RuntimeFailure(f"the all-reduce bench needs at least 2 NVIDIA GPUs; `nvidia-smi -L` lists {gpus}",
+                             "run it on the GPU box (check the driver and CUDA_VISIBLE_DEVICES)")
+    rc = subprocess.call([sys.executable, "-m", "v4flash_kernels.allreduce.bench", *extra])
+    if rc == 2:
+        raise UserError(f"the all-reduce bench refused --allreduce-args {args_text!r} (its error is above)",
+                        "`python -m v4flash_kernels.allreduce.bench --help` lists its options")
+    if rc != 0:
+        raise RuntimeFailure(f"the all-reduce bench exited with status {rc}",
+                             "a size disagreed with NCCL or a rank failed: see the table above; "
+                             "`v4flash-pd doctor --only p2p` checks peer access, ACS, IOMMU and the PCIe topology")

@@ -23,7 +23,8 @@ def _require(*modules: str) -> None:
     if missing:
         raise UserError(
             f"`v4flash-pd bundle` needs the Python package(s) {', '.join(missing)}, which are not installed",
-            "pip install 'v4flash-pd[bundle]' (or pip install docker zstandard)",
+            "pip install '.[bundle]' in the v4flash-pd checkout (the project is not on PyPI), or pip install docker "
+            "zstandard; the image has both",
         )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from v4flash_pd.poll import poll_until
-from v4flash_pd.procgroup import Identity, Signaller
+from v4flash_pd.procgroup import Identity, Signaller, describe_state
 from v4flash_pd.rundir import RunDir
 
 
@@ -44,6 +44,8 @@ def command(run_dir: Path | None, timeout: float, grace: float, as_json: bool) -
     if launcher is not None:
         res = sig.send(launcher, signal.SIGTERM, group=False)
         if res == "sent":
+            # a stopped (SIGSTOP) launcher only handles its SIGTERM once continued
+            sig.send(launcher, signal.SIGCONT, group=False)
             poll_until(lambda: not sig.alive(launcher, group=False), timeout, 0.05)
             gone = not sig.alive(launcher, group=False)
             how = "launcher stopped the run" if gone else "launcher did not stop in time"
@@ -68,7 +70,16 @@ def command(run_dir: Path | None, timeout: float, grace: float, as_json: bool) -
         how += f"; stopped leftover process groups: {', '.join(stopped)}"
         how += f" (SIGKILL: {', '.join(killed)})" if killed else ""
     still = [n for n in leftovers if sig.alive(procs[n])]
-    if stopped or how == "launcher did not stop in time":
+    launcher_left = launcher is not None and sig.alive(launcher, group=False)
+    if launcher_left:  # it holds the run dir's lock and may still restart or record things
+        assert launcher is not None
+        state = describe_state(launcher.pid)
+        still.append(f"launcher (pid {launcher.pid})")
+        notes.append(f"the launcher (pid {launcher.pid}{', ' + state if state else ''}) did not stop within "
+                     f"--timeout {timeout:g}s and still holds {run.file('.lock')}: run `down` again with a longer "
+                     f"--timeout, or look at it (py-spy dump --pid {launcher.pid}); kill -9 {launcher.pid} as a "
+                     "last resort")
+    if (stopped or how == "launcher did not stop in time") and not launcher_left:
         try:
             run.set_state(status="stopped", stopped=time.time(), reason="down" + (" (stopped leftovers)" if stopped else ""))
         except OSError as exc:

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import cluster_options, config_from_params, config_options, pass_params, resolve
+from v4flash_pd import docformat, exposure
+from v4flash_pd import topology as topo
+from v4flash_pd.cli.common import json_option
+from v4flash_pd.cli.options import (
+    Options,
+    cluster_options,
+    config_options,
+    hosts_option,
+    load,
+    pass_options,
+    prepare,
+    resolve,
+)
+from v4flash_pd.cluster import part_plans
 from v4flash_pd.render import cluster_text, plan_text
 
 
 @click.command("plan", short_help="Show what `up` would start (argv, env, NUMA, ports), starting nothing.")
 @config_options
 @cluster_options
-@click.option("--hosts", envvar="V4FLASH_CLUSTER_HOSTS",
-              help="Cluster plans: the boxes' host names in box order (default: box-0, box-1, ...).")
+@hosts_option
 @click.option("--rehearse", is_flag=True, envvar="V4FLASH_REHEARSE", help="Plan the rehearsal (stand-in engines).")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON", help="Print the plan as JSON.")
-@pass_params
-def command(params: dict[str, Any]) -> None:
+@json_option("Print the plan as JSON.")
+@pass_options()
+def command(opts: Options, as_json: bool) -> None:
     """Print the resolved plan: per-role argv, env, NUMA binding, ports, kernel patches and auth.
 
     Without --topology it plans this host (its GPUs, numactl permissions, busy ports, model dir);
@@ -27,24 +38,23 @@ def command(params: dict[str, Any]) -> None:
     (--boxes N, or [cluster] in the config) is shown part by part: each box's plan and the router's,
     as each box's `up` would build them (with --topology, or the slots' GPUs, for every box).
     """
-    cfg = config_from_params(params)
+    cfg = load(opts)
     if cfg.cluster is not None:
-        from v4flash_pd import topology as topo
-        from v4flash_pd.cluster import part_plans
-
-        tfile = params.get("topology_file")
-        parts = part_plans(cfg, topo.load(tfile) if tfile else None, rehearse=bool(params.get("rehearse")))
-        if params["as_json"]:
-            d = {"format": "v4flash-pd/cluster-view/1", "parts": {name: p.to_dict() for name, p in parts},
-                 "config": cfg.to_dict()}
+        topology = topo.load(opts.topology_file) if opts.topology_file else None
+        parts = part_plans(cfg, topology, rehearse=opts.rehearse)
+        if as_json:
+            d = docformat.stamp(docformat.CLUSTER_VIEW, {"parts": {name: p.to_dict() for name, p in parts},
+                                                         "config": cfg.to_dict(),
+                                                         "exposure": {name: exposure.lines(p) for name, p in parts}})
             click.echo(json.dumps(d, indent=2))
             return
         click.echo(cluster_text(cfg, parts))
         return
-    r = resolve(params, "plan", cfg)  # the config is built once
-    if params["as_json"]:
+    r = resolve(opts, "plan", prepare(opts, "plan", cfg))  # the config is built once
+    if as_json:
         d = r.plan.to_dict()
         d["config"] = r.config.to_dict()
+        d["exposure"] = exposure.lines(r.plan)
         click.echo(json.dumps(d, indent=2))
         return
     click.echo(plan_text(r.plan))

@@ -7,33 +7,59 @@ cluster that cannot start is refused before anything is submitted.
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import cluster_options, config_options, pass_params
+from v4flash_pd.cli.options import Options, cluster_options, config_layers, config_options, pass_options
+from v4flash_pd.cluster import part_plans, plan_document
+from v4flash_pd.config.build import build_config, cluster_spec
+from v4flash_pd.config.layers import Layers, set_keys
+from v4flash_pd.config.load import config_of
+from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
+from v4flash_pd.render_k8s import K8sOptions, pod_layer, render
+from v4flash_pd.render_k8s import check_options as check_k8s
+from v4flash_pd.render_slurm import SlurmOptions, sbatch_script
+from v4flash_pd.render_slurm import check_options as check_slurm
+from v4flash_pd.safety import check_tree
 
 
-def _cluster_config(params: dict[str, Any], edit: Any = None) -> tuple[Any, dict[str, Any]]:
-    """(Config, cluster-plan document) from the usual layers plus the cluster flags."""
-    from v4flash_pd.cli.options import config_layers
-    from v4flash_pd.cluster import part_plans, plan_document
-    from v4flash_pd.config import build_config
+def _layers(opts: Options) -> Layers:
+    """The usual layers, every string free of control characters (each is written into the rendered
+    file: the carried plan, manifests, comments). A rendered cluster keeps the profile's addresses
+    with --rehearse too (no loopback layer): the other boxes and pods must reach them."""
+    layers = config_layers(replace(opts, rehearse=False))
+    check_tree(layers[0])
+    return layers
 
-    raw, profile, sources = config_layers(params)
-    if edit is not None:  # Kubernetes: one pod per worker, the pods are the "boxes"
-        raw = edit(raw)
-    elif not (raw.get("cluster") or {}).get("boxes"):
+
+def _cluster_config(layers: Layers, rehearse: bool) -> tuple[Config, ClusterSpec, dict[str, Any]]:
+    """(Config, its cluster, cluster-plan document); every part's plan must build, as `up` will build it."""
+    raw, profile, _ = layers
+    cfg = config_of(layers)
+    if cfg.cluster is None:
         raise UserError("render slurm needs a cluster: how many boxes, prefill and decode workers",
                         "pass --boxes N --prefill P --decode D (e.g. --boxes 2 --prefill 1 --decode 1), or set "
                         "[cluster] boxes = N in the config file")
-    cfg = build_config(raw, profile, sources)
-    assert cfg.cluster is not None
-    part_plans(cfg, rehearse=bool(params.get("rehearse")))  # every box's plan must build, as `up` will build it
-    return cfg, plan_document(raw, profile, cfg)
+    part_plans(cfg, rehearse=rehearse)
+    return cfg, cfg.cluster, plan_document(raw, profile, cfg)
+
+
+def _pod_layers(layers: Layers, opts: K8sOptions) -> Layers:
+    """Kubernetes: one pod per worker, the pods are the boxes; laid out from the checked config."""
+    raw, profile, sources = layers
+    base = build_config(raw, profile, sources)
+    if base.mode != "pd":
+        raise UserError(f"render k8s places prefill and decode pods behind a router, but mode = {base.mode!r}",
+                        "use a pd profile (rtx6000-8x-pd); aggregated serving is one box")
+    pods = copy.deepcopy(raw)
+    set_keys(pods, pod_layer(cluster_spec(raw, base.mode), base.role("prefill")[0].tp, opts))
+    return pods, profile, sources
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -67,23 +93,19 @@ def command() -> None:
 @click.option("--partition", default="", help="#SBATCH --partition.")
 @click.option("--time", "time_limit", default="", help="#SBATCH --time.")
 @click.option("--account", default="", help="#SBATCH --account.")
-@pass_params
-def slurm(params: dict[str, Any]) -> None:
+@pass_options()
+def slurm(opts: Options, output: Path, container: str, image: str, job_name: str, partition: str,
+          time_limit: str, account: str) -> None:
     """Write an sbatch script: one `srun --overlap` step per box running `v4flash-pd up --box K`, the
     router step on the first node, hosts resolved at run time, fail fast, clean stop on scancel."""
-    from v4flash_pd.render_slurm import SlurmOptions, check_options, sbatch_script
-
-    opts = SlurmOptions(container=params["container"], image=params["image"], rehearse=params["rehearse"],
-                        job_name=params["job_name"], partition=params["partition"], time_limit=params["time_limit"],
-                        account=params["account"])
-    check_options(opts)
-    cfg, doc = _cluster_config(params)
-    out: Path = params["output"]
-    _write(out, sbatch_script(cfg, doc, opts), 0o755)
-    _write(_plan_path(out), json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    spec = cfg.cluster
-    click.echo(f"wrote {out} ({spec.boxes} boxes, {spec.prefill} prefill + {spec.decode} decode) and "
-               f"{_plan_path(out)}; submit with: sbatch {out}")
+    slurm_opts = SlurmOptions(container=container, image=image, rehearse=opts.rehearse, job_name=job_name,
+                              partition=partition, time_limit=time_limit, account=account)
+    check_slurm(slurm_opts)
+    cfg, spec, doc = _cluster_config(_layers(opts), opts.rehearse)
+    _write(output, sbatch_script(cfg, doc, slurm_opts), 0o755)
+    _write(_plan_path(output), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    click.echo(f"wrote {output} ({spec.boxes} boxes, {spec.prefill} prefill + {spec.decode} decode) and "
+               f"{_plan_path(output)}; submit with: sbatch {output}")
 
 
 @command.command("k8s", short_help="LeaderWorkerSet or RoleBasedGroup manifests (+ cluster-plan.json).")
@@ -101,28 +123,24 @@ def slurm(params: dict[str, Any]) -> None:
 @click.option("--worker-memory", default="256Gi", show_default=True, help="Memory per worker pod (requests = limits).")
 @click.option("--model-host-path", default="", help="The model dir on every node (default: model.path).")
 @click.option("--rehearse", is_flag=True, help="Stand-in engines instead of SGLang (no GPUs, no model).")
-@pass_params
-def k8s(params: dict[str, Any]) -> None:
+@pass_options()
+def k8s(opts: Options, output: Path, flavor: str, image: str, namespace: str, app_name: str, worker_cpu: str,
+        worker_memory: str, model_host_path: str) -> None:
     """Write Kubernetes manifests: a ConfigMap with the cluster plan, one LeaderWorkerSet per role
     (4 GPUs per pod) and the router as a Deployment (--flavor rbg: one RoleBasedGroup with prefill,
     decode and router roles), and a Service for the router, which waits for every worker's /health."""
-    from v4flash_pd.render_k8s import K8sOptions, check_options, pod_cluster, render
-
-    opts = K8sOptions(flavor=params["flavor"], image=params["image"], namespace=params["namespace"],
-                      name=params["app_name"], worker_cpu=params["worker_cpu"], worker_memory=params["worker_memory"],
-                      model_host_path=params["model_host_path"])
-    check_options(opts)
-    if params.get("port_offset"):
+    k8s_opts = K8sOptions(flavor=flavor, image=image, namespace=namespace, name=app_name, worker_cpu=worker_cpu,
+                          worker_memory=worker_memory, model_host_path=model_host_path)
+    check_k8s(k8s_opts)
+    if opts.flag("cluster.port_offset"):
         raise UserError("--port-offset is for logical Slurm nodes sharing one network namespace; every pod has its own",
                         "drop --port-offset")
-    if params.get("boxes") is not None:
+    if opts.flag("cluster.boxes") is not None:
         raise UserError("render k8s places one TP worker per pod and lets Kubernetes pick the nodes: --boxes has no "
                         "meaning here (the pods are --prefill P + --decode D)",
                         "drop --boxes; pass --prefill P --decode D")
-    cfg, doc = _cluster_config(params, edit=lambda raw: pod_cluster(raw, opts))
-    out: Path = params["output"]
-    _write(out, render(cfg, doc, opts, rehearse=params["rehearse"]))
-    _write(_plan_path(out), json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    spec = cfg.cluster
-    click.echo(f"wrote {out} ({spec.prefill} prefill + {spec.decode} decode pods, router) and {_plan_path(out)}; "
-               f"apply with: kubectl apply -f {out}")
+    cfg, spec, doc = _cluster_config(_pod_layers(_layers(opts), k8s_opts), opts.rehearse)
+    _write(output, render(cfg, doc, k8s_opts, rehearse=opts.rehearse))
+    _write(_plan_path(output), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    click.echo(f"wrote {output} ({spec.prefill} prefill + {spec.decode} decode pods, router) and {_plan_path(output)}; "
+               f"apply with: kubectl apply -f {output}")

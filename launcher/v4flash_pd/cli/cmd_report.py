@@ -6,16 +6,25 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import pass_params, resolve, run_options
+from v4flash_pd import benchmark
+from v4flash_pd.cli.forward import command_line
+from v4flash_pd.cli.options import Options, RunOptions, pass_options, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.report.run import SECTIONS, ReportSpec, make_report
+from v4flash_pd.report.step import step_args as parse_step_args
+from v4flash_pd.report.summary import markdown
+from v4flash_pd.report.variants import all_variants, pick
+from v4flash_pd.selfcheck.gate import check_seams
 
-# `up`'s options that make no sense for a report (it starts and stops its own runs, one per variant).
-_NOT_FOR_REPORT = {"run_dir": "--run-dir", "detach": "--detach", "eval_gate": "--eval",
-                   "strict_selfcheck": "--strict-selfcheck"}
+
+def _not_for_report(how: RunOptions) -> list[str]:
+    """`up`'s options that make no sense for a report (it starts and stops its own runs, one per variant)."""
+    return [flag for flag, given in (("--run-dir", how.run_dir is not None), ("--detach", how.detach),
+                                     ("--eval", how.eval_gate), ("--strict-selfcheck", how.strict_selfcheck))
+            if given]
 
 
 @click.command("report", short_help="On a new box run this first and send us the tarball: facts, kernel self-check, "
@@ -38,8 +47,9 @@ _NOT_FOR_REPORT = {"run_dir": "--run-dir", "detach": "--detach", "eval_gate": "-
 @click.option("--step-args", default="", envvar="V4FLASH_REPORT_STEP_ARGS",
               help="Options for the step bench, e.g. \"--batches 1,16 --contexts 128K\".")
 @click.option("--no-tar", is_flag=True, envvar="V4FLASH_REPORT_NO_TAR", help="Write the directory only.")
-@pass_params
-def command(params: dict[str, Any]) -> None:
+@pass_options(run=True)
+def command(opts: Options, how: RunOptions, out_dir: Path | None, skip: str, variants: str, concurrency: str,
+            n_requests: int | None, input_len: int, output_len: int, step_args: str, no_tar: bool) -> None:
     """Everything this box can tell us, in one directory and one .tar.gz: the fingerprint (GPUs, driver,
     PCIe topology with the P2P matrices, NUMA map, stack versions, doctor), the kernel self-check,
     `bench --step` (upstream vs ours per op on one GPU), and end to end through the router: `bench` at
@@ -50,48 +60,39 @@ def command(params: dict[str, Any]) -> None:
     Takes `up`'s options (the report measures what that `up` runs). The GPUs and ports must be free.
     Expect about one trio start per configuration (five by default): on a first start, hours.
     """
-    from v4flash_pd import benchmark
-    from v4flash_pd.report.forward import forwarded_args, option_names
-    from v4flash_pd.report.run import SECTIONS, ReportSpec, make_report
-    from v4flash_pd.report.step import step_args
-
-    for name, flag in _NOT_FOR_REPORT.items():
-        if params.get(name):
-            raise UserError(f"{flag} does not apply to `report`: it starts and stops its own runs",
-                            f"drop {flag}")
-    skip = {s.strip() for s in params["skip"].split(",") if s.strip()}
-    if params.get("no_selfcheck"):
-        skip.add("selfcheck")
-    bad = sorted(skip - set(SECTIONS))
+    refused = _not_for_report(how)
+    if refused:
+        raise UserError(f"{refused[0]} does not apply to `report`: it starts and stops its own runs",
+                        f"drop {' '.join(refused)}")
+    sections = {s.strip() for s in skip.split(",") if s.strip()}
+    if how.no_selfcheck:
+        sections.add("selfcheck")
+    bad = sorted(sections - set(SECTIONS))
     if bad:
         raise UserError(f"--skip: unknown section(s) {', '.join(bad)}", f"use some of: {', '.join(SECTIONS)}")
     try:
-        concurrency = benchmark.parse_concurrency(params["concurrency"])
+        levels = benchmark.parse_concurrency(concurrency)
     except ValueError as exc:
-        raise UserError(f"--concurrency {params['concurrency']!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
-    if params["n_requests"] is not None and params["n_requests"] < 1:
-        raise UserError(f"--requests must be >= 1, got {params['n_requests']}", "e.g. --requests 64")
-    extra = step_args(params["step_args"])
-    if "selfcheck" not in skip:
-        from v4flash_pd.selfcheck.gate import check_seams
-
+        raise UserError(f"--concurrency {concurrency!r}: {exc}", "give positive integers, e.g. 1,16,64") from None
+    if n_requests is not None and n_requests < 1:
+        raise UserError(f"--requests must be >= 1, got {n_requests}", "e.g. --requests 64")
+    extra = parse_step_args(step_args)
+    if "selfcheck" not in sections:
         check_seams(os.environ)
-    r = resolve(params, "up")  # what `up` would start, refused for what `up` refuses (busy ports, no model, GPUs)
-    from v4flash_pd.report import variants
-
-    if "e2e" not in skip:
-        variants.pick(variants.all_variants(r.plan.patches, []), params["variants"])  # names checked up front
-    out = _out_dir(params.get("out_dir"))
-    names = option_names(run_options) - set(_NOT_FOR_REPORT) - {"no_selfcheck"} - {
-        f"patch_{n}" for n, _ in r.plan.patches}
-    spec = ReportSpec(out=out, skip=frozenset(skip), variants=params["variants"], concurrency=concurrency,
-                      requests=params["n_requests"], input_len=params["input_len"], output_len=params["output_len"],
-                      step_args=tuple(extra), forward=tuple(forwarded_args(click.get_current_context(), names)),
-                      questions=params["eval_questions"], min_accuracy=params["eval_min_accuracy"],
-                      tar=not params["no_tar"])
-    rep = make_report(r, spec, click.echo)
-    from v4flash_pd.report.summary import markdown
-
+    # what `up` would start, refused for what `up` refuses (busy ports, no model, missing GPUs): every
+    # variant is an `up` of this plan with other switches
+    r = resolve(opts, "up")
+    if "e2e" not in sections:
+        pick(all_variants(r.plan.patches, []), variants)  # names checked up front
+    out = _out_dir(out_dir)
+    # each variant's `up` gets these, then its own `--<switch> on|off` for every patch
+    forward = command_line(opts, how, run_fields=("verify_model",),
+                           leave_out={f"patches.{name}" for name, _ in r.plan.patches})
+    spec = ReportSpec(out=out, skip=frozenset(sections), variants=variants, concurrency=levels,
+                      requests=n_requests, input_len=input_len, output_len=output_len, step_args=tuple(extra),
+                      forward=tuple(forward), questions=how.eval_questions, min_accuracy=how.eval_min_accuracy,
+                      tar=not no_tar)
+    rep = make_report(r.plan, r.topology, r.config.ready_timeout, spec, click.echo)
     click.echo("")
     click.echo(markdown(rep).split("\n## End to end")[0].rstrip())
     click.echo("")

@@ -6,12 +6,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
-from v4flash_pd.cli.options import pass_params, resolve, run_options
+from v4flash_pd.cli.common import json_option
+from v4flash_pd.cli.options import Options, RunOptions, pass_options, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.rundir import runs_root
+from v4flash_pd.selfcheck import result
+from v4flash_pd.selfcheck.gate import patches_on, plan_gpus, run_check
 
 
 @click.command("selfcheck", short_help="Check every kernel patch on this box's GPUs against fp64 and upstream "
@@ -20,10 +23,9 @@ from v4flash_pd.errors import RuntimeFailure, UserError
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), envvar="V4FLASH_SELFCHECK_OUT",
               help="Directory for selfcheck.json and the per-GPU logs (default: a new selfcheck-<time> dir under the "
                    "runs root).")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_SELFCHECK_JSON",
-              help="Print the result as JSON (schema v4flash-pd.selfcheck/1) instead of the table.")
-@pass_params
-def command(params: dict[str, Any]) -> None:
+@json_option("Print the result as JSON (schema v4flash-pd.selfcheck/1) instead of the table.")
+@pass_options(run=True)
+def command(opts: Options, how: RunOptions, out_dir: Path | None, as_json: bool) -> None:
     """On every GPU the plan uses, one process per GPU in parallel: each switched-on kernel patch against
     its fp64 reference and upstream's function, at small shapes and at the workers' production shapes
     (B=1, the largest captured batch, one prefill chunk), plus a CUDA-graph capture and replay.
@@ -31,13 +33,10 @@ def command(params: dict[str, Any]) -> None:
     Takes `up`'s options, so it checks what that `up` would run. Exit 0 when every patch passed,
     1 when one failed (`up` would switch it off), 2 for bad options.
     """
-    if params.get("no_selfcheck"):
+    if how.no_selfcheck:
         raise UserError("--no-selfcheck skips the very thing `selfcheck` does", "drop --no-selfcheck")
-    r = resolve(params, "selfcheck")
+    r = resolve(opts, "selfcheck")
     plan = r.plan
-    from v4flash_pd.selfcheck import result
-    from v4flash_pd.selfcheck.gate import patches_on, plan_gpus, run_check
-
     if not plan.workers():
         raise UserError("this part of the cluster plan starts no worker, so there is no GPU to check",
                         "run it with --box K (a box with workers), or without --role router")
@@ -52,12 +51,12 @@ def command(params: dict[str, Any]) -> None:
                             f"(topology {r.topology.source or 'probed'})",
                             "run it on the box the plan is for, or pick its GPUs (e.g. --set prefill.0.gpus=[0,1]); "
                             "`--rehearse` rehearses the check without a GPU")
-    out = _out_dir(params.get("out_dir"))
-    echo = (lambda m: click.echo(m, err=True)) if params["as_json"] else click.echo
+    out = _out_dir(out_dir)
+    echo = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     summary = run_check(plan, out, echo)
     summary["decision"] = "checked"
     result.write(out, summary)
-    if params["as_json"]:
+    if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     else:
         click.echo(result.render(summary))
@@ -73,8 +72,6 @@ def command(params: dict[str, Any]) -> None:
 
 
 def _out_dir(given: Path | None) -> Path:
-    from v4flash_pd.rundir import runs_root
-
     out = given if given is not None else runs_root() / f"selfcheck-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         out.mkdir(parents=True, exist_ok=True)

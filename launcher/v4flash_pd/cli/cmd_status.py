@@ -8,11 +8,14 @@ stopped) are different failures and are reported as such.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import click
 
+from v4flash_pd.cli.common import json_option
+from v4flash_pd.diskwatch import full_note
 from v4flash_pd.httpclient import REFUSED, TIMEOUT, Probes
 from v4flash_pd.poll import poll_until
 from v4flash_pd.procgroup import Identity, Signaller, describe_state, read_stat
@@ -78,8 +81,14 @@ def collect(run: RunDir) -> dict[str, Any]:
     patches = run.patch_status()
     for rec in patches:
         rec["worker"] = _worker_of(rec.get("pid"), idents)
-    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "url": st.get("url"),
-            "selfcheck": _selfcheck(run),
+    full = full_note(run.path) if launcher_alive else ""  # state.json cannot say it on a full disk
+    url = st.get("url")
+    # a wildcard listener's URL (http://0.0.0.0:8000) is where it listens, not where to connect:
+    # show the plan's address for this box instead, as READY does
+    reach = plan.get("probe_url") if isinstance(url, str) and re.match(r"https?://(0\.0\.0\.0|\[::\])[:/]", url) \
+        else None
+    return {"run_dir": str(run.path), "status": st.get("status", "unknown"), "degraded": full,
+            "url": reach or url, "listening": url if reach else None, "selfcheck": _selfcheck(run),
             "state_problem": problem, "identities_from": source,
             "launcher_pid": launcher.pid if launcher else int(st.get("launcher_pid") or 0),
             "launcher_alive": launcher_alive,
@@ -89,7 +98,7 @@ def collect(run: RunDir) -> dict[str, Any]:
 
 @click.command("status")
 @click.option("--run-dir", type=click.Path(path_type=Path), envvar="V4FLASH_RUN_DIR", help="Run dir (default: latest).")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON")
+@json_option()
 def command(run_dir: Path | None, as_json: bool) -> None:
     """Show run state, each process's pid/liveness/health and each kernel patch per worker."""
     info = collect(RunDir.find(run_dir))
@@ -98,10 +107,14 @@ def command(run_dir: Path | None, as_json: bool) -> None:
         return
     click.echo(f"run     {info['run_dir']}")
     stopped = info["status"] in ("stopped", "failed")
-    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or stopped else ' (launcher not running!)'}")
+    click.echo(f"status  {info['status']}{'' if info['launcher_alive'] or stopped else ' (launcher not running!)'}"
+               + (f" (DEGRADED: {info['degraded']})" if info["degraded"] else ""))
+    source = info["identities_from"]
     if info["state_problem"]:
-        click.echo(f"note    {info['state_problem']}; identities from {info['identities_from']}")
-    click.echo(f"url     {info['url']}")
+        click.echo(f"note    {info['state_problem']}; identities from {source}")
+    elif source != "state.json":  # e.g. state.json's procs entry unreadable: said by identities()
+        click.echo(f"note    {source if ';' in source else 'identities from ' + source}")
+    click.echo(f"url     {info['url']}" + (f"   (listening on {info['listening']})" if info.get("listening") else ""))
     if info.get("reason"):
         click.echo(f"reason  {info['reason']}")
     for p in info["processes"]:

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from v4flash_pd import topology as topo
+from v4flash_pd.cli.common import json_option
 from v4flash_pd.table import format_table
 
 
 @click.command("topology")
-@click.option("--json", "as_json", is_flag=True, envvar="V4FLASH_JSON", help="Print JSON.")
+@json_option("Print JSON.")
 @click.option("--save", type=click.Path(path_type=Path), envvar="V4FLASH_SAVE",
               help="Write the detected topology to FILE (usable as --topology FILE).")
 def command(as_json: bool, save: Path | None) -> None:

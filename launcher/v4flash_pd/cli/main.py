@@ -57,7 +57,8 @@ class LazyGroup(click.Group):
             if exc.name != f"v4flash_pd.cli.{mod}":
                 raise
             return None
-        return module.command
+        command: click.Command = module.command
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Each command's whole one-line summary: click would cut it at ~45 characters with '...'."""

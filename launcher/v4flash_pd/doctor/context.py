@@ -1,8 +1,9 @@
 """What the doctor checks the machine against: the Plan `up` would execute, and its Host.
 
 Checks never read the config or re-derive anything: `expect_from_plan` copies what they need out
-of the one Plan (bindings and their numactl prefixes, ports, worker env, patch switches, the
-worker interpreter), so doctor checks exactly what `up` would start.
+of the one Plan and its Host (bindings and their numactl prefixes, ports, worker env, patch
+switches, the workers' interpreter, the numactl binary), so doctor checks exactly what `up` would
+start, with the facts `up` would start it with.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from v4flash_pd.doctor.probe import Probe
+from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import numactl_prefix
+from v4flash_pd.memory import MemoryFit
 from v4flash_pd.plan import Plan
 from v4flash_pd.ports import PortUse
 from v4flash_pd.topology import Topology
@@ -49,16 +52,15 @@ class Expect:
     worker_env: Mapping[str, str] = field(default_factory=dict)  # what the plan adds to the workers' env
     min_driver_major: int = MIN_DRIVER_MAJOR
     python: str = ""  # the workers' interpreter (the plan's)
+    numactl: str = ""  # the numactl the plan's prefixes run ('' = not installed here)
     patches: tuple[tuple[str, bool], ...] = ()
     context_length: int | None = None
     router_auth: tuple[str, str] = ("", "")
     router_host: str = ""
+    memory: tuple[MemoryFit, ...] = ()  # the plan's per-GPU memory arithmetic, one per worker
 
     def gpus_used(self) -> tuple[int, ...]:
         return tuple(sorted({g for w in self.workers for g in w.gpus}))
-
-    def numa_nodes_used(self) -> tuple[int, ...]:
-        return tuple(sorted({w.numa_node for w in self.workers if w.numa_node is not None}))
 
 
 @dataclass(frozen=True)
@@ -76,16 +78,14 @@ def profile_gpu(profile: str) -> tuple[str, str]:
     return ("", "")
 
 
-def expect_from_plan(plan: Plan, *, numa_mode: str, tokenizer_path: str = "",
+def expect_from_plan(plan: Plan, host: Host, *, numa_mode: str, tokenizer_path: str = "",
                      transfer_backend: str | None = None) -> Expect:
-    """Everything the checks compare against, read off the Plan (never re-derived)."""
+    """Everything the checks compare against, read off the Plan and its Host (never re-derived)."""
     env: dict[str, str] = {}
     workers = []
-    python = ""
     for p in plan.workers():
         env.update(dict(p.env))
-        prefix = numactl_prefix(p.binding, p.argv[0] if p.binding.policy != "none" else "")
-        python = python or p.argv[len(prefix)]
+        prefix = numactl_prefix(p.binding, host.numactl)  # the plan's own prefix: the same builder, the same binary
         workers.append(WorkerExpect(p.name, p.role, p.gpus, p.binding.node, p.index, p.binding.policy,
                                     p.binding.reason, prefix + ("true",) if prefix else ()))
     router = plan.router()
@@ -94,6 +94,7 @@ def expect_from_plan(plan: Plan, *, numa_mode: str, tokenizer_path: str = "",
         profile=plan.profile, mode=plan.mode, model_path=plan.model_path, tokenizer_path=tokenizer_path,
         numa_mode=numa_mode, transfer_backend=transfer_backend if plan.mode == "pd" else None,
         compute_cap=cap, gpu_name=name, workers=tuple(workers), ports=plan.port_uses(), worker_env=env,
-        python=python, patches=plan.patches, context_length=plan.context_length, router_auth=plan.router_auth,
-        router_host=router.ports[0].host if router is not None else "",
+        python=plan.python, numactl=host.numactl, patches=plan.patches, context_length=plan.context_length,
+        router_auth=plan.router_auth, router_host=router.ports[0].host if router is not None else "",
+        memory=plan.memory,
     )

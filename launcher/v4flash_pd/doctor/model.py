@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
@@ -44,7 +45,7 @@ def safetensors_problem(path: Path) -> str:
     return ""
 
 
-def _read_json(path: Path) -> tuple[dict | None, str]:
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

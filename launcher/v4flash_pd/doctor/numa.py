@@ -15,12 +15,6 @@ CAP_FIX = ("give the container CAP_SYS_NICE: `docker run --cap-add SYS_NICE ...`
            "until then the launcher falls back to --preferred, so memory may land on the other socket")
 
 
-def numactl_path(inp: DoctorInput) -> str | None:
-    p = inp.probe
-    override = p.env.get("V4FLASH_NUMACTL")
-    return override or p.which("numactl")
-
-
 def classify_membind_failure(text: str) -> str:
     """'perm' (no CAP_SYS_NICE), 'node' (node absent / outside the cpuset), or 'other'."""
     t = text.lower()
@@ -35,7 +29,7 @@ def run(inp: DoctorInput) -> list[Check]:
     e = inp.expect
     if e.numa_mode == "off":
         return [skip("numactl", "numa = off in the config"), skip("numa-membind", "numa = off in the config")]
-    numactl = numactl_path(inp)
+    numactl = e.numactl  # the Host's: what the plan's prefixes run
     if not numactl:
         return [error("numactl", "numactl is not installed; workers cannot be bound to their GPUs' socket",
                       "install it (apt-get install numactl; it is in the image), or --set numa=off"),

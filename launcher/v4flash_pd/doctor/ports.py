@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
+from v4flash_pd.errors import UserError
+from v4flash_pd.routerauth import read_key
 
 
 def check_router_auth(inp: DoctorInput) -> Check:
@@ -14,14 +16,12 @@ def check_router_auth(inp: DoctorInput) -> Check:
         return skip("router-auth", "no router in this plan")
     kind, where = e.router_auth
     if kind:
-        from v4flash_pd.errors import UserError
-        from v4flash_pd.routerauth import read_key
-
         try:
             read_key(kind, where, inp.probe.env)
         except UserError as exc:
             return error("router-auth", exc.message, exc.hint)
-        return ok("router-auth", f"clients need the API key ({kind} {where})")
+        return ok("router-auth", f"clients need the API key ({kind} {where}); so do direct requests to the workers, "
+                                 "which take the same key")
     if e.router_host in ("0.0.0.0", "::"):
         return warn("router-auth", f"the router listens on every interface ({e.router_host}) without authentication",
                     "set router.api_key_file (or router.api_key_env), or --set router.host=127.0.0.1 behind a "

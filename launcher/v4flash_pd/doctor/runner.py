@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 from typing import Callable, Sequence
 
-from v4flash_pd.doctor import gpu, model, numa, offline, ports, stack, storage, transport
+from v4flash_pd.doctor import gpu, memory, model, numa, offline, p2p, ports, stack, storage, transport
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error
 
@@ -14,9 +14,11 @@ Family = Callable[[DoctorInput], list[Check]]
 # Order = the order an operator fixes things in: hardware, host, files, software, transport, env.
 FAMILIES: tuple[tuple[str, Family], ...] = (
     ("gpu", gpu.run),
+    ("p2p", p2p.run),
     ("numa", numa.run),
     ("ports", ports.run),
     ("model", model.run),
+    ("memory", memory.run),
     ("storage", storage.run),
     ("stack", stack.run),
     ("transport", transport.run),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from v4flash_kernels.hook.patches import PATCHES, switch_by_name
+from v4flash_pd import stacklock
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.errors import UserError
@@ -30,8 +32,6 @@ def compare(locked: dict[str, str], installed: dict[str, str | None]) -> tuple[l
 
 
 def check_versions(inp: DoctorInput) -> Check:
-    from v4flash_pd import stacklock
-
     lock_env = inp.probe.env.get(stacklock.LOCK_ENV)
     try:
         lock = stacklock.load_lock(lock_env) if lock_env else stacklock.load_lock()
@@ -77,7 +77,7 @@ def _hook_note(st: object) -> str:
     return str(st)[:200]
 
 
-def _status_json(text: str) -> dict | None:
+def _status_json(text: str) -> dict[str, Any] | None:
     """The JSON object `python -m v4flash_kernels.hook.hook` prints (pretty-printed, possibly after log lines)."""
     start = text.find("{")
     if start < 0:
@@ -95,7 +95,7 @@ def check_patches(inp: DoctorInput) -> list[Check]:
     switches = dict(e.patches)
     specs = list(PATCHES)
     rows = [f"patch-{s.name}" for s in specs]
-    python = e.python or sys.executable
+    python = e.python  # the plan's: what its workers run
     # The workers' interpreter and environment, as the plan starts them: the hook reports every patch.
     r = p.run([python, "-m", "v4flash_kernels.hook.hook"], 300.0, dict(e.worker_env))
     st = _status_json(r.out)

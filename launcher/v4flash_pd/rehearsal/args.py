@@ -8,7 +8,7 @@ that matter to the PD wiring (mode, transfer backend), so a rehearsal catches th
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 # Choices as in sglang 0.5.13 server_args.py.
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
@@ -35,12 +35,23 @@ class EngineArgs:
     disaggregation_bootstrap_port: int = 8998
     disaggregation_transfer_backend: str = "mooncake"
     weight_version: str = "default"
+    # Speculative decoding, under SGLang's field names (the DeepSeek-V4 MTP runs as EAGLE).
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    disaggregation_decode_enable_radix_cache: bool = False
     ignored: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)  # never shown: /server_info leaves it out
 
     @property
     def model_name(self) -> str:
         """What /v1/models reports: SGLang uses served_model_name, falling back to model_path."""
         return self.served_model_name or self.model_path
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
 
     @property
     def role(self) -> str:
@@ -75,7 +86,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-transfer-backend", dest="disaggregation_transfer_backend",
                    choices=TRANSFER_BACKENDS, default="mooncake")
     p.add_argument("--weight-version", dest="weight_version", default="default")
+    p.add_argument("--speculative-algorithm", dest="speculative_algorithm")
+    p.add_argument("--speculative-num-steps", dest="speculative_num_steps", type=int)
+    p.add_argument("--speculative-eagle-topk", dest="speculative_eagle_topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", dest="speculative_num_draft_tokens", type=int)
+    p.add_argument("--disaggregation-decode-enable-radix-cache", dest="disaggregation_decode_enable_radix_cache",
+                   action="store_true")
+    p.add_argument("--api-key", dest="api_key", default=None)
     return p
+
+
+def speculative_problem(args: EngineArgs) -> str:
+    """What the pinned sglang raises at start for these speculative flags on DeepSeek-V4 ("" = none):
+    arg_groups/deepseek_v4_hook.py, speculative_hook.py and pd_disaggregation_hook.py, in that order."""
+    if args.speculative_algorithm is None:
+        return ""
+    if args.speculative_algorithm != "EAGLE":
+        return "AssertionError: Only EAGLE speculative algorithm is supported for DeepseekV4ForCausalLM"
+    if args.speculative_eagle_topk != 1:
+        return "AssertionError: Only EAGLE speculative algorithm with topk == 1 is supported for DeepseekV4ForCausalLM"
+    if args.speculative_num_steps is None:
+        return "AssertionError (speculative_hook.py): --speculative-num-steps unset while --speculative-eagle-topk is set"
+    if args.disaggregation_mode == "decode" and args.disaggregation_decode_enable_radix_cache:
+        return ("ValueError: --disaggregation-decode-enable-radix-cache is incompatible with speculative decoding "
+                f"(--speculative-algorithm {args.speculative_algorithm})")
+    return ""
 
 
 def parse_engine_args(argv: list[str]) -> EngineArgs:
@@ -85,4 +120,9 @@ def parse_engine_args(argv: list[str]) -> EngineArgs:
                                               ns.disaggregation_bootstrap_port)):
         if not 0 < value < 65536:
             build_parser().error(f"{name} must be in 1..65535, got {value}")
-    return EngineArgs(ignored=tuple(rest), **dict(vars(ns)))
+    args = EngineArgs(ignored=tuple(rest), **dict(vars(ns)))
+    if args.speculative and args.speculative_num_steps is not None and \
+            args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
+        # speculative_hook.py at top-k 1: num_draft_tokens becomes num_steps + 1 (a warning, not an error)
+        args = replace(args, speculative_num_draft_tokens=args.speculative_num_steps + 1)
+    return args

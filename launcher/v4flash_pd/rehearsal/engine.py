@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 
 from v4flash_pd.rehearsal import REHEARSAL_MARK
 from v4flash_pd.rehearsal import protocol as P
-from v4flash_pd.rehearsal.args import EngineArgs, parse_engine_args
+from v4flash_pd.rehearsal.args import EngineArgs, parse_engine_args, speculative_problem
 from v4flash_pd.rehearsal.bootstrap import HandshakeError, Layout, Room, RoomStore, fetch_room, serve_bootstrap
 from v4flash_pd.rehearsal.httpbase import JsonHandler, Server, make_server
 from v4flash_pd.rehearsal.knobs import KnobError, Knobs, knobs_from_env
@@ -49,6 +50,8 @@ class EngineState:
         self.active = 0
         self.tokens_in_flight = 0
         self._ready_logged = False
+        self.spec_tokens = 0  # tokens produced by verify steps, and the verifies (avg_spec_accept_length)
+        self.spec_verifies = 0
 
     @property
     def loading(self) -> bool:
@@ -70,6 +73,25 @@ class EngineState:
         with self._out_lock:
             sys.stdout.write(f"{REHEARSAL_MARK} {text}\n")
             sys.stdout.flush()
+
+    def spec_metrics(self, completion_tokens: int) -> dict[str, Any]:
+        """A finished request's speculative meta_info (decode or an aggregated server with the flags on):
+        every token after the first came from a verify step, at the knob's accept length."""
+        a = self.args
+        if not a.speculative or a.role == "prefill" or a.speculative_num_draft_tokens is None:
+            return {}
+        length = min(self.knobs.accept_length or float(a.speculative_num_draft_tokens),
+                     float(a.speculative_num_draft_tokens))
+        spec = P.spec_metrics(completion_tokens, completion_tokens - 1, a.speculative_num_draft_tokens, length)
+        if spec:
+            with self._lock:
+                self.spec_tokens += completion_tokens - 1
+                self.spec_verifies += spec["spec_verify_ct"]
+        return spec
+
+    def avg_accept_length(self) -> float | None:
+        with self._lock:
+            return self.spec_tokens / self.spec_verifies if self.spec_verifies else None
 
     def begin(self, tokens: int) -> None:
         with self._lock:
@@ -156,9 +178,25 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                        "status": status, "ms": round((time.monotonic() - t0) * 1000, 1),
                        **extra})
 
+        def _refused(self, path: str, t0: float) -> bool:
+            """SGLang's --api-key: every route but /health* and /metrics* wants `Authorization: Bearer KEY`
+            (401 otherwise); the router passes its own key on, so only it gets through."""
+            key = args.api_key
+            if not key or path.startswith(("/health", "/metrics")):
+                return False
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
+                return False
+            self.send_json(401, {"error": "Unauthorized"})
+            self._log(401, t0)
+            return True
+
         def do_GET(self) -> None:
             t0 = time.monotonic()
-            status = self._get(urlsplit(self.path).path)
+            path = urlsplit(self.path).path
+            if self._refused(path, t0):
+                return
+            status = self._get(path)
             self._log(status, t0)
 
         def do_HEAD(self) -> None:
@@ -174,7 +212,8 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                 self.send_text(200, "pong")
                 return 200
             if path in ("/server_info", "/get_server_info"):
-                self.send_json(200, P.server_info(args, state.active))
+                self.send_json(200, P.server_info(args, state.active,
+                                                  avg_spec_accept_length=state.avg_accept_length()))
                 return 200
             if path in ("/model_info", "/get_model_info"):
                 self.send_json(200, P.model_info(args))
@@ -203,10 +242,12 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             t0 = time.monotonic()
             path = urlsplit(self.path).path
             try:
-                raw = self.read_body()
+                raw = self.read_body()  # read first: the connection may carry the next request
             except (ValueError, OSError) as e:
                 self.send_json(400, P.bad_request_body(P.API_GENERATE, str(e)))
                 return self._log(400, t0)
+            if self._refused(path, t0):
+                return
             if path == "/flush_cache":
                 self.send_text(200, "Cache flushed.\n")
                 return self._log(200, t0)
@@ -256,19 +297,20 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             except Failure as f:
                 self._fail(req, f)
                 return (200 if req.stream else f.status), 0, f.message
-            comp = generate(req.prompt, req.max_new_tokens, req.ignore_eos,
-                            knobs.corrupt_rate, knobs.natural_tokens)
+            corrupt = max(knobs.corrupt_rate, knobs.spec_corrupt_rate if args.speculative else 0.0)
+            comp = generate(req.prompt, req.max_new_tokens, req.ignore_eos, corrupt, knobs.natural_tokens)
             if args.disaggregation_mode == "prefill" and paid == "none":
                 comp = comp.truncated(1)  # prefill computes the first token; decode the rest
             first_ms = knobs.ttft_ms if paid == "ttft" else 0.0
+            spec = state.spec_metrics(comp.n_tokens)
             if req.stream:
-                self._stream(req, comp, t0, first_ms)
+                self._stream(req, comp, t0, first_ms, spec)
             else:
                 _sleep_ms(state, first_ms + knobs.itl_ms * max(0, comp.n_tokens - 1))
                 if req.api == P.API_GENERATE:
                     self.send_json(200, P.generate_reply(req, comp, comp.n_tokens, True,
                                                          time.monotonic() - t0,
-                                                         args.weight_version))
+                                                         args.weight_version, spec))
                 else:
                     self.send_json(200, P.openai_reply(req, comp, req.model or args.model_name,
                                                        P.now()))
@@ -289,7 +331,7 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
             self.end_sse()
 
         def _stream(self, req: P.GenRequest, comp: Completion, t0: float,
-                    first_ms: float) -> None:
+                    first_ms: float, spec: dict[str, Any]) -> None:
             self.start_sse()
             itl = state.knobs.itl_ms
             if req.api == P.API_GENERATE:
@@ -298,7 +340,7 @@ def make_handler(state: EngineState) -> type[JsonHandler]:
                     if k > 1:
                         _sleep_ms(state, itl)
                     self.sse(P.generate_reply(req, comp, k, k == comp.n_tokens,
-                                              time.monotonic() - t0, args.weight_version))
+                                              time.monotonic() - t0, args.weight_version, spec))
                 if comp.n_tokens == 0:
                     self.sse(P.generate_reply(req, comp, 0, True, time.monotonic() - t0,
                                               args.weight_version))
@@ -336,6 +378,10 @@ def _bind(state: EngineState, what: str, fn: Callable[[], Server]) -> Server | N
 def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Start the stand-in and block until SIGTERM/SIGINT (exit 0) or the crash knob fires."""
     args = parse_engine_args(argv)
+    problem = speculative_problem(args)
+    if problem:  # the pinned sglang stops in ServerArgs.__post_init__ with this
+        print(f"{REHEARSAL_MARK} error: {problem}", file=sys.stderr)
+        return 1
     try:
         knobs = knobs_from_env(env)
     except KnobError as e:
@@ -343,8 +389,24 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
         return 2
     state = EngineState(args, knobs)
     stop = state.stopping
+    # The handler only records the signal: it runs in the main thread between two bytecodes, maybe
+    # while that thread holds the Event's condition lock inside wait(), so Event.set() there could
+    # deadlock. The main thread turns the record into `stop` (the request threads watch it) within
+    # one poll (_wait_stop polls in short sleeps, which the signal interrupts).
+    signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signalled.append(signum))
+
+    def _wait_stop(seconds: float) -> bool:
+        """Sleep up to `seconds`, True as soon as a stop was signalled (and `stop` is set)."""
+        end = time.monotonic() + seconds
+        while not signalled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, 0.05))
+        stop.set()
+        return True
 
     servers: list[Server] = []
     if state.store is not None:
@@ -360,7 +422,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     if knobs.bind_delay_s > 0:
         # Real SGLang loads weights before uvicorn binds: the port refuses connections meanwhile.
         state.say(f"loading weights (rehearsal): HTTP port opens in {knobs.bind_delay_s:g}s")
-        if stop.wait(knobs.bind_delay_s):
+        if _wait_stop(knobs.bind_delay_s):
             for s in servers:
                 s.server_close()
             return 0
@@ -375,9 +437,11 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
 
     boot_txt = (f" bootstrap={args.host}:{args.disaggregation_bootstrap_port}"
                 if state.store is not None else "")
+    spec_txt = (f"speculative={args.speculative_algorithm}:{args.speculative_num_steps}/"
+                f"{args.speculative_eagle_topk}/{args.speculative_num_draft_tokens} " if args.speculative else "")
     state.say(f"v4flash-pd rehearsal stand-in for sglang.launch_server (NOT a real engine): "
               f"role={args.role} http={args.host}:{args.port}{boot_txt} tp={args.tp_size} "
-              f"model={args.model_name} transfer_backend={args.disaggregation_transfer_backend} "
+              f"model={args.model_name} transfer_backend={args.disaggregation_transfer_backend} {spec_txt}"
               f"pid={os.getpid()} load_seconds={knobs.load_seconds:g}")
     state.log({"rehearsal": "started", "host": args.host, "port": args.port,
                "bootstrap_port": args.disaggregation_bootstrap_port if state.store else None,
@@ -389,7 +453,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
 
     deadline = None if knobs.crash_after_s is None else time.monotonic() + knobs.crash_after_s
     ready_said = False
-    while not stop.is_set():
+    while not _wait_stop(0.0):
         if not ready_said and not state.loading:
             ready_said = True
             state.check_ready_logged()
@@ -398,7 +462,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
             state.say(f"crashing on purpose after {knobs.crash_after_s:g}s "
                       f"(V4FLASH_REHEARSAL_CRASH_AFTER_S), exit {knobs.crash_exit_code}")
             os._exit(knobs.crash_exit_code)
-        stop.wait(0.05)
+        _wait_stop(0.05)
 
     state.say("received a stop signal, shutting down")
     if knobs.stop_delay_s:

@@ -30,6 +30,10 @@ class Knobs:
     bootstrap_timeout_s: float = 5.0   # prefill: how long to wait for decode to fetch the room
     natural_tokens: int = 24           # length of a non-arithmetic reply when EOS is not ignored
     stop_delay_s: float = 0.0          # after SIGTERM, keep running this long (a worker slow to stop)
+    # With speculative decoding on: tokens emitted per verify (None: every draft accepted, num_steps + 1),
+    # and the share of arithmetic answers made wrong only then (a speculation bug for the eval A/B).
+    accept_length: float | None = None
+    spec_corrupt_rate: float = 0.0
 
 
 _FLOATS = {
@@ -56,6 +60,22 @@ def _float(env: Mapping[str, str], suffix: str) -> float | None:
     return value
 
 
+def _rate(env: Mapping[str, str], suffix: str) -> float | None:
+    """A share of answers: 0..1, or true/yes/on for always."""
+    raw = env.get(PREFIX + suffix, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("true", "yes", "on"):
+        return 1.0
+    try:
+        rate = float(raw)
+    except ValueError:
+        raise KnobError(f"{PREFIX}{suffix}={raw!r}: use 1 (always), 0 (never) or a rate between 0 and 1") from None
+    if not 0.0 <= rate <= 1.0:
+        raise KnobError(f"{PREFIX}{suffix}={raw!r} must be between 0 and 1")
+    return rate
+
+
 def knobs_from_env(env: Mapping[str, str] | None = None) -> Knobs:
     """All knobs from `env` (default os.environ); unset or empty means the default."""
     env = os.environ if env is None else env
@@ -72,19 +92,15 @@ def knobs_from_env(env: Mapping[str, str] | None = None) -> Knobs:
         if not code.isdigit() or not 0 < int(code) < 256:
             raise KnobError(f"{PREFIX}CRASH_EXIT_CODE={code!r} must be an integer in 1..255")
         values["crash_exit_code"] = int(code)
-    corrupt = env.get(PREFIX + "CORRUPT", "").strip().lower()
-    if corrupt:
-        if corrupt in ("true", "yes", "on"):
-            rate = 1.0
-        else:
-            try:
-                rate = float(corrupt)
-            except ValueError:
-                raise KnobError(f"{PREFIX}CORRUPT={corrupt!r}: use 1 (always), 0 (never) or a "
-                                "rate between 0 and 1") from None
-        if not 0.0 <= rate <= 1.0:
-            raise KnobError(f"{PREFIX}CORRUPT={corrupt!r} must be between 0 and 1")
-        values["corrupt_rate"] = rate
+    accept = _float(env, "ACCEPT_LENGTH")
+    if accept is not None:
+        if accept < 1:
+            raise KnobError(f"{PREFIX}ACCEPT_LENGTH={accept:g} must be >= 1 (tokens per verify include the bonus token)")
+        values["accept_length"] = accept
+    for suffix, field in (("CORRUPT", "corrupt_rate"), ("SPEC_CORRUPT", "spec_corrupt_rate")):
+        rate = _rate(env, suffix)
+        if rate is not None:
+            values[field] = rate
     natural = env.get(PREFIX + "NATURAL_TOKENS", "").strip()
     if natural:
         if not natural.isdigit() or int(natural) < 1:

@@ -6,10 +6,11 @@ pinned wheel, trimmed to the fields clients and the router read, plus `"rehearsa
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from v4flash_pd.rehearsal.textgen import (
     EOS_TOKEN_ID,
@@ -161,21 +162,39 @@ def native_finish_reason(c: Completion) -> dict[str, Any]:
 
 
 def generate_reply(req: GenRequest, c: Completion, k: int, finished: bool,
-                   e2e_latency: float, weight_version: str = "default") -> dict[str, Any]:
-    """Native /generate body (and each native stream chunk: cumulative text, k tokens so far)."""
-    return {
-        "text": c.text_upto(k),
-        "meta_info": {
-            "id": req.rid,
-            "finish_reason": native_finish_reason(c) if finished else None,
-            "prompt_tokens": req.prompt.n_tokens,
-            "weight_version": weight_version,
-            "completion_tokens": k,
-            "cached_tokens": 0,
-            "e2e_latency": round(e2e_latency, 6),
-            "rehearsal": True,
-        },
+                   e2e_latency: float, weight_version: str = "default",
+                   spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Native /generate body (and each native stream chunk: cumulative text, k tokens so far).
+    `spec`: the speculative-decoding metrics SGLang adds to a finished request's meta_info."""
+    meta: dict[str, Any] = {
+        "id": req.rid,
+        "finish_reason": native_finish_reason(c) if finished else None,
+        "prompt_tokens": req.prompt.n_tokens,
+        "weight_version": weight_version,
+        "completion_tokens": k,
+        "cached_tokens": 0,
+        "e2e_latency": round(e2e_latency, 6),
+        "rehearsal": True,
     }
+    if finished and spec:
+        meta.update(spec)
+    return {"text": c.text_upto(k), "meta_info": meta}
+
+
+def spec_metrics(completion_tokens: int, drafted_tokens: int, num_draft_tokens: int,
+                 accept_length: float) -> dict[str, Any]:
+    """meta_info's speculative fields as tokenizer_manager.py `_calculate_spec_decoding_metrics` writes
+    them: `drafted_tokens` (the tokens this server produced by verify steps) took
+    ceil(drafted / accept_length) verifies; accept length = completion_tokens / verifies (bonus included).
+    Empty when no verify ran (SGLang writes nothing then)."""
+    verify = math.ceil(drafted_tokens / accept_length) if drafted_tokens > 0 else 0
+    if verify == 0 or num_draft_tokens < 2:
+        return {}
+    proposed = verify * (num_draft_tokens - 1)
+    correct = max(0, drafted_tokens - verify)
+    return {"spec_accept_rate": correct / proposed, "spec_accept_length": completion_tokens / verify,
+            "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed, "spec_verify_ct": verify,
+            "spec_accepted_drafts": correct, "spec_proposed_drafts": proposed}
 
 
 def generate_abort_chunk(req: GenRequest, message: str, status: int) -> dict[str, Any]:
@@ -212,7 +231,7 @@ def openai_reply(req: GenRequest, c: Completion, model: str, created: int) -> di
             "choices": [choice], "usage": usage(req, c), "rehearsal": True}
 
 
-def openai_chunks(req: GenRequest, c: Completion, model: str, created: int):
+def openai_chunks(req: GenRequest, c: Completion, model: str, created: int) -> Iterator[tuple[int | None, dict[str, Any]]]:
     """Stream chunks after the first token's delay: yields (token_index_or_None, chunk).
 
     The caller sleeps before chunks whose index is > 0 (inter-token latency).
@@ -273,16 +292,21 @@ def now() -> int:
 # -- info endpoints -----------------------------------------------------------------------------
 
 
-def server_info(args: Any, active: int, max_running: int = 1024) -> dict[str, Any]:
-    """/server_info: server args (SGLang field names), scheduler info, version, rehearsal flag."""
-    fields = {k: v for k, v in vars(args).items() if k != "ignored"}
+def server_info(args: Any, active: int, max_running: int = 1024,
+                avg_spec_accept_length: float | None = None) -> dict[str, Any]:
+    """/server_info: server args (SGLang field names), scheduler info, version, rehearsal flag; with
+    speculative decoding, `internal_states[0].avg_spec_accept_length` once a verify ran (scheduler.py)."""
+    fields = {k: v for k, v in vars(args).items() if k not in ("ignored", "api_key")}
+    state: dict[str, Any] = {"num_running_reqs": active, "rehearsal": True}
+    if avg_spec_accept_length is not None:
+        state["avg_spec_accept_length"] = avg_spec_accept_length
     return {
         **fields,
         "context_length": args.context_length or DEFAULT_CONTEXT_LENGTH,
         "load_balance_method": "round_robin",
         "max_total_num_tokens": 1_000_000,
         "max_running_requests": max_running,
-        "internal_states": [{"num_running_reqs": active, "rehearsal": True}],
+        "internal_states": [state],
         "version": SGLANG_VERSION,
         "kv_events": None,
         "rehearsal": True,

@@ -32,9 +32,10 @@ def _module_of(switch: str) -> str | None:
     from v4flash_kernels.hook.patches import switch_by_name
 
     try:
-        return switch_by_name(switch).selfcheck
+        module: str | None = switch_by_name(switch).selfcheck
     except KeyError:
         return "unknown"
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from v4flash_pd.plan import Plan
 from v4flash_pd.report import archive, facts, scrub, summary, variants
 from v4flash_pd.report.step import run_step
+from v4flash_pd.routerauth import auth_headers
+from v4flash_pd.selfcheck import result
+from v4flash_pd.selfcheck.gate import patches_on, run_check
+from v4flash_pd.topology import Topology
 
 SCHEMA = "v4flash-pd.report/1"
 SECTIONS = ("selfcheck", "step", "e2e")
@@ -29,16 +34,17 @@ class ReportSpec:
     input_len: int
     output_len: int
     step_args: tuple[str, ...]
-    forward: tuple[str, ...]  # `up`'s options as given to `report` (the variants' `up` get them too)
+    forward: tuple[str, ...]  # `up`'s options as given to `report`, less the kernel switches (each variant sets them)
     questions: int
     min_accuracy: float
     tar: bool = True
 
 
-def make_report(r: Any, spec: ReportSpec, echo: Callable[[str], None], env: Mapping[str, str] | None = None) -> dict:
-    """`r`: the Resolved plan `up` would start (the report refuses what `up` refuses)."""
+def make_report(plan: Plan, topology: Topology, ready_timeout: float, spec: ReportSpec,
+                echo: Callable[[str], None], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`plan`: what `up` would start on this box (`topology`), resolved as `up` resolves it (the report
+    refuses what `up` refuses); `ready_timeout`: how long that `up` waits for READY."""
     env = dict(os.environ if env is None else env)
-    plan = r.plan
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -46,17 +52,14 @@ def make_report(r: Any, spec: ReportSpec, echo: Callable[[str], None], env: Mapp
                            "concurrency": list(spec.concurrency), "skipped": sorted(spec.skip), "failures": []}
     echo(f"report -> {out}")
     echo("facts: fingerprint, GPUs, PCIe/P2P topology, NUMA map, stack versions ...")
-    rep["facts"] = facts.collect(out, r.topology, env)
+    rep["facts"] = facts.collect(out, topology, env)
     (out / "fingerprint" / "plan.json").write_text(json.dumps(scrub.redact_env(plan.to_dict()), indent=2) + "\n")
-    _doctor(out, spec, env)
+    _doctor(out, [*spec.forward, *variants.switch_args(plan.patches)], env)
 
     failed: list[str] = []
     if "selfcheck" in spec.skip:
         rep["selfcheck"] = {"skipped": "--skip selfcheck"}
     else:
-        from v4flash_pd.selfcheck import result
-        from v4flash_pd.selfcheck.gate import patches_on, run_check
-
         if patches_on(plan) and plan.workers():
             sc = run_check(plan, out, echo, env)
             sc["decision"] = "checked"
@@ -79,14 +82,12 @@ def make_report(r: Any, spec: ReportSpec, echo: Callable[[str], None], env: Mapp
     if "e2e" in spec.skip:
         rep["e2e_skipped"] = "--skip e2e"
     else:
-        from v4flash_pd.routerauth import auth_headers
-
         chosen = variants.pick(variants.all_variants(plan.patches, failed), spec.variants)
         shared = variants.E2E(
             out=out, forward=spec.forward, concurrency=spec.concurrency, requests=spec.requests,
             input_len=spec.input_len, output_len=spec.output_len, questions=spec.questions,
             min_accuracy=spec.min_accuracy, headers=auth_headers(plan.router_auth, env),
-            up_timeout=r.config.ready_timeout + 300.0, selfchecked="selfcheck" not in spec.skip,
+            up_timeout=ready_timeout + 300.0, selfchecked="selfcheck" not in spec.skip,
             standin=plan.rehearse, env=env, echo=echo)
         for v in chosen:
             res = variants.run_variant(v, shared)
@@ -112,8 +113,9 @@ def _write(out: Path, rep: dict[str, Any]) -> None:
     (out / "README.md").write_text(summary.markdown(rep))
 
 
-def _doctor(out: Path, spec: ReportSpec, env: Mapping[str, str]) -> None:
-    argv = [sys.executable, "-m", "v4flash_pd", "doctor", "--json", *spec.forward]
+def _doctor(out: Path, args: list[str], env: Mapping[str, str]) -> None:
+    """`doctor --json` of the plan `up` would start (`args`: up's options, kernel switches included)."""
+    argv = [sys.executable, "-m", "v4flash_pd", "doctor", "--json", *args]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=600)
         text = p.stdout if p.stdout.strip() else json.dumps({"error": p.stderr.strip()[-2000:], "rc": p.returncode})

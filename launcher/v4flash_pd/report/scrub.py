@@ -13,6 +13,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from v4flash_pd.errors import UserError
+from v4flash_pd.routerauth import read_key
+
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)(_|$)")
 MIN_SECRET_LEN = 6  # shorter values would redact ordinary words
@@ -25,9 +28,6 @@ def secret_name(name: object) -> bool:
 
 def secrets(router_auth: Sequence[str], env_pairs: Iterable[tuple[str, str]] = (),
             env: Mapping[str, str] | None = None) -> list[str]:
-    from v4flash_pd.errors import UserError
-    from v4flash_pd.routerauth import read_key
-
     env = os.environ if env is None else env
     found = []
     kind, where = (list(router_auth) + ["", ""])[:2]

@@ -17,7 +17,7 @@ def _f(x: Any, nd: int = 1) -> str:
 
 def _level(bench: dict[str, Any] | None, c: int) -> dict[str, Any] | None:
     for level in (bench or {}).get("levels") or []:
-        if level.get("concurrency") == c:
+        if isinstance(level, dict) and level.get("concurrency") == c:
             return level
     return None
 
@@ -51,7 +51,7 @@ def _selfcheck_line(sc: dict[str, Any] | None) -> str:
         return "not run"
     if sc.get("skipped"):
         return f"not run ({sc['skipped']})"
-    return sc.get("headline", "?")
+    return str(sc.get("headline", "?"))
 
 
 def _eval_cell(ev: dict[str, Any] | None, mark: str) -> str:

@@ -18,10 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from v4flash_pd.config.keys import KEY
 from v4flash_pd.errors import UserError
 from v4flash_pd.report.scrub import redact_env
 
 KEEP_LOG_LINES = 4000
+
+
+def switch_args(switches: tuple[tuple[str, bool], ...]) -> list[str]:
+    """`--<switch> on|off` for every (patch, on) pair: the options `up` and `doctor` read them from."""
+    out: list[str] = []
+    for name, on in switches:
+        flag = KEY[f"patches.{name}"].flag
+        assert flag is not None, f"patches.{name} has no option"
+        out += [flag.name, "on" if on else "off"]
+    return out
 
 
 @dataclass(frozen=True)
@@ -30,10 +41,7 @@ class Variant:
     switches: tuple[tuple[str, bool], ...]
 
     def args(self) -> list[str]:
-        out = []
-        for name, on in self.switches:
-            out += [f"--{name.replace('_', '-')}", "on" if on else "off"]
-        return out
+        return switch_args(self.switches)
 
     def words(self) -> str:
         return ", ".join(f"{n} {'on' if on else 'off'}" for n, on in self.switches)

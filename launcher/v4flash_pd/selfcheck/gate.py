@@ -7,26 +7,30 @@ SGLang runs upstream's function for it. `--strict-selfcheck` refuses to start in
 `--no-selfcheck` skips the check (and says the patches run unverified).
 
 `up --detach` checks in the foreground (the operator sees the verdict, and a strict refusal,
-before the launcher detaches) and hands the result to the detached launcher through
-`V4FLASH_SELFCHECK_DONE`, which reuses it instead of checking twice.
+before the launcher detaches); the detached launcher gets the plan already decided.
+
+A stop request during the check is answered as `up`'s supervisor answers it later: SIGTERM,
+SIGHUP or SIGINT (exit 0) and a closed stdout (exit 1) kill the check's processes, nothing starts,
+and the run dir says `stopped` and why.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.plan import Plan
+from v4flash_pd.rundir import RunDir
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.driver import case_timeout, run_jobs
+from v4flash_pd.selfcheck.driver import Interrupted, case_timeout, run_jobs
 from v4flash_pd.selfcheck.jobs import jobs_for
 
 Echo = Callable[[str], None]
 DEVICE_ENV = "V4FLASH_SELFCHECK_DEVICE"  # "cpu": the real kernels' small shapes on Triton's interpreter (CI)
-DONE_ENV = "V4FLASH_SELFCHECK_DONE"  # a detaching `up` tells its detached self where its result is
 
 
 def patches_on(plan: Plan) -> tuple[str, ...]:
@@ -73,23 +77,7 @@ def check_seams(env: Mapping[str, str]) -> str:
     return device
 
 
-def reuse(run_path: Path, plan: Plan, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The result a detaching `up` already wrote into this run dir for these GPUs and patches, if any."""
-    named = env.get(DONE_ENV, "")
-    path = run_path / result.FILE
-    if not named or Path(named).resolve() != path.resolve():
-        return None
-    try:
-        summary = result.load(path)
-    except ValueError:
-        return None
-    gpus = sorted({g["gpu"] for g in summary["gpus"] if isinstance(g, dict) and isinstance(g.get("gpu"), int)})
-    if gpus != plan_gpus(plan) or not set(patches_on(plan)) <= set(summary.get("requested") or []):
-        return None
-    return summary
-
-
-def refuse_if_in_use(run: Any) -> None:
+def refuse_if_in_use(run: RunDir) -> None:
     """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
     `up` checks first and its detached self takes the lock)."""
     import fcntl
@@ -108,28 +96,79 @@ def refuse_if_in_use(run: Any) -> None:
     os.close(fd)
 
 
-def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
-    """`up`'s step between preflight and the first worker: returns the Resolved to start (a new one
-    when a patch had to be switched off); raises RuntimeFailure under --strict-selfcheck."""
-    plan: Plan = r.plan
+class OutputClosed(Exception):
+    """`up`'s stdout went away during the check (the reader of `up | head` quit)."""
+
+
+def _closing(echo: Echo) -> Echo:
+    """`echo` that turns a closed stdout into OutputClosed: the check's children are killed on the way
+    out, and `up` stops the way its supervisor stops for a lost stdout."""
+    def say(msg: str) -> None:
+        try:
+            echo(msg)
+        except OSError as exc:
+            raise OutputClosed(exc.strerror or str(exc)) from None
+    return say
+
+
+def _stop(run: RunDir, why: str, exit_code: int, echo: Echo) -> NoReturn:
+    """A stop request during the check, as the supervisor answers one: nothing was started, the run
+    dir says stopped, exit 0 for a signal and 1 for a lost stdout (which then goes to /dev/null, so
+    the interpreter's last flush cannot fail too)."""
+    run.set_state(status="stopped", stopped=time.time(), reason=f"{why} during the kernel self-check")
+    if exit_code:
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, sys.stdout.fileno())
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+        try:
+            print(f"error: {why} during the kernel self-check; nothing was started ({run.path})", file=sys.stderr,
+                  flush=True)
+        except OSError:
+            pass
+    else:
+        try:
+            echo(f"received {why} during the kernel self-check; stopped, nothing was started")
+        except OSError:
+            pass
+    raise SystemExit(exit_code)
+
+
+def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
+    """`up`'s step between preflight and the first worker: the patches to switch off for this run
+    (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck.
+    SIGTERM/SIGHUP/SIGINT or a closed stdout during the check stop `up` (SystemExit), as they would
+    stop its supervisor."""
     names = patches_on(plan)
-    if params.get("no_selfcheck"):
+    if no_selfcheck:
         if names and plan.workers():
             echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(names)} run unverified on these GPUs")
-        return r
+        return ()
     if not names or not plan.workers():
-        return r
+        return ()
     check_seams(os.environ)
     refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
-    summary = reuse(run.path, plan, os.environ)
-    if summary is not None:
-        os.environ.pop(DONE_ENV, None)  # used: the workers need not inherit it
-        echo(f"kernel self-check: using the result the detaching launcher wrote ({run.path / result.FILE})")
-    else:
-        summary = run_check(plan, run.path, echo)
+    try:
+        return _checked(plan, strict, run, _closing(echo))
+    except OutputClosed as exc:
+        _stop(run, f"stdout closed ({exc})", 1, echo)
+    except Interrupted as exc:
+        _stop(run, str(exc), 0, echo)
+    except KeyboardInterrupt:
+        _stop(run, "SIGINT", 0, echo)
+    except RuntimeFailure:
+        raise  # --strict-selfcheck: the run dir says failed already
+    except BaseException as exc:
+        run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check: {exc!r}")
+        raise
+
+
+def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
+    summary = run_check(plan, run.path, echo)
     bad = result.failed(summary)
-    strict = bool(params.get("strict_selfcheck"))
     summary["decision"] = "refused" if bad and strict else "switched_off" if bad else "ok"
     summary["switched_off"] = [] if strict else bad
     result.write(run.path, summary)
@@ -140,8 +179,6 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
               "switched OFF for this run: SGLang's own function is used for it")
     for line in result.warnings(summary, action):
         echo(line)
-    if params.get("detach"):
-        os.environ[DONE_ENV] = str(run.path / result.FILE)  # for the launcher `up --detach` starts next
     if bad and strict:
         first = summary["patches"][bad[0]]
         run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check failed: {', '.join(bad)}")
@@ -151,9 +188,4 @@ def gate(r: Any, params: dict[str, Any], run: Any, echo: Echo) -> Any:
             f"read {run.path / result.FILE} and the logs in {run.path / 'selfcheck'}; start without "
             "--strict-selfcheck to serve with the failing patch(es) switched off, and send us "
             "`v4flash-pd report`")
-    if not bad:
-        return r
-    from v4flash_pd.cli.options import resolve
-
-    off = {f"patch_{name}": "off" for name in bad}
-    return resolve({**params, **off}, "up")
+    return tuple(bad)
