@@ -258,7 +258,7 @@ def check_against_pair(out, pair, tol: Dict[str, float]) -> Dict:
 
 
 def _time(fn: Callable) -> float:
-    from v4flash_kernels.attention.bench import time_graph
+    from v4flash_kernels.timing import time_graph
 
     return time_graph(fn)
 
