@@ -46,11 +46,16 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
-    from v4flash_kernels.mhc.op import launchable
+    from v4flash_kernels.check_sm120 import mhc_mix_config
+    from v4flash_kernels.mhc.op import DECODE_MAX_TOKENS, launchable, plan_for
 
     mix = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "mhc_mix"}
-    assert mix == {(f"{v}/t{p.block_t}_h{p.block_h}_w{p.num_warps}", a) for p in launchable() for v in ("pre", "fused")
-                   for a in (120, 90)}
+    assert mix == {(mhc_mix_config(p, fused, norm), a) for p in launchable() for fused in (False, True)
+                   for norm in ({False, p.one_launch}) for a in (120, 90)}
+    # every decode batch size (one launch) and a prefill size is among them
+    for n in (*range(1, DECODE_MAX_TOKENS + 1), 8192):
+        p = plan_for(n, 4096, 132)
+        assert (mhc_mix_config(p, True, p.one_launch), 120) in mix
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
     ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
