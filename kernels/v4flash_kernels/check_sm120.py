@@ -262,9 +262,17 @@ def compile_indexer(cfg, arch: int) -> CompileResult:
                          cfg.shared_bytes)
 
 
+def mhc_mix_config(plan, fused: bool, norm: bool) -> str:
+    """The compiled variant of a mix plan (its split count is a run-time value); one launch: `_k` tokens
+    per ticketed block, with or without the norm."""
+    name = f"{'fused' if fused else 'pre'}/t{plan.block_t}_h{plan.block_h}_w{plan.num_warps}"
+    return name + (f"_k{plan.tokens}{'_norm' if norm else ''}" if plan.one_launch else "")
+
+
 def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
-    """The mHC kernels as `mhc.op` launches them: every mix plan (pre and fused), the finish kernel for
-    every partial count the planner can produce (with and without the norm), the post kernel."""
+    """The mHC kernels as `mhc.op` launches them: every mix plan (pre and fused; the one-launch decode
+    plans with and without the norm), the finish kernel for every partial count a two-launch plan can
+    produce (with and without the norm), the post kernel."""
     import triton
 
     from v4flash_kernels.mhc import kernel as k
@@ -272,26 +280,34 @@ def check_mhc(arch: int, hidden: int = 4096) -> List[CompileResult]:
 
     out = []
     mix_sig = {"X": "*bf16", "XIN": "*bf16", "POST_IN": "*fp32", "COMB_IN": "*fp32", "R_OUT": "*bf16",
-               "FN": "*fp32", "PART": "*fp32", "n_tokens": "i32", "h_per_split": "i32"}
+               "FN": "*fp32", "PART": "*fp32", "CNT": "*i32", "SCALE": "*fp32", "BASE": "*fp32", "POST": "*fp32",
+               "COMB": "*fp32", "Y": "*bf16", "NORM_W": "*bf16", "n_tokens": "i32", "h_per_split": "i32",
+               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32",
+               "iters": "i32"}
+    hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
     for plan in mhc.launchable(hidden):
         for fused in (False, True):
-            const = {"H": hidden, "BLOCK_T": plan.block_t, "BLOCK_H": plan.block_h, "FUSED": fused,
-                     "INTERPRET": False}
-            hinted = [n for n, t in mix_sig.items() if t.startswith("*")] + ["h_per_split"]
-            ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
-            regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
-            out.append(CompileResult("mhc_mix", f"{'fused/' if fused else 'pre/'}t{plan.block_t}_h{plan.block_h}"
-                                     f"_w{plan.num_warps}", arch, int(ck.metadata.shared), regs, st, ld,
-                                     SMEM_LIMIT[arch]))
+            for norm in ((False, True) if plan.one_launch else (False,)):
+                const = {"H": hidden, "BLOCK_T": plan.block_t, "TOKENS": plan.block_tokens, "BLOCK_H": plan.block_h,
+                         "FUSED": fused, "FINISH": plan.one_launch, "INTERPRET": False}
+                if plan.one_launch:
+                    const.update(BLOCK_HF=triton.next_power_of_2(hidden), HAS_NORM=norm)
+                else:
+                    const.update(mhc.MIX_ONLY)
+                ck = _compile(k.mix_kernel, mix_sig, const, hinted, arch, plan.num_warps, 1)
+                regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+                out.append(CompileResult("mhc_mix", mhc_mix_config(plan, fused, norm), arch, int(ck.metadata.shared),
+                                         regs, st, ld, SMEM_LIMIT[arch]))
     fin_sig = {"PART": "*fp32", "n_tokens": "i32", "n_splits": "i32", "X": "*bf16", "SCALE": "*fp32",
                "BASE": "*fp32", "POST": "*fp32", "COMB": "*fp32", "Y": "*bf16", "NORM_W": "*bf16",
-               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32"}
+               "rms_eps": "fp32", "pre_eps": "fp32", "sinkhorn_eps": "fp32", "post_mult": "fp32", "norm_eps": "fp32",
+               "iters": "i32"}
     warps = {p.finish_warps for p in mhc.launchable(hidden)}
     s_pads = sorted({triton.next_power_of_2(s) for s in mhc.launchable_splits(hidden)})
     for w in sorted(warps):
         for s_pad in s_pads:
             for norm in (False, True):
-                const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad, "ITERS": 20,
+                const = {"H": hidden, "BLOCK_H": triton.next_power_of_2(hidden), "S_PAD": s_pad,
                          "HAS_NORM": norm, "INTERPRET": False}
                 ck = _compile(k.finish_kernel, fin_sig, const, [n for n, t in fin_sig.items() if t.startswith("*")],
                               arch, w, 1)

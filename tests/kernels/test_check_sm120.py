@@ -25,12 +25,13 @@ def _env(tmp_path):
     return env
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_check_sm120_passes_on_the_shipped_table(tmp_path):
+    # ~300 binaries: 5+ min of CPU, 7-10+ min wall on a loaded 2-core box
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=900,
+        env=_env(tmp_path), capture_output=True, text=True, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK:" in proc.stdout
@@ -45,15 +46,22 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
-    from v4flash_kernels.mhc.op import launchable
+    from v4flash_kernels.check_sm120 import mhc_mix_config
+    from v4flash_kernels.mhc.op import DECODE_MAX_TOKENS, launchable, plan_for
 
     mix = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "mhc_mix"}
-    assert mix == {(f"{v}/t{p.block_t}_h{p.block_h}_w{p.num_warps}", a) for p in launchable() for v in ("pre", "fused")
-                   for a in (120, 90)}
+    assert mix == {(mhc_mix_config(p, fused, norm), a) for p in launchable() for fused in (False, True)
+                   for norm in ({False, p.one_launch}) for a in (120, 90)}
+    # every decode batch size (one launch) and a prefill size is among them
+    for n in (*range(1, DECODE_MAX_TOKENS + 1), 8192):
+        p = plan_for(n, 4096, 132)
+        assert (mhc_mix_config(p, True, p.one_launch), 120) in mix
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
         (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
     ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
-    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in range(2, 9)
+    from v4flash_kernels.allreduce.plan import WORLDS
+
+    assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in WORLDS
                   for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
     assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     for r in rows:

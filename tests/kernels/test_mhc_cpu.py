@@ -101,42 +101,167 @@ def test_post_matches_fp64_reference(n, hidden):
 
 @pytest.mark.parametrize("n,hidden", [(1, 4096), (6, 256), (65, 128)])
 def test_post_pre_matches_fp64_reference(n, hidden):
-    """The fused boundary end to end (streams, post, comb, normalised layer input) against the fp64
-    post followed by the fp64 pre of its bf16 streams; and its pre against the fp64 pre of exactly
-    the streams it wrote (the two differ only where a stream element sits on a rounding tie)."""
+    """The fused boundary end to end: streams against the fp64 post, post / comb / normalised layer
+    input against the fp64 pre of exactly the streams it wrote."""
     p = R.MhcParams()
     kw = _inputs(n, hidden, seed=10 + n)
-    cur, y, post, comb = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"],
-                                         kw["hc_scale"], kw["hc_base"], **_common(p),
-                                         norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
-    full = R.post_pre_ref(kw, p)
-    streams = B.check_streams(cur, full["residual"], TOL)
-    assert streams["ok"], streams
-    res = B.check_pre(y, post, comb, full, full["layer_input"], TOL)
-    assert res["ok"], res
-    own = R.pre_ref(cur, kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    res = B.check_pre(y, post, comb, own, R.layer_input_ref(own["y"], kw["norm_weight"], p.norm_eps), TOL)
+    out = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
+                          kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
+    res = B.check_post_pre(*out, kw, p, TOL)
     assert res["ok"], res
 
 
-def test_deterministic_bitwise():
+# Tokens 1 and 16: the decode plan, one token block; 64: its largest block; 100: the prefill plan
+# (two 64-token blocks, the second partial). Hidden sizes keep the interpreter quick.
+PAIR_SIZES = [(1, 4096), (16, 1024), (64, 512), (100, 256)]
+
+
+@pytest.mark.parametrize("n,hidden", PAIR_SIZES, ids=[f"n{n}" for n, _ in PAIR_SIZES])
+def test_fused_is_the_unfused_pair(n, hidden):
+    """The fused op computes what the unfused pair computes on the same inputs (the post, then the
+    pre and the RMSNorm of the bf16 streams that post wrote): here the same bits."""
+    p = R.MhcParams()
+    kw = _inputs(n, hidden, seed=30 + n)
+    fused = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
+                            kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
+    cur = op.mhc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    pair = (cur, *op.mhc_pre(cur, kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p),
+                             norm_weight=kw["norm_weight"], norm_eps=p.norm_eps))
+    for name, a, b in zip(("streams", "y", "post", "comb"), fused, pair):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+    res = B.check_against_pair(fused, pair, TOL)
+    assert res["ok"] and res["err"]["pair_stream_elems"] == 0 and res["err"]["pair_post"] == 0.0, res
+
+
+def _fp32_post(kw) -> torch.Tensor:
+    """A post as any fp32 kernel computes it (upstream's TileLang and torch ones, ours): fp32, then bf16."""
+    out = kw["post"].float()[:, :, None] * kw["x"].float()[:, None, :]
+    for k in range(4):
+        out = out + kw["comb"].float()[:, k, :, None] * kw["residual"].float()[:, k:k + 1, :]
+    return out.to(torch.bfloat16)
+
+
+def _fused_result(cur, mixed_from, kw, p):
+    """(streams, layer input, post, comb) of a fused op that wrote `cur` and mixed `mixed_from` exactly."""
+    ref = R.pre_of_streams(mixed_from, kw, p)
+    return cur, ref["layer_input"].to(torch.bfloat16), ref["post"].float(), ref["comb"].float()
+
+
+@pytest.mark.parametrize("n", [1, 16, 64, 100])
+def test_fused_check_is_the_unfused_pair(n):
+    """`check_post_pre` accepts exactly what an unfused pair computes and rejects a pre of anything else.
+
+    The pair: an fp32 post rounded to bf16, then the exact pre of those streams. The pre of the fp64
+    post rounded instead (the previous check's reference) is not that: ~0.5 elements per token sit
+    within fp32 error of a bf16 tie and round the other way, each moving a mix by up to ~1e-4, so
+    the previous check failed correct results from 16 tokens on (here at 100 tokens; on the H200
+    every fused row from 64 tokens). Rejected: a pre that mixed the unrounded streams (the bf16
+    rounding of all 16K elements: >= 1e-3 even at one token) or the previous streams.
+    """
+    p = R.MhcParams()
+    kw = _inputs(n, 4096, seed=2)
+    cur = _fp32_post(kw)
+    exact = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    pair = _fused_result(cur, cur, kw, p)
+    res = B.check_post_pre(*pair, kw, p, TOL)
+    assert res["ok"] and res["err"]["post"] < 1e-6 and res["err"]["comb"] < 1e-6, res
+    if n == 100:
+        assert res["err"]["ties"] > 0
+        rounded = R.pre_of_streams(exact.to(torch.bfloat16), kw, p)
+        assert R.max_abs(pair[2], rounded["post"]) > TOL["mix"]  # the previous check's false failure
+    for wrong in (exact, kw["residual"]):
+        bad = B.check_post_pre(*_fused_result(cur, wrong, kw, p), kw, p, TOL)
+        assert not bad["ok"] and max(bad["err"]["post"], bad["err"]["comb"]) > 5 * TOL["mix"], bad
+    truncated = (exact.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    bad = B.check_post_pre(*_fused_result(truncated, truncated, kw, p), kw, p, TOL)
+    assert not bad["ok"] and bad["err"]["ties"] > 1000 * n, bad  # a wrong rounding mode: half the elements
+
+
+def test_selfcheck_fused_case_rejects_a_pre_of_other_streams():
+    """The self-check's fused comparison is the same check: the pair passes, a pre of the unrounded
+    streams fails (shapes as SGLang receives them)."""
+    from v4flash_kernels.mhc import selfcheck as S
+
+    p = R.MhcParams()
+    kw = _inputs(16, 4096, seed=4)
+    kw["_rows"] = torch.arange(16)
+    cur = _fp32_post(kw)
+    exact = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
+    ref = S._fused_ref(kw)
+    for mixed_from, ok in ((cur, True), (exact, False)):
+        c, y, post, comb = _fused_result(cur, mixed_from, kw, p)
+        verdict = S._fused_compare((c, post.unsqueeze(-1), comb, y), ref, kw)
+        assert verdict.ok is ok, verdict
+
+
+def test_deterministic_bitwise_and_tickets_left_at_zero():
     p = R.MhcParams()
     kw = _inputs(3, 256, seed=7)
     args = (kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
+    assert op.plan_for(3, 256, 4).one_launch
     a = op.mhc_post_pre(*args, **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
     b = op.mhc_post_pre(*args, **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
     assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert int(op.arrival_counters(torch.device("cpu"), 64).abs().sum()) == 0  # graph replays need no reset
 
 
-def test_every_decode_split_plan_agrees():
-    """The plans the bench sweeps (hidden split 2..8 ways here, token block 16/32) give the same result."""
+class _Launches:
+    """Stands in for the kernel module and counts launches per kernel."""
+
+    def __init__(self, real):
+        self.real, self.count = real, {}
+
+    def __getattr__(self, name):
+        kern = getattr(self.real, name)
+        if not hasattr(kern, "__getitem__"):
+            return kern
+        launches = self
+
+        class _K:
+            def __getitem__(self, grid):
+                launches.count[name] = launches.count.get(name, 0) + 1
+                return kern[grid]
+        return _K()
+
+
+@pytest.mark.parametrize("n", [1, 5, 64, 65])
+def test_decode_boundary_is_one_launch(n, monkeypatch):
     p = R.MhcParams()
-    kw = _inputs(4, 256, seed=5, norm=False)
+    kw = _inputs(n, 64, seed=n)
+    counter = _Launches(op._k)
+    monkeypatch.setattr(op, "_k", counter)
+    op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"],
+                    **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
+    op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p))
+    want = {"mix_kernel": 2} if n <= op.DECODE_MAX_TOKENS else {"mix_kernel": 2, "finish_kernel": 2}
+    assert counter.count == want
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_every_decode_split_plan_agrees(n):
+    """One-launch plans with 1..16 tokens per block and 1..8 hidden tiles per program (the tile
+    ahead requested early; the hidden size 200 leaves a partial and an empty last tile), and the
+    two-launch plans, give the same result, fused and not."""
+    p = R.MhcParams()
+    hidden = 200
+    kw = _inputs(n, hidden, seed=5)
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
     li = R.layer_input_ref(ref["y"], None, p.norm_eps)
-    for plan in (op.make_plan(16, 8, 32, 256), op.make_plan(32, 2, 64, 256), op.make_plan(16, 1, 64, 256)):
+    plans = (op.decode_plan(1, 8, hidden), op.decode_plan(4, 2, hidden), op.decode_plan(16, 1, hidden),
+             op.decode_plan(2, 3, hidden), op.make_plan(16, 8, 32, hidden), op.make_plan(32, 2, 64, hidden))
+    assert {pl.h_per_split // pl.block_h for pl in plans} >= {1, 4, 7}
+    fused = []
+    for plan in plans:
         y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p), plan=plan)
         assert B.check_pre(y, post, comb, ref, li, TOL)["ok"], plan
+        out = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
+                              kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps,
+                              plan=plan)
+        res = B.check_post_pre(*out, kw, p, TOL)
+        assert res["ok"], (plan, res)
+        fused.append(out)
+    for out in fused[1:]:  # the streams are the same bits whatever the plan
+        assert torch.equal(out[0], fused[0][0])
 
 
 # ----------------------------------------------------------------------------- against the wheel's torch path
@@ -169,7 +294,11 @@ def test_bench_row_on_cpu():
                        timer=lambda fn: (fn(), 1.0)[1])
     v = row["variants"]
     assert {"pre", "pre_norm", "post", "post_pre", "upstream_sm120_pre", "upstream_sm120_post"} <= set(v)
-    assert all(x["ok"] and x["us"] == 1.0 for x in v.values()), v
+    assert all(x["ok"] for x in v.values()), v
+    assert all(x.get("us", 1.0) == 1.0 for k, x in v.items() if k != "post_pre_chain"), v
+    assert v["post_pre_chain"]["us"] == 1.0 / B.CHAIN and row["layer_us"]["ours_chain"] == 2.0 / B.CHAIN
+    assert {k[6:] for k in v if k.startswith("sweep:")} == {p.name for p in B.sweep_plans(2, 128)}
+    assert v["post_pre_vs_pair"]["err"]["pair_stream_elems"] == 0
     assert any(k.startswith("sweep:") for k in v) and row["layer_us"]["ours"] == 2.0
     assert "FAIL" not in B.format_table([row])
 
@@ -284,12 +413,20 @@ def test_plan_covers_the_hidden_dimension_once(n, hidden):
         assert plan.h_per_split % plan.block_h == 0 and plan.block_h >= 16 and plan.block_t >= 16
         assert plan.splits * plan.h_per_split >= hidden > (plan.splits - 1) * plan.h_per_split
         if n <= op.DECODE_MAX_TOKENS:
-            assert plan.block_t >= n  # one token block: hc_fn is read once
+            # One launch, one wave: few token blocks (each re-reads hc_fn from L2), ~128 programs.
+            blocks = -(-n // plan.tokens)
+            assert plan.one_launch and plan.block_t >= max(16, plan.tokens)
+            assert blocks <= op.DECODE_MAX_BLOCKS and blocks * plan.splits <= op.DECODE_PROGRAMS
+        else:
+            assert not plan.one_launch
         assert plan == op.plan_for(n, hidden, sms)  # pure function of the shape
 
 
 def test_launchable_lists_every_plan_shape():
-    kinds = {(p.block_t, p.block_h, p.num_warps) for p in op.launchable()}
-    for n in (1, 3, 16, 20, 64, 100, 8192):
+    kinds = {(p.block_t, p.block_h, p.num_warps, p.tokens) for p in op.launchable()}
+    for n in range(1, op.DECODE_MAX_TOKENS + 2):
         p = op.plan_for(n, 4096, 132)
-        assert (p.block_t, p.block_h, p.num_warps) in kinds
+        assert (p.block_t, p.block_h, p.num_warps, p.tokens) in kinds
+    for n in (100, 8192):
+        p = op.plan_for(n, 4096, 132)
+        assert (p.block_t, p.block_h, p.num_warps, p.tokens) in kinds

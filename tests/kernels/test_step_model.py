@@ -18,7 +18,8 @@ K, MIB = 1024, 1 << 20
 
 
 def _by_name(ops, name, variant=None):
-    hits = [o for o in ops if o.name == name and (variant is None or o.p.get("variant") == variant)]
+    """The op of that name (on that path: a `variant` or `path` row)."""
+    hits = [o for o in ops if o.name == name and (variant is None or variant in (o.p.get("variant"), o.p.get("path")))]
     assert len(hits) == 1, (name, [o.name for o in ops])
     return hits[0]
 
@@ -165,8 +166,12 @@ def test_compose_arithmetic():
     up = M.compose(spec, "upstream", ops, us, src, gpu)
     pa = M.compose(spec, "patched", ops, us, src, gpu)
     calls = sum(o.count for o in M.ops_for_path(ops, "upstream"))
+    calls_pa = sum(o.count for o in M.ops_for_path(ops, "patched"))
     assert up.timed_ms == pytest.approx(calls * 1.0 / 1e3)
-    assert pa.timed_ms == pytest.approx((calls - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
+    assert pa.timed_ms == pytest.approx((calls_pa - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
+    # the patched path's fused mHC: per layer 2 boundaries instead of 2 pre + 2 post + 2 RMSNorms, but for
+    # the first layer's pre and norm and the last layer's post
+    assert calls - calls_pa == (86 + 86 + 87) - (1 + 1 + 85 + 2)
     assert up.total_ms == pytest.approx(up.timed_ms + up.estimate_ms)
     assert up.tok_s() == pytest.approx(16 / (up.total_ms / 1e3))
     moe = [ln for ln in pa.lines if ln.group == "moe"][0]
@@ -365,17 +370,109 @@ def test_moe_reference_matches_a_hand_dequant(monkeypatch):
 
 def test_mhc_ops_counts_bytes_and_fallback():
     ops = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
-    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
-    post = _by_name(ops, "mHC post (TileLang mhc_post)")
+    pre = _by_name(ops, M.MHC_PRE_NAME, "upstream")
+    post = _by_name(ops, M.MHC_POST_NAME, "upstream")
     assert pre.count == post.count == 86  # a pre and a post around attention and around the MoE of 43 layers
     # residual 4 x 4096 bf16 per row + the 24 x 16384 fp32 hc_fn + y out + post/comb mixes (4 + 16 fp32)
     assert pre.bytes == 16 * 4 * 4096 * 2 + 24 * 16384 * 4 + 16 * 4096 * 2 + 16 * 20 * 4
     assert pre.flops == 2 * 16 * 24 * 16384
     assert post.bytes == 16 * 4096 * 2 + 2 * 16 * 4 * 4096 * 2 + 16 * 20 * 4
     assert pre.patch == "mhc_pre" and post.patch == "mhc_post"
+    fused = _by_name(ops, M.MHC_FUSED_NAME, "patched")
+    # hc_fn + x + residual in + residual out + layer input out + mixes in and out + the norm weight
+    assert fused.bytes == 24 * 16384 * 4 + 16 * 4096 * 2 + 2 * 16 * 4 * 4096 * 2 + 16 * 4096 * 2 + 2 * 16 * 20 * 4 \
+        + 4096 * 2
+    assert fused.flops == pre.flops + post.flops and fused.patch == "mhc_fused"
     assert pre.fallback[0] == pytest.approx(28.3) and pre.fallback[1].startswith("estimate")
     assert M.interp(((1, 2.0), (3, 4.0)), 2) == 3.0 and M.interp(((1, 2.0), (3, 4.0)), 5) == 6.0
     assert M.interp(M.MHC_FALLBACK_POST_US, 64) == pytest.approx(2.6)
+
+
+@pytest.mark.parametrize("spec", [M.StepSpec("decode", 16, 128 * K, 8 * K), M.StepSpec("prefill", 1024, 1024, 1024),
+                                  M.StepSpec("verify", 4, 128 * K, 8 * K, k=2)], ids=lambda s: s.phase)
+def test_patched_path_runs_the_models_fused_mhc_structure(spec):
+    """Upstream: 2n pre + 2n post + 2n + 1 RMSNorms per forward of n layers. Patched (the mhc patch turns
+    the model's fused path on): the first layer's pre and input norm, 2n - 1 fused boundaries (each with
+    its sub-layer's norm), the last layer's post, the final norm. Same boundaries either way."""
+    ops = M.step_ops(spec)
+    fwd = {"target": (43, 1, ""), "draft": (1, spec.k, "draft: ")} if spec.phase == "verify" else {
+        "target": (43, 1, "")}
+    for n, reps, prefix in fwd.values():
+        mine = [o for o in ops if o.name.startswith("draft: ") == bool(prefix)]
+        rows = spec.batch if prefix else spec.rows
+
+        def count(path, name, mine=mine, prefix=prefix):
+            hits = [o for o in M.ops_for_path(mine, path) if o.name == prefix + name]
+            return sum(o.count for o in hits), hits
+
+        extra_norm = 1 if prefix else 0  # the draft's enorm (its hnorm is a 4B-row row of its own)
+        up_pre, _ = count("upstream", M.MHC_PRE_NAME)
+        up_post, _ = count("upstream", M.MHC_POST_NAME)
+        up_fused, _ = count("upstream", M.MHC_FUSED_NAME)
+        up_rms, _ = count("upstream", M.RMS4096_NAME)
+        pa_pre, _ = count("patched", M.MHC_PRE_NAME)
+        pa_post, _ = count("patched", M.MHC_POST_NAME)
+        pa_fused, fused = count("patched", M.MHC_FUSED_NAME)
+        pa_rms, _ = count("patched", M.RMS4096_NAME)
+        assert (up_pre, up_post, up_fused, up_rms) == (2 * n * reps, 2 * n * reps, 0, (2 * n + 1 + extra_norm) * reps)
+        assert (pa_pre, pa_post, pa_fused, pa_rms) == (reps, reps, (2 * n - 1) * reps, (2 + extra_norm) * reps)
+        assert pa_pre + pa_fused == up_pre and pa_fused + pa_post == up_post  # every boundary, once
+        assert up_rms - pa_rms == pa_fused  # the sub-layer norms moved into the fused op
+        assert fused[0].p["rows"] == rows and fused[0].key == f"mhc-fused:{rows}:patched"
+    # each path runs each name once; the fused row is timed as ours only, pre/post both ways, the norm once
+    for path in ("upstream", "patched"):
+        names = [o.name for o in M.ops_for_path(ops, path)]
+        assert len(names) == len(set(names))
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    uniq = M.unique_ops([spec])
+    assert runner.impls_for(uniq[f"mhc-fused:{spec.rows}:patched"]) == ["ours"]
+    assert runner.impls_for(uniq[f"mhc-pre:{spec.rows}"]) == ["upstream", "ours"]
+    rms_key = _by_name(ops, M.RMS4096_NAME, "patched").key
+    assert rms_key == _by_name(ops, M.RMS4096_NAME, "upstream").key and runner.impls_for(uniq[rms_key]) == ["upstream"]
+
+
+def test_fused_mhc_row_composes_and_renders():
+    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
+    ops = M.step_ops(spec)
+    meas = {}
+    for op in M.unique_ops([spec]).values():
+        for impl in runner.impls_for(op):
+            us = {"mhc-pre": 20.0, "mhc-post": 5.0, "mhc-fused": 4.0}.get(op.key.split(":")[0], 1.0)
+            if op.key.startswith("glue:rms4096"):
+                us = 3.0
+            meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, us / 2 if impl == "ours" and
+                                                      op.group == "mhc" and "fused" not in op.key else us,
+                                                      1, 1, True, 0.0, "", impl)
+    us, src = runner.path_times(ops, meas)
+    gpu = M.machine_for("NVIDIA H200", 4.2e12)
+    up, pa = M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)
+    mhc_up = sum(ln.ms_step for ln in up.lines if ln.group == "mhc")
+    mhc_pa = sum(ln.ms_step for ln in pa.lines if ln.group == "mhc")
+    assert mhc_up == pytest.approx((86 * 20.0 + 86 * 5.0) / 1e3)
+    assert mhc_pa == pytest.approx((1 * 10.0 + 1 * 2.5 + 85 * 4.0) / 1e3)
+    rms = {c.path: [ln for ln in c.lines if ln.name == M.RMS4096_NAME][0] for c in (up, pa)}
+    assert rms["upstream"].ms_step == pytest.approx(87 * 3.0 / 1e3) and rms["patched"].ms_step == pytest.approx(
+        2 * 3.0 / 1e3)
+    text = R.composition_table(up, pa, gpu, md=True)
+    fused_row = [ln for ln in text.splitlines() if ln.startswith(f"| {M.MHC_FUSED_NAME} |")]
+    assert len(fused_row) == 1 and "| 85 | - | 4.00 | - |" in fused_row[0]
+    assert f"| {M.MHC_PRE_NAME} | 86 / 1 |" in text and f"| {M.RMS4096_NAME} | 87 / 2 |" in text
+    # the fused row sits after the patched path's preceding row, not at the end
+    lines = text.splitlines()
+    assert lines.index(fused_row[0]) < [i for i, ln in enumerate(lines) if ln.startswith("| **timed ops**")][0]
+
+
+def test_fused_mhc_builder_checks_on_cpu(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ops = _cpu_ops(monkeypatch)
+    op = _by_name(M.mhc_ops(1, n_layers=1), M.MHC_FUSED_NAME)
+    with pytest.raises(ops.Unavailable, match="gated off"):
+        ops.build(op, "upstream", 1 << 20, 5)
+    prep = ops.build(op, "ours", 1 << 20, 5)
+    chk = prep.check()
+    assert chk.ok and chk.rel_err < 1e-2, chk
+    assert prep.source == "ours: v4flash_kernels.mhc.op.mhc_fused_post_pre" and prep.calls == 2
 
 
 def test_untimed_op_falls_back_to_its_labelled_estimate():
@@ -392,7 +489,7 @@ def test_untimed_op_falls_back_to_its_labelled_estimate():
             else:
                 meas[(op.key, impl)] = runner.Measurement(op.key, impl, op.name, 1.0, 1, 1, True, 0.0, "", impl)
     us, src = runner.path_times(ops, meas)
-    pre = _by_name(ops, "mHC pre (compiled torch + TileLang Sinkhorn)")
+    pre = _by_name(ops, M.MHC_PRE_NAME, "upstream")
     assert us[(pre.key, "upstream")] == pytest.approx(17.9) and us[(pre.key, "patched")] == pytest.approx(17.9)
     assert src[(pre.key, "upstream")].startswith("estimate") and "TileLang mHC unavailable" in src[(pre.key, "upstream")]
     gpu = M.machine_for("NVIDIA H200", 4.2e12)
@@ -402,7 +499,7 @@ def test_untimed_op_falls_back_to_its_labelled_estimate():
     assert comp.timed_ms == pytest.approx(sum(ln.ms_step for ln in comp.lines if ln.group != "mhc"))
     assert comp.estimate_ms > sum(ln.ms_step for ln in est) > 0  # never a silent zero, never counted as timed
     text = R.composition_table(comp, M.compose(spec, "patched", ops, us, src, gpu), gpu, md=True)
-    assert "mHC pre (compiled torch + TileLang Sinkhorn) (estimate)" in text
+    assert f"{M.MHC_PRE_NAME} (estimate)" in text
 
 
 def test_mhc_references_from_the_definition(monkeypatch):
@@ -447,8 +544,11 @@ def test_mhc_without_tilelang_is_unavailable_not_failed(monkeypatch):
 
 def test_glue_ops_counts_and_bytes():
     counts = M.layer_counts()
+    rms = {o.p["path"]: o for o in M.glue_ops(16, counts, prefill=False) if o.p["kind"] == "rms4096"}
+    # upstream 2 per layer + final; patched: the first layer's input norm + final (the rest are in the fused mHC)
+    assert rms["upstream"].count == 87 and rms["patched"].count == 2 and rms["upstream"].key == rms["patched"].key
     ops = {o.p["kind"]: o for o in M.glue_ops(16, counts, prefill=False)}
-    assert ops["rms4096"].count == 87 and ops["rms1024"].count == 43  # 2 per layer + final; q_norm per layer
+    assert ops["rms1024"].count == 43  # q_norm per layer
     assert ops["rms4096"].bytes == 16 * 4096 * 2 * 2 + 4096 * 2 and ops["rms4096"].p["impl"] == "rmsnorm"
     assert ops["kvstore"].bytes == 16 * 512 * 2 + 16 * 584  # bf16 kv in, fp8_ds_mla token out
     assert ops["qrope16"].bytes == 2 * 16 * 16 * 512 * 2  # 16 local heads at TP4, in place
@@ -464,7 +564,7 @@ def test_glue_ops_counts_and_bytes():
     assert pre["comp4"].p["launches"][2] == (256 * 512 * 4, 256 * 584)
     assert len({o.key for o in ops.values()}) == len(ops)
     step = M.decode_ops(M.StepSpec("decode", 16, 128 * K, 8 * K))
-    assert sum(o.group == "glue" for o in step) == 12
+    assert sum(o.group == "glue" for o in step) == 13  # 12 kinds, the RMSNorm 4096 once per path
 
 
 def test_glue_builders_check_on_cpu(monkeypatch):
@@ -587,9 +687,11 @@ def test_verify_composition_rows_and_drafts():
     assert moe_d.p["m"] == 16 and moe_d.count == 3 and moe_d.key == "moe:16"
     assert _by_name(draft, "draft: sparse-MLA attention (window)", "upstream").count == 3
     assert _by_name(draft, "draft: NextN h_proj (FP8)").p == {"m": 64, "n": 4096, "k": 4096}
-    assert _by_name(draft, "draft: mHC pre (compiled torch + TileLang Sinkhorn)").count == 3 * 2
+    assert _by_name(draft, "draft: " + M.MHC_PRE_NAME, "upstream").count == 3 * 2
+    assert _by_name(draft, "draft: " + M.MHC_FUSED_NAME, "patched").count == 3 * 1
     assert _by_name(draft, "draft: lm_head (bf16, vocab/TP)").p["m"] == 16
-    assert _by_name(draft, "draft: RMSNorm 4096 (input / post-attn / final)").count == 3 * 4
+    assert _by_name(draft, "draft: RMSNorm 4096 (input / post-attn / final)", "upstream").count == 3 * 4
+    assert _by_name(draft, "draft: RMSNorm 4096 (input / post-attn / final)", "patched").count == 3 * 3
     assert not any("compressor" in o.name or "indexer" in o.name for o in draft)
     # the plain decode step of the same B shares the draft's shapes (one measurement)
     plain = {o.key for o in M.step_ops(M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=16))}

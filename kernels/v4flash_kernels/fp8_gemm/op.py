@@ -153,14 +153,16 @@ class Plan:
 # shared gate_up / shared down): 8.68 (reduce; ticket 8.66) / 8.43 (ticket) / 8.50 (ticket) / 7.81
 # (reduce) / 5.55 (ticket); before 9.31 / 8.71 / 9.15 / 11.37 / 5.96, upstream 22.38 / 9.58 / 13.70 /
 # 22.23 / 6.80. M = 5..16 runs the same tile (its MMA work does not change up to 16 rows; only the
-# activation grows). NOT MEASURED at M = 16 with these fix-ups: the previous plan's same tile with a
-# serial fix-up (shared down: its 64-wide variant) timed 9.99 / 9.05 / 9.65 / 12.82 / 6.08 at M = 16
-# vs 9.27 / 8.64 / 9.15 / 11.23 / 5.89 at M = 4 in one run.
+# activation grows). M = 16 was NOT in the sweep (no alternative timed there); this plan itself, in
+# the bench run after it shipped: 8.70 / 9.11 / 9.59 / 7.91 / 6.12 at M = 16 (at M = 4: 8.53 / 8.47 / 8.60 /
+# GEMV 7.85 / 5.56; upstream at M = 16: 22.20 / 9.44 / 13.64 / 22.12 / 6.73).
 DECODE = GemmConfig(16, 128, 4, 2, swap=True, fuse_quant=True)
 # 17..256 rows: upstream's tile (64x128, 4 warps, 3 stages, tile groups of 32 rows) after the separate
 # quant, K split when the tiles alone leave SMs idle. M = 64: wqkv_a 11.89, shared gate_up 11.80
 # (both reduce; before 17.44 / 15.69, upstream 23.42 / 23.31). M = 17..32 takes the 64-row tiles (a
 # 16-row tile would stream the weight once per 16 rows); their work at 17-63 rows is that of 64.
+# M = 32 was NOT in the sweep; this plan there (bench after shipping): wqkv_a 10.74, wq_b 9.83, wo_b
+# 10.42, shared gate_up 10.55, shared down 7.11 (upstream 22.49 / 9.57 / 13.72 / 22.36 / 6.86).
 MID = GemmConfig(64, 128, 4, 3, group_m=32)
 # ... 64x64 tiles: wo_b 11.99 at M = 64 (ticket, 4 splits; before 18.80, upstream 14.25).
 MID_N64 = GemmConfig(64, 64, 4, 3)
@@ -190,8 +192,9 @@ class ShapePlan:
 # 7.25 (a weight-only read on the same grid: 4.3-4.8 us; an empty launch 1.1 us). At M = 4 the best
 # non-PDL GEMV lost to DECODE (wqkv_a 11.52, wq_b 11.83, wo_b 11.45, shared down 6.00 us vs 8.68 /
 # 8.43 / 8.50 / 5.55) except on shared gate_up (7.71 vs 7.81), so the GEMV runs 1 row, and 1-4 rows
-# for gate_up. NOT MEASURED: M = 2 and 3 (they take the M = 4 choice: the DECODE tile costs the same
-# at 1-4 rows, while the GEMV's cost grows with them).
+# for gate_up. The sweep did not time M = 2 or 3: they take the M = 4 choice (the DECODE tile costs
+# the same at 1-4 rows, the GEMV grows with them). After shipping, at M = 2: gate_up's GEMV 6.11 us,
+# DECODE 8.53 / 8.58 / 8.62 / 5.53 on the others; the GEMV at 2-3 rows on those four is NOT MEASURED.
 MEASURED: Dict[Tuple[int, int], ShapePlan] = {
     (1536, 4096): ShapePlan(GemvConfig(4, 4), 1, DECODE, MID),  # wqkv_a
     (8192, 1024): ShapePlan(GemvConfig(16, 4), 1, DECODE, LARGE),  # wq_b, indexer wq_b
@@ -300,9 +303,11 @@ def launchable() -> Tuple[Binary, ...]:
     shared memory), and the GEMM entry's pre-quantized A (K not a multiple of 128: RAGGED_CONFIGS)."""
     out: Dict[str, Binary] = {}
     for c in CONFIGS:
-        kinds = [("fp8", "bf16", True), ("fp8", "fp32", True)] + ([("fp8", "fp32", False)] if c in RAGGED_CONFIGS else [])
-        if c.fuse_quant:
-            kinds = [("bf16", "bf16", True), ("fp32", "fp32", True)] + kinds
+        # pre-quantized A: after the quant kernel (bf16 out, DeepSeek-V4) unless the config fuses it (then
+        # only the GEMM entry, whose widest output stands for the others)
+        kinds = [("fp8", "fp32", True)] + ([("fp8", "fp32", False)] if c in RAGGED_CONFIGS else [])
+        kinds = [("bf16", "bf16", True), ("fp32", "fp32", True)] + kinds if c.fuse_quant else [
+            ("fp8", "bf16", True)] + kinds
         for fix, sp in _fixups(c):
             for a, o, even in kinds:
                 b = Binary(c, a, o, fix, sp, even)

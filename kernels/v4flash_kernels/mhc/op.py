@@ -31,14 +31,18 @@ from typing import Any, Tuple
 import torch
 import triton
 
+from v4flash_kernels.attention.op import arrival_counters
 from v4flash_kernels.mhc import kernel as _k
 
 HC = 4
 MIX = (2 + HC) * HC
 MIX_PAD = int(_k.MIX_PAD)
 POST_MULT = 2.0  # hc_split_sinkhorn's fixed post multiplier (deepseek_v4._MHC_POST_MULT_VALUE)
-DECODE_MAX_TOKENS = 64  # up to here one token block; the hidden dimension is split instead
-DECODE_SPLITS = 128
+DECODE_MAX_TOKENS = 64  # up to here one launch per boundary (mix + ticketed finish)
+DECODE_BLOCK_TOKENS = 4  # the fewest tokens per ticketed block
+DECODE_MAX_BLOCKS = 4  # each block re-reads hc_fn (from L2) and is finished by one program, token by token
+DECODE_PROGRAMS = 128  # blocks x splits: one wave (the fused variant runs one 8-warp program per SM)
+DECODE_WARPS = 8  # the finisher holds two tokens' four full-width streams (this one and the next)
 PREFILL_BLOCK_T = 64
 MAX_SPLITS = 128
 BLOCK_H = 32
@@ -46,7 +50,12 @@ BLOCK_H = 32
 
 @dataclass(frozen=True)
 class MixPlan:
-    """One `mix_kernel` launch: token block, hidden split, inner tile; `finish_kernel`'s warps."""
+    """One `mix_kernel` launch: token block, hidden split, inner tile; `finish_kernel`'s warps.
+
+    `tokens` > 0: one launch, `tokens` tokens per ticketed block (the tile keeps `block_t` >= 16
+    rows for the MMA), finished by the block's last program; 0: two launches (mix, then
+    `finish_kernel`), `block_t` tokens per block.
+    """
 
     block_t: int
     splits: int  # programs along the hidden dimension (after rounding to whole tiles)
@@ -54,35 +63,55 @@ class MixPlan:
     block_h: int
     num_warps: int = 4
     finish_warps: int = 8
+    tokens: int = 0
+
+    @property
+    def one_launch(self) -> bool:
+        return self.tokens > 0
+
+    @property
+    def block_tokens(self) -> int:
+        return self.tokens or self.block_t
 
     @property
     def name(self) -> str:
-        return f"t{self.block_t}_s{self.splits}_h{self.block_h}_w{self.num_warps}"
+        return f"t{self.block_t}_s{self.splits}_h{self.block_h}_w{self.num_warps}" + (
+            f"_k{self.tokens}" if self.tokens else "_2launch")
 
 
 def make_plan(block_t: int, splits: int, block_h: int, hidden: int, num_warps: int = 0,
-              finish_warps: int = 8) -> MixPlan:
+              finish_warps: int = 8, tokens: int = 0) -> MixPlan:
     """A plan with `splits` rounded so every split is a whole number of `block_h` tiles.
 
-    `num_warps` 0 = the default for the token block (4 up to 32 tokens, else 8: the fused variant
-    keeps 20 per-token coefficients and four fp32 stream tiles live and spills at 4 warps).
+    `num_warps` 0 = the default: one launch `DECODE_WARPS`; two launches 4 up to 32 tokens, else 8
+    (the fused variant keeps 20 per-token coefficients and four fp32 stream tiles live).
     """
     per = triton.cdiv(triton.cdiv(hidden, splits), block_h) * block_h
-    warps = num_warps or (4 if block_t <= 32 else 8)
-    return MixPlan(block_t, triton.cdiv(hidden, per), per, block_h, warps, finish_warps)
+    warps = num_warps or (DECODE_WARPS if tokens else (4 if block_t <= 32 else 8))
+    return MixPlan(block_t, triton.cdiv(hidden, per), per, block_h, warps, finish_warps, tokens)
+
+
+def decode_plan(tokens: int, splits: int, hidden: int, block_h: int = BLOCK_H, num_warps: int = 0) -> MixPlan:
+    """A one-launch plan: `tokens` (a power of two up to 16) per ticketed block, the hidden dimension
+    split `splits` ways."""
+    if tokens not in (1, 2, 4, 8, 16):
+        raise ValueError(f"tokens per block must be a power of two up to 16, got {tokens}")
+    return make_plan(max(16, triton.next_power_of_2(tokens)), splits, block_h, hidden, num_warps, tokens=tokens)
 
 
 def plan_for(n_tokens: int, hidden: int, num_sms: int) -> MixPlan:
     """The launch plan for a shape: a pure function of (tokens, hidden, SM count); graph-safe.
 
-    Few tokens (decode): one token block, the hidden dimension split ~128 ways so the 1.5 MB
-    `hc_fn` streams through all SMs once. Many tokens (prefill): 64-token blocks, split only as
-    far as needed for about two programs per SM (each split adds a `[tokens, 32]` fp32 partial).
-    32-wide hidden tiles everywhere: with 64 the fused variant spills.
+    Few tokens (decode): one launch of ~128 programs (one wave): at most `DECODE_MAX_BLOCKS` token
+    blocks (each finished by its last program), the hidden dimension split over the rest, so at one
+    token every program's 12 KB share of the 1.5 MB `hc_fn` is in flight at once (the blocks share
+    it through L2; a program with several hidden tiles requests the next before using this one).
+    Many tokens (prefill): two launches, 64-token blocks, split only as far as needed for about two
+    programs per SM (each split adds a `[tokens, 32]` fp32 partial). 32-wide hidden tiles everywhere.
     """
     if n_tokens <= DECODE_MAX_TOKENS:
-        block_t = max(16, triton.next_power_of_2(n_tokens))
-        return make_plan(block_t, DECODE_SPLITS, BLOCK_H, hidden)
+        tokens = max(DECODE_BLOCK_TOKENS, triton.next_power_of_2(triton.cdiv(n_tokens, DECODE_MAX_BLOCKS)))
+        return decode_plan(tokens, DECODE_PROGRAMS // triton.cdiv(n_tokens, tokens), hidden)
     blocks = triton.cdiv(n_tokens, PREFILL_BLOCK_T)
     splits = 1
     while blocks * splits < 2 * num_sms and splits < MAX_SPLITS:
@@ -103,14 +132,14 @@ def launchable(hidden: int = 4096) -> Tuple[MixPlan, ...]:
     for n in _PROBE_TOKENS:
         for sms in _PROBE_SMS:
             p = plan_for(n, hidden, sms)
-            seen[(p.block_t, p.block_h, p.num_warps, p.finish_warps)] = p
+            seen[(p.block_t, p.block_h, p.num_warps, p.finish_warps, p.tokens)] = p
     return tuple(seen.values())
 
 
 def launchable_splits(hidden: int = 4096) -> Tuple[int, ...]:
-    """Every partial count `plan_for` can produce (the finish kernel is compiled per its power of two)."""
-    return tuple(sorted({plan_for(n, hidden, sms).splits for n in _PROBE_TOKENS for sms in _PROBE_SMS}
-                        | {1, MAX_SPLITS}))
+    """Every partial count a two-launch plan can produce (`finish_kernel` is compiled per its power of two)."""
+    return tuple(sorted({p.splits for n in _PROBE_TOKENS for sms in _PROBE_SMS
+                         if not (p := plan_for(n, hidden, sms)).one_launch} | {1, MAX_SPLITS}))
 
 
 _SMS: dict = {}
@@ -152,6 +181,10 @@ def _check_common(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor,
     _check(scale.numel() == 3 and base.numel() == MIX, "hc_scale must have 3 and hc_base 24 elements")
 
 
+# The finish-only constexprs of a two-launch mix (unused there): fixed, so there is one variant.
+MIX_ONLY = {"BLOCK_HF": 16, "HAS_NORM": False}
+
+
 def _pre_launch(
     streams: torch.Tensor,
     fn: torch.Tensor,
@@ -168,7 +201,8 @@ def _pre_launch(
     plan: MixPlan | None,
     fused: Tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both launches on flat `[N, 4, H]` streams; `fused` = (x, post, comb) of the post to apply first.
+    """The boundary on flat `[N, 4, H]` streams (one launch or two, per the plan); `fused` = (x, post,
+    comb) of the post to apply first.
 
     Returns (streams the pre read: the post's output when fused, y, post, comb).
     """
@@ -187,12 +221,6 @@ def _pre_launch(
     else:
         cur = streams
         args = (streams, streams, fn, fn, streams)  # unused pointer slots
-    grid = (triton.cdiv(n, plan.block_t), plan.splits)
-    _k.mix_kernel[grid](
-        *args, fn, part, n, plan.h_per_split,
-        H=hidden, BLOCK_T=plan.block_t, BLOCK_H=plan.block_h,
-        FUSED=fused is not None, INTERPRET=_interpret(), num_warps=plan.num_warps, num_stages=1,
-    )
     post = torch.empty((n, HC), dtype=torch.float32, device=dev)
     comb = torch.empty((n, HC, HC), dtype=torch.float32, device=dev)
     y = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
@@ -203,12 +231,28 @@ def _pre_launch(
         w = _contig(norm_weight if norm_weight.dtype == torch.bfloat16 else norm_weight.bfloat16())
     else:
         w = y
+    eps = (float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
+           float(norm_eps) if has_norm else 0.0, int(sinkhorn_iters))
+    blocks = triton.cdiv(n, plan.block_tokens)
+    grid = (blocks, plan.splits)
+    if plan.one_launch:
+        cnt = arrival_counters(dev, blocks)
+        _k.mix_kernel[grid](
+            *args, fn, part, cnt, scale, base, post, comb, y, w, n, plan.h_per_split, *eps,
+            H=hidden, BLOCK_T=plan.block_t, TOKENS=plan.tokens, BLOCK_H=plan.block_h, FUSED=fused is not None,
+            FINISH=True, BLOCK_HF=triton.next_power_of_2(hidden), HAS_NORM=has_norm, INTERPRET=_interpret(),
+            num_warps=plan.num_warps, num_stages=1,
+        )
+        return cur, y, post, comb
+    _k.mix_kernel[grid](
+        *args, fn, part, part, fn, fn, fn, fn, y, y, n, plan.h_per_split, *eps,
+        H=hidden, BLOCK_T=plan.block_t, TOKENS=plan.block_t, BLOCK_H=plan.block_h, FUSED=fused is not None,
+        FINISH=False, **MIX_ONLY, INTERPRET=_interpret(), num_warps=plan.num_warps, num_stages=1,
+    )
     _k.finish_kernel[(n,)](
-        part, n, plan.splits, cur, scale, base, post, comb, y, w,
-        float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-        float(norm_eps) if has_norm else 0.0,
+        part, n, plan.splits, cur, scale, base, post, comb, y, w, *eps,
         H=hidden, BLOCK_H=triton.next_power_of_2(hidden), S_PAD=triton.next_power_of_2(plan.splits),
-        ITERS=int(sinkhorn_iters), HAS_NORM=has_norm, INTERPRET=_interpret(), num_warps=plan.finish_warps,
+        HAS_NORM=has_norm, INTERPRET=_interpret(), num_warps=plan.finish_warps,
         num_stages=1,
     )
     return cur, y, post, comb
@@ -234,7 +278,7 @@ def mhc_pre(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre of streams `x` `[N, 4, H]` bf16 -> (y `[N, H]` bf16, post `[N, 4]`, comb `[N, 4, 4]`).
 
-    y is RMS-normalised with `norm_weight` when one is given. Two launches.
+    y is RMS-normalised with `norm_weight` when one is given. One launch at decode sizes, else two.
     """
     _check_common(x, hc_fn, hc_scale, hc_base)
     n, hidden = x.shape[0], x.shape[-1]
@@ -298,7 +342,8 @@ def mhc_post_pre(
     norm_eps: float | None = None,
     plan: MixPlan | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A post and the next pre in two launches -> (streams `[N, 4, H]`, y `[N, H]`, post, comb).
+    """A post and the next pre -> (streams `[N, 4, H]`, y `[N, H]`, post, comb); one launch at decode
+    sizes, else two.
 
     The post's streams are written once (bf16, as the model keeps them) and the pre reads them
     as those bf16 values, exactly as the unfused sequence does.

@@ -24,6 +24,12 @@ The sub-layer's RMSNorm reads `y` as bf16: `rmsnorm(y) = y * rsqrt(mean(y^2) + n
 with the weight taken as bf16. A fused post+pre reads the post's bf16 streams. Those two bf16
 roundings are part of the model's data flow, so the reference applies them where the model does
 and nowhere else.
+
+Which bf16 streams the pre of a fused boundary must be checked on: the ones the op *wrote*
+(`pre_of_streams`), not the fp64 post rounded (`post_pre_ref`'s `residual_bf16`). Every fp32 post
+(ours, upstream's TileLang and torch ones) lands a few elements per token on the other side of a
+bf16 rounding tie from the fp64 value; each such element moves one mix by up to ~1e-4 through the
+16K-term GEMV, so the pre of the fp64-rounded streams is not what any unfused pair computes.
 """
 
 from __future__ import annotations
@@ -117,6 +123,14 @@ def post_pre_ref(inputs: Dict, p: MhcParams) -> Dict:
     out = pre_ref(rb, inputs["hc_fn"], inputs["hc_scale"], inputs["hc_base"], p)
     out["residual"] = r
     out["residual_bf16"] = rb
+    out["layer_input"] = layer_input_ref(out["y"], inputs.get("norm_weight"), p.norm_eps)
+    return out
+
+
+def pre_of_streams(streams: torch.Tensor, inputs: Dict, p: MhcParams) -> Dict:
+    """The pre (fp64) and the sub-layer input of given bf16 streams `[N, 4, H]`: what the unfused
+    pair's pre computes on whatever streams its post wrote."""
+    out = pre_ref(streams, inputs["hc_fn"], inputs["hc_scale"], inputs["hc_base"], p)
     out["layer_input"] = layer_input_ref(out["y"], inputs.get("norm_weight"), p.norm_eps)
     return out
 

@@ -80,15 +80,17 @@ def _fused_ours(kw: Inputs) -> Any:
 
 
 def _fused_ref(kw: Inputs) -> Any:
-    from v4flash_kernels.mhc import reference as R
-
+    """The checked rows' inputs: the fp64 post and the pre of the streams ours wrote are both computed
+    in the comparison (`bench.check_post_pre`), since the second depends on ours' result."""
     x, res, post, comb = _sub(kw, "x", "residual", "post", "comb")
-    sub = dict(kw, x=x, residual=res, post=post, comb=comb)
-    return R.post_pre_ref(sub, R.MhcParams())
+    return dict(kw, x=x, residual=res, post=post, comb=comb)
 
 
 def _fused_compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
-    from v4flash_kernels.mhc.bench import TOL, check_pre, check_streams
+    """Streams vs the fp64 post; post, comb and the layer input vs the fp64 pre of the very streams
+    ours wrote (what the unfused pair computes), so a pre that mixed anything else fails."""
+    from v4flash_kernels.mhc import reference as R
+    from v4flash_kernels.mhc.bench import TOL, check_post_pre
 
     cur, post, comb, y = out
     n, hidden = kw["x"].shape
@@ -96,11 +98,10 @@ def _fused_compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
     if shapes != [(n, 4, hidden), (n, 4, 1), (n, 4, 4), (n, hidden)]:
         return Comparison(False, {}, f"results are {shapes}")
     r = kw["_rows"]
-    pre = check_pre(y[r], post[r].squeeze(-1), comb[r], ref, ref["layer_input"], TOL)
-    streams = check_streams(cur[r], ref["residual"], TOL)
+    res = check_post_pre(cur[r], y[r], post[r].squeeze(-1), comb[r], ref, R.MhcParams(), TOL)
     nan = _nan(out)
-    metrics = dict(pre["err"], **streams["err"], nan_any=nan, rows_checked=int(r.numel()))
-    ok = pre["ok"] and streams["ok"] and not nan
+    metrics = dict(res["err"], nan_any=nan, rows_checked=int(r.numel()))
+    ok = res["ok"] and not nan
     return Comparison(ok, metrics, "" if ok else f"errors {metrics} over tolerances {TOL}")
 
 

@@ -211,27 +211,45 @@ def interp(points: Tuple[Tuple[int, float], ...], x: float) -> float:
     raise AssertionError("unreachable")
 
 
+MHC_PRE_NAME = "mHC pre (hc_pre)"
+MHC_POST_NAME = "mHC post (hc_post)"
+MHC_FUSED_NAME = "mHC fused post+pre + RMSNorm (mhc_fused_post_pre)"
+
+
 def mhc_ops(rows: int, n_layers: int = N_LAYERS) -> List[Op]:
-    """The hyper-connection boundaries of `n_layers` layers: a pre and a post around attention and
-    around the MoE of each layer, as the sm_120 path runs them (`hc_pre`: compiled torch norm + fp32
-    mix GEMV, TileLang Sinkhorn split, torch combine; `hc_post`: TileLang `mhc_post`).
+    """The hyper-connection boundaries of a forward through `n_layers` decoder layers, per path.
+
+    Upstream (sm_120, the fused path gated off): a pre and a post around attention and around the MoE
+    of each layer (`hc_pre`: compiled torch norm + fp32 mix GEMV, TileLang Sinkhorn split, torch
+    combine; `hc_post`: TileLang `mhc_post`); the sub-layer RMSNorms are glue rows. Patched (the mhc
+    patch turns on the model's fused structure): the first layer's pre (`hc_pre`; its RMSNorm stays a
+    glue row), 2n - 1 fused boundaries (`mhc_fused_post_pre`: one sub-layer's post, the next one's pre
+    and that sub-layer's RMSNorm) and the last layer's post (`hc_post`) once per forward.
 
     Floors: pre reads the 4-copy bf16 residual and the layer's fp32 `hc_fn` [24, 4 x 4096] (1.5 MB,
     distinct per boundary) and writes the mixed input and the post/comb mixes; post reads the
-    sublayer output and the residual and writes the new residual.
+    sublayer output and the residual and writes the new residual; fused reads both posts' inputs,
+    `hc_fn` and the norm weight and writes the new residual, the normalised input and the mixes.
     """
     mixes = rows * (HC_MULT + HC_MULT * HC_MULT) * 4
-    pre_bytes = rows * HC_MULT * HIDDEN * 2 + HC_MIX * HC_MULT * HIDDEN * 4 + rows * HIDDEN * 2 + mixes
-    post_bytes = rows * HIDDEN * 2 + 2 * rows * HC_MULT * HIDDEN * 2 + mixes
+    fn_bytes = HC_MIX * HC_MULT * HIDDEN * 4
+    streams = rows * HC_MULT * HIDDEN * 2
+    pre_bytes = streams + fn_bytes + rows * HIDDEN * 2 + mixes
+    post_bytes = rows * HIDDEN * 2 + 2 * streams + mixes
+    fused_bytes = fn_bytes + rows * HIDDEN * 2 + 2 * streams + rows * HIDDEN * 2 + 2 * mixes + HIDDEN * 2
+    pre_flops = 2 * rows * HC_MIX * HC_MULT * HIDDEN
+    post_flops = 2 * rows * HC_MULT * (HC_MULT + 1) * HIDDEN
     fb_pre = (interp(MHC_FALLBACK_PRE_US, rows), "estimate: issue 20's H200 figure of this path, interpolated")
     fb_post = (interp(MHC_FALLBACK_POST_US, rows), "estimate: issue 20's H200 figure of this path, interpolated")
-    return [
-        Op("mHC pre (compiled torch + TileLang Sinkhorn)", "mhc", f"mhc-pre:{rows}", 2 * n_layers, pre_bytes,
-           2 * rows * HC_MIX * HC_MULT * HIDDEN, _params(kind="pre", rows=rows), patch="mhc_pre", fallback=fb_pre),
-        Op("mHC post (TileLang mhc_post)", "mhc", f"mhc-post:{rows}", 2 * n_layers, post_bytes,
-           2 * rows * HC_MULT * (HC_MULT + 1) * HIDDEN, _params(kind="post", rows=rows), patch="mhc_post",
-           fallback=fb_post),
-    ]
+    out = []
+    for path, calls in (("upstream", 2 * n_layers), ("patched", 1)):
+        out.append(_only(Op(MHC_PRE_NAME, "mhc", f"mhc-pre:{rows}", calls, pre_bytes, pre_flops,
+                            _params(kind="pre", rows=rows), patch="mhc_pre", fallback=fb_pre), path))
+        out.append(_only(Op(MHC_POST_NAME, "mhc", f"mhc-post:{rows}", calls, post_bytes, post_flops,
+                            _params(kind="post", rows=rows), patch="mhc_post", fallback=fb_post), path))
+    out.append(_variant(Op(MHC_FUSED_NAME, "mhc", f"mhc-fused:{rows}", 2 * n_layers - 1, fused_bytes,
+                           pre_flops + post_flops, _params(kind="fused", rows=rows), patch="mhc_fused"), "patched"))
+    return out
 
 
 def attention_tokens(kind: str, actual_ctx: int) -> int:
@@ -296,6 +314,9 @@ def glue_op(name: str, kind: str, rows: int, count: int, launches: Tuple[Tuple[i
                                                           dim=dim))
 
 
+RMS4096_NAME = "RMSNorm 4096 (input / post-attn / final)"
+
+
 def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) -> List[Op]:
     """The small kernels of a step besides the GEMMs, attention, indexer, MoE and mHC, as the sm_120
     path of models/deepseek_v4.py + dsv4/compressor.py runs them (`rows` tokens, all layers).
@@ -318,9 +339,12 @@ def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) 
         return (first, (done * d * 4, done * d * 4), (done * d * 4, done * store_bytes))
 
     shared_i = SHARED_INTER // tp
+    rms = ((rows * HIDDEN * 2 + HIDDEN * 2, rows * HIDDEN * 2),)
     return [
-        glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", rows, 2 * n_all + 1,
-                ((rows * HIDDEN * 2 + HIDDEN * 2, rows * HIDDEN * 2),), "rmsnorm", HIDDEN),
+        # upstream: each layer's input and post-attention norms + the final norm; patched: the sub-layer
+        # norms are inside the fused mHC boundaries (`mhc_ops`) but the first layer's input norm
+        _only(glue_op(RMS4096_NAME, "rms4096", rows, 2 * n_all + 1, rms, "rmsnorm", HIDDEN), "upstream"),
+        _only(glue_op(RMS4096_NAME, "rms4096", rows, 2, rms, "rmsnorm", HIDDEN), "patched"),
         glue_op("RMSNorm q_norm 1024", "rms1024", rows, n_all, ((rows * Q_LORA * 2 + Q_LORA * 2, rows * Q_LORA * 2),),
                 "rmsnorm", Q_LORA),
         glue_op("q norm + RoPE (JIT)", f"qrope{h}", rows, n_all, ((rows * h * HEAD_DIM * 2, rows * h * HEAD_DIM * 2),),
@@ -452,7 +476,7 @@ NEXTN_LAYER_COUNTS = {"window": 1, "c4": 0, "c128": 0, "all": 1}  # the MTP laye
 def draft_ops(spec: StepSpec) -> List[Op]:
     """The k NextN draft forwards of a verify cycle, each at B rows (models/deepseek_v4_nextn.py):
     enorm/hnorm + e_proj (B rows) and h_proj (4B rows: the 4 hyper-connection copies), one
-    window-attention decoder layer (attention, MoE, its GEMMs, 2 mHC pre/post, its glue), the head
+    window-attention decoder layer (attention, MoE, its GEMMs, its mHC boundaries, its glue), the head
     norm and the lm_head. Calls per cycle = k x calls per forward; names carry "draft: ".
 
     (SGLang's EAGLE runs one of these k forwards, the draft extend after a verify, at B x (k+1)
@@ -473,7 +497,7 @@ def draft_ops(spec: StepSpec) -> List[Op]:
     one.extend(mhc_ops(B, n_layers=1))
     glue = [o for o in glue_ops(B, counts, prefill=False, tp=tp) if o.count]
     one.extend(glue)
-    one.append(glue_op("RMSNorm 4096 (input / post-attn / final)", "rms4096", B * HC_MULT, 1,
+    one.append(glue_op(RMS4096_NAME, "rms4096", B * HC_MULT, 1,
                        ((B * HC_MULT * HIDDEN * 2 + HIDDEN * 2, B * HC_MULT * HIDDEN * 2),), "rmsnorm", HIDDEN))
     one.append(lm_head_op(B, tp))
     out = []
@@ -530,9 +554,17 @@ def prefill_row_tokens(kind: str, t: int) -> int:
 
 
 def _variant(op: Op, variant: str) -> Op:
-    """Attention appears twice (upstream kernel at its heads, ours at its heads): one key per path."""
+    """A row one path runs with its own implementation and shape (attention: upstream's kernel at its
+    heads, ours at its heads; the fused mHC boundary: ours only): one key and one measurement per path."""
     return Op(op.name, op.group, f"{op.key}:{variant}", op.count, op.bytes, op.flops,
-              op.params + (("variant", variant),), op.patch)
+              op.params + (("variant", variant),), op.patch, op.fallback)
+
+
+def _only(op: Op, path: str) -> Op:
+    """A row only `path` runs at this count (the other path has its own row of the same name and key,
+    e.g. 2n mHC pre upstream, one patched): measured once per implementation, as any op."""
+    return Op(op.name, op.group, op.key, op.count, op.bytes, op.flops, op.params + (("path", path),), op.patch,
+              op.fallback)
 
 
 def step_ops(spec: StepSpec) -> List[Op]:
@@ -544,9 +576,9 @@ def step_ops(spec: StepSpec) -> List[Op]:
 
 
 def ops_for_path(ops: Iterable[Op], path: str) -> List[Op]:
-    """The ops one path runs: attention rows tagged for the other path are dropped."""
+    """The ops one path runs: rows tagged for the other path (`variant` or `path`) are dropped."""
     other = "patched" if path == "upstream" else "upstream"
-    return [o for o in ops if o.p.get("variant") != other]
+    return [o for o in ops if o.p.get("variant") != other and o.p.get("path") != other]
 
 
 # ---------------------------------------------------------------- estimates (not timed here)

@@ -138,6 +138,11 @@ HOOKS: Dict[str, Hook] = {
     "mhc_pre": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_pre", ("v4flash_kernels.mhc.op", "hc_pre")),
     # DeepseekV4DecoderLayer.hc_post(self, x, residual, post, comb) -> new residual
     "mhc_post": Hook("models/deepseek_v4.py::DeepseekV4DecoderLayer.hc_post", ("v4flash_kernels.mhc.op", "hc_post")),
+    # mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+    # iters, *, norm_weight, norm_eps) -> (residual, post, comb, normalised layer input); upstream's TileLang
+    # one is gated off on sm_120, so only the patched path has this row
+    "mhc_fused": Hook("layers/mhc.py::mhc_fused_post_pre (TileLang; unreachable on sm_120)",
+                      ("v4flash_kernels.mhc.op", "mhc_fused_post_pre")),
     # the whole linear the sm_120 dispatch returns: triton_w8a8_block_fp8_linear(input, weight, block_size,
     # weight_scale, input_scale=None, bias=None) = activation group-quant + w8a8_block_fp8_matmul_triton
     "fp8_gemm": Hook("quantization/fp8_utils.py::triton_w8a8_block_fp8_linear (group quant + Triton GEMM, "
@@ -814,8 +819,57 @@ def mhc_post_ref(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, co
         "nkj,nkh->njh", comb.double(), residual.double())
 
 
+def mhc_rmsnorm_ref(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp64 RMSNorm of y as the sub-layer reads it (bf16), weight bf16."""
+    yb = y.to(torch.bfloat16).double()
+    return yb * torch.rsqrt(yb.square().mean(-1, keepdim=True) + M.RMS_EPS) * w.double()
+
+
+def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
+    """Ours only (upstream's fused kernel is gated off on sm_120): the post of one sub-layer, the pre of
+    the next and its RMSNorm, one call; checked against the fp64 post and the fp64 pre + RMSNorm of the
+    streams it wrote (what the unfused pair computes)."""
+    if impl != "ours":
+        raise Unavailable("upstream runs no fused mHC boundary on sm_120 (its TileLang one is gated off)")
+    fn_impl, why = patch_function("mhc_fused")
+    if fn_impl is None:
+        raise Unavailable(why)
+    rows = int(op.p["rows"])
+    g = _gen(seed)
+    x = _randn((rows, M.HC_MULT, M.HIDDEN), g)
+    r = rotations(M.HC_MIX * M.HC_MULT * M.HIDDEN * 4, l2)
+    params = [mhc_params(g) for _ in range(r)]
+    fn0, scale0, base0 = params[0]
+    _y, post_ref, comb_ref = mhc_pre_ref(x, fn0, scale0, base0)
+    post_in, comb_in = post_ref.float(), comb_ref.float()
+    sub = _randn((rows, M.HIDDEN), g)
+    w = (1.0 + 0.1 * torch.randn((M.HIDDEN,), generator=g, device=DEVICE)).to(torch.bfloat16)
+    consts = (M.RMS_EPS, M.HC_EPS, M.HC_EPS, 2.0, M.HC_SINKHORN_ITERS)
+
+    def call(fn, scale, base):  # post as the model passes it, [rows, 4, 1]
+        return fn_impl(sub, x, post_in.unsqueeze(-1), comb_in, fn, scale, base, *consts, norm_weight=w,
+                       norm_eps=M.RMS_EPS)
+
+    def run() -> None:
+        for fn, scale, base in params:
+            call(fn, scale, base)
+
+    def check() -> Check:
+        cur, post, comb, y = call(fn0, scale0, base0)
+        _sync()
+        rcur = mhc_post_ref(sub, x, post_in, comb_in)
+        ry, rp, rc = mhc_pre_ref(cur, fn0, scale0, base0)
+        errs = (rel_err(cur, rcur), rel_err(y, mhc_rmsnorm_ref(ry, w)), rel_err(post.reshape(rp.shape), rp),
+                rel_err(comb.reshape(rc.shape), rc))
+        return check_of(max(errs), "streams {:.1e}, y {:.1e}, post {:.1e}, comb {:.1e}".format(*errs))
+
+    return Prepared(run, r, check, why)
+
+
 def build_mhc(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     kind, rows = str(op.p["kind"]), int(op.p["rows"])
+    if kind == "fused":
+        return build_mhc_fused(op, impl, l2, seed)
     hook = "mhc_pre" if kind == "pre" else "mhc_post"
     if impl == "upstream":
         mod = upstream_mhc()

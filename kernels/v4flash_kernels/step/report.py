@@ -23,7 +23,7 @@ def _sig(x: float) -> str:
 
 
 def _shape(op: M.Op) -> str:
-    p = {k: v for k, v in op.params if k != "variant"}
+    p = {k: v for k, v in op.params if k not in ("variant", "path")}
     return " ".join(f"{k}={v}" for k, v in p.items())
 
 
@@ -38,7 +38,7 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
         lines.append(f"== {s.label}  (heads: upstream {s.heads_upstream}, patched {s.heads_patched})")
         lines.append(f"{'op':44s} {'path':8s} {'calls':>5s} {'MB/call':>9s} {'GFLOP':>8s} {'floor6K us':>10s}  shape")
         for op in ops:
-            path = op.p.get("variant", "both")
+            path = op.p.get("variant", op.p.get("path", "both"))
             lines.append(f"{op.name:44s} {path:8s} {op.count:5d} {op.bytes / 1e6:9.2f} {op.flops / 1e9:8.3f} "
                          f"{op.floor_us(M.RTX6000):10.2f}  {_shape(op)}")
         for path in ("upstream", "patched"):
@@ -54,28 +54,38 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
 
 
 def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple]:
-    """Rows pairing the upstream and patched line of the same op (attention differs by key)."""
-    rows = []
-    pa_by_name = {ln.name: ln for ln in pa.lines}
-    for ln in up.lines:
-        p = pa_by_name[ln.name]
-        rows.append((ln, p))
-    return rows
+    """(upstream line, patched line) of each op by name (attention differs by key); None where one
+    path has no such op (the fused mHC boundary is patched only), placed after its patched neighbour."""
+    up_by = {ln.name: ln for ln in up.lines}
+    pa_by = {ln.name: ln for ln in pa.lines}
+    names = [ln.name for ln in up.lines]
+    prev = ""
+    for ln in pa.lines:
+        if ln.name not in up_by:
+            names.insert(names.index(prev) + 1 if prev in names else len(names), ln.name)
+        prev = ln.name
+    return [(up_by.get(n), pa_by.get(n)) for n in names]
 
 
 def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: bool) -> str:
     s = up.spec
     unit = "s" if s.phase == "prefill" else "ms"
     div = 1e3 if s.phase == "prefill" else 1.0
-    head = ["op", "calls", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
+    head = ["op", "calls (upstream / patched)", "upstream µs", "patched µs", f"upstream {unit}", f"patched {unit}",
             f"patched RTX 6000 {unit}", f"floor 6K {unit}", f"floor {gpu.name.split()[-1]} {unit}", "patched/floor",
             "patched source"]
     body = []
     for ln, p in _per_op_rows(up, pa):
+        one = ln if ln is not None else p
+        name = one.name + (" (estimate)" if any(x is not None and x.estimated for x in (ln, p)) else "")
+        calls = str(one.count) if ln is None or p is None or ln.count == p.count else f"{ln.count} / {p.count}"
+        us_up, ms_up = (_sig(ln.us_call), _sig(ln.ms_step / div)) if ln is not None else ("-", "-")
+        if p is None:
+            body.append([name, calls, us_up, "-", ms_up, "-", "-", "-", "-", "-", "(upstream path only)"])
+            continue
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
-        name = ln.name + (" (estimate)" if ln.estimated or p.estimated else "")
-        body.append([name, str(ln.count), _sig(ln.us_call), _sig(p.us_call), _sig(ln.ms_step / div),
-                     _sig(p.ms_step / div), _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
+        body.append([name, calls, us_up, _sig(p.us_call), ms_up, _sig(p.ms_step / div),
+                     _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
                      _sig(p.floor_gpu_ms / div), _sig(ratio) + "x", p.source])
     t_lo = sum(ln.rtx_lo_ms for ln in pa.lines if not ln.estimated)
     t_hi = sum(ln.rtx_hi_ms for ln in pa.lines if not ln.estimated)
