@@ -23,8 +23,9 @@ Which plans change with R (`test_plan_branches_at_verify_rows` pins these tables
 - MXFP4 MoE (256 experts, top-6, TP4 intermediate 512): v1 (drop-in) inline grouping at R = 2, sorted
   3-stage GEMM1 up to R = 15, sorted 1-stage from 16; v2 (repacked layers) inline at R = 2, sorted
   8-token MMA tiles up to R = 104, 16-token tiles from 112. The v2 split-K plan (R = 1) never runs.
-- mHC pre/post: token block 16 up to R = 16, 32 up to 32, 64 (8 warps) above; the prefill tiling
-  (R > 64) gives the same plan on both GPUs at R <= 128.
+- mHC pre/post: one launch (mix + ticketed finish) up to R = 64, with 4 tokens per ticketed block up
+  to R = 16 (the hidden dimension split 128, 64, 32 ways as the blocks grow to 4), 8 up to 32, 16 up to
+  64; from R = 65 the two-launch prefill tiling (64-token blocks, 128 splits): the same on both GPUs.
 
 Each op below runs every one of those plans on verify-shaped rows against its fp64 reference (the
 plan of a row class given explicitly where the class's R exceeds the small batch run here; the
@@ -121,7 +122,8 @@ MOE = {
 INDEXER = [(2, 2, "p1_w4_s1_c8_b16/8-per-SM/capped-at-tiles"), (3, 63, "p1_w4_s1_c8_b16/8-per-SM"),
            (64, 128, "p1_w4_s1_c8_b16/16-per-SM")]
 TOPK = [(2, 64, "spec=True/program-per-row"), (65, 128, "spec=False/program-per-row")]
-MHC = [(2, 16, "t16_s128_h32_w4"), (17, 32, "t32_s128_h32_w4"), (33, 128, "t64_s128_h32_w8")]
+MHC = [(2, 4, "t16_s128_h32_w8_k4"), (5, 8, "t16_s64_h32_w8_k4"), (9, 16, "t16_s32_h32_w8_k4"),
+       (17, 32, "t16_s32_h32_w8_k8"), (33, 64, "t16_s32_h32_w8_k16"), (65, 128, "t64_s128_h32_w8_2launch")]
 
 
 def _table(label, *args):
@@ -515,8 +517,8 @@ def test_moe_matches_upstream_on_verify_rows():
 
 
 def test_mhc_every_verify_plan_and_the_wheels_torch_path():
-    """The pre, post and fused post+pre on each class's fewest verify rows with its binary (token block,
-    warps; the hidden split scaled to this hidden size), against fp64; the drop-ins against the wheel's sm_120
+    """The pre, post and fused post+pre on each class's fewest verify rows with its binary (one or two
+    launches, tokens per block, warps; the hidden split scaled to this hidden size), against fp64; the drop-ins against the wheel's sm_120
     torch path (its TileLang Sinkhorn stood in by the reference split, as in test_mhc_cpu)."""
     from v4flash_kernels.mhc import bench as B
     from v4flash_kernels.mhc import op as mh
@@ -528,7 +530,7 @@ def test_mhc_every_verify_plan_and_the_wheels_torch_path():
     for rows, label in _class_rows(MHC):
         big = mh.plan_for(rows, 4096, V.H200.sms)
         assert big.name == label
-        plan = mh.make_plan(big.block_t, big.splits, big.block_h, hidden, big.num_warps)
+        plan = mh.make_plan(big.block_t, big.splits, big.block_h, hidden, big.num_warps, tokens=big.tokens)
         kw = R.make_inputs(R.MhcCase(tokens=rows, hidden=hidden), seed=rows)
         ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
         y, post, comb = mh.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **common, plan=plan)
