@@ -22,6 +22,7 @@ job_t_topk() { pyt tests/kernels/test_topk_gpu.py; }
 job_t_moe() { pyt tests/kernels/test_moe_gpu.py; }
 job_t_attn() { pyt tests/kernels/test_decode_gpu.py tests/kernels/test_indexer_gpu.py; }
 job_t_allreduce() { pyt tests/kernels/test_allreduce_gpu.py; }
+job_t_verify() { pyt tests/kernels/test_verify_shapes_gpu.py; }
 job_t_selfcheck() { V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/kernels/test_selfcheck_gpu.py; }
 job_b_fp8() { py -m v4flash_kernels.fp8_gemm.bench --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
 job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_sweep.json"; }
