@@ -518,8 +518,9 @@ def test_moe_matches_upstream_on_verify_rows():
 
 def test_mhc_every_verify_plan_and_the_wheels_torch_path():
     """The pre, post and fused post+pre on each class's fewest verify rows with its binary (one or two
-    launches, tokens per block, warps; the hidden split scaled to this hidden size), against fp64; the drop-ins against the wheel's sm_120
-    torch path (its TileLang Sinkhorn stood in by the reference split, as in test_mhc_cpu)."""
+    launches, tokens per block, warps; the hidden split scaled to this hidden size), against fp64; the
+    drop-ins against the wheel's sm_120 torch path (its TileLang Sinkhorn stood in by the reference split,
+    as in test_mhc_cpu)."""
     from v4flash_kernels.mhc import bench as B
     from v4flash_kernels.mhc import op as mh
     from v4flash_kernels.mhc import reference as R

@@ -144,9 +144,9 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
     """Ours and upstream at one (shape, M)."""
     import torch
 
-    from v4flash_kernels.timing import time_graph
     from v4flash_kernels.fp8_gemm import op
     from v4flash_kernels.fp8_gemm.reference import make_activation, make_weight
+    from v4flash_kernels.timing import time_graph
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
