@@ -61,9 +61,12 @@ def _ptxas_stats(ptx: str, arch: int) -> tuple:
             capture_output=True, text=True, check=True, timeout=600,
         )
     log = proc.stdout + proc.stderr
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    used = re.search(r"Used (\d+) registers", log)
     m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return regs, int(m.group(1)), int(m.group(2))
+    if used is None or m is None:
+        # A ptxas whose -v report changed format: show what it printed instead of failing on None.group.
+        raise RuntimeError(f"{ptxas} -v --gpu-name={gpu}: no register/spill report in its output:\n{log}")
+    return int(used.group(1)), int(m.group(1)), int(m.group(2))
 
 
 def _compile(fn, signature: dict, constexprs: dict, hinted: Sequence[str], arch: int, num_warps: int,

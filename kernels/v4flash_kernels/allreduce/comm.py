@@ -35,7 +35,8 @@ def probe_input(numel: int, rank: int, device: Any) -> torch.Tensor:
 
 
 def probe_expected(numel: int, world: int, device: Any) -> torch.Tensor:
-    return sum(probe_input(numel, r, device).float() for r in range(world)).to(torch.bfloat16)
+    zero = torch.zeros(numel, device=device, dtype=torch.float32)
+    return sum((probe_input(numel, r, device).float() for r in range(world)), zero).to(torch.bfloat16)
 
 
 def _step(fn: Callable[[], Any]) -> Tuple[bool, str]:
@@ -173,7 +174,11 @@ class IpcAllReduce:
                 launch(x, out, self.peers, self.rank, self.layout, two_shot=two_shot, spin_limit=PROBE_SPINS,
                        compile_only=compile_only)
 
-            v = self._agree(_step(lambda: [run(torch.empty_like(x), t, True) for t in (False, True, None)]))
+            def compile_all() -> None:
+                for t in (False, True, None):
+                    run(torch.empty_like(x), t, True)
+
+            v = self._agree(_step(compile_all))
             if not v.ok:
                 return v
             dist.barrier(group=self.group)

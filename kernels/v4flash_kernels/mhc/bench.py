@@ -31,7 +31,7 @@ import json
 import sys
 import time
 import types
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, TypedDict
 
 import torch
 
@@ -274,7 +274,15 @@ def bytes_floor(n: int, hidden: int = 4096) -> Dict[str, int]:
 CHAIN = 16  # boundaries per timed graph: eight layers' worth
 
 
-def chain_fn(kw: Dict, p: R.MhcParams, common: Dict) -> Callable:
+class PreScalars(TypedDict):
+    """The keyword scalars every mhc_pre / mhc_post_pre call here shares: typed so `**common` is checked."""
+
+    rms_eps: float
+    hc_eps: float
+    sinkhorn_iters: int
+
+
+def chain_fn(kw: Dict, p: R.MhcParams, common: PreScalars) -> Callable:
     """`CHAIN` fused boundaries, each with its own copy of hc_fn / scale / base / norm weight (so each
     reads them from HBM after the bench's L2 flush, as a layer does), each one's streams, post, comb
     and layer input feeding the next as its residual, post, comb and sub-layer output."""
@@ -321,7 +329,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     tol = TOL
     x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
     fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
-    common = {"rms_eps": p.rms_eps, "hc_eps": p.pre_eps, "sinkhorn_iters": p.iters}
+    common = PreScalars(rms_eps=p.rms_eps, hc_eps=p.pre_eps, sinkhorn_iters=p.iters)
     plan = op.plan_for(n, case.hidden, op._num_sms(x.device))
     floor = bytes_floor(n, hidden)
     row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},

@@ -225,14 +225,15 @@ def _pre_launch(
     comb = torch.empty((n, HC, HC), dtype=torch.float32, device=dev)
     y = torch.empty((n, hidden), dtype=torch.bfloat16, device=dev)
     has_norm = norm_weight is not None
-    if has_norm:
-        _check(norm_eps is not None, "norm_eps required when norm_weight is provided")
+    if norm_weight is None:
+        w, norm_eps_arg = y, 0.0
+    else:
+        if norm_eps is None:  # _check's failure, spelled out so the type checker sees norm_eps narrowed
+            raise AssertionError("norm_eps required when norm_weight is provided")
         _check(tuple(norm_weight.shape) == (hidden,), f"norm_weight must be [{hidden}]")
         w = _contig(norm_weight if norm_weight.dtype == torch.bfloat16 else norm_weight.bfloat16())
-    else:
-        w = y
-    eps = (float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-           float(norm_eps) if has_norm else 0.0, int(sinkhorn_iters))
+        norm_eps_arg = float(norm_eps)
+    eps = (float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult), norm_eps_arg, int(sinkhorn_iters))
     blocks = triton.cdiv(n, plan.block_tokens)
     grid = (blocks, plan.splits)
     if plan.one_launch:

@@ -348,7 +348,7 @@ def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
         torch.cuda.synchronize()
     out: Dict[str, float] = {}
     try:
-        from torch.autograd import DeviceType
+        from torch.profiler import DeviceType
 
         evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
         n_gemm = 0

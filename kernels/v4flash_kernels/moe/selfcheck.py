@@ -14,7 +14,7 @@ is checked a second time that way, on a repacked copy of the same weights (`repa
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from v4flash_kernels.selfcheck.case import PRODUCTION, SMALL, Case, Comparison, Inputs, Target, check_rows, registry_function
 
@@ -121,12 +121,15 @@ def production_inputs(tokens: int, inter: int, seed: int, device: str, weights: 
 
     if inter not in weights:
         g = torch.Generator(device=device).manual_seed(12345)
-        u8 = {"dtype": torch.uint8, "device": device, "generator": g}
-        w13 = torch.randint(0, 256, (EXPERTS, 2 * inter, HIDDEN // 2), **u8)
-        w2 = torch.randint(0, 256, (EXPERTS, HIDDEN, inter // 2), **u8)
+
+        def u8(low: int, high: int, size: Tuple[int, int, int]) -> torch.Tensor:
+            return torch.randint(low, high, size, dtype=torch.uint8, device=device, generator=g)
+
+        w13 = u8(0, 256, (EXPERTS, 2 * inter, HIDDEN // 2))
+        w2 = u8(0, 256, (EXPERTS, HIDDEN, inter // 2))
         # e8m0 exponents 2^-9..2^-5 (weights of ~0.01-0.1), as fp32 powers of two like SGLang's loader leaves
-        s13 = torch.randint(118, 123, (EXPERTS, 2 * inter, HIDDEN // 32), **u8)
-        s2 = torch.randint(118, 123, (EXPERTS, HIDDEN, inter // 32), **u8)
+        s13 = u8(118, 123, (EXPERTS, 2 * inter, HIDDEN // 32))
+        s2 = u8(118, 123, (EXPERTS, HIDDEN, inter // 32))
         weights[inter] = (w13.view(torch.int8), w2.view(torch.int8),
                           s13.view(torch.float8_e8m0fnu).to(torch.float32), s2.view(torch.float8_e8m0fnu).to(torch.float32))
     w13, w2, s13, s2 = weights[inter]

@@ -84,6 +84,14 @@ class Unavailable(Exception):
     """This implementation of the op does not exist here (e.g. a patch not written yet)."""
 
 
+def _int(p: Dict[str, object], key: str, default: int | None = None) -> int:
+    """An integer shape parameter of a `model.Op` (whose params hold mixed types): checked, not cast."""
+    v = p[key] if default is None else p.get(key, default)
+    if not isinstance(v, int):
+        raise TypeError(f"op parameter {key!r} must be an int, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 # ---------------------------------------------------------------- implementations
 
 
@@ -250,7 +258,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tenso
 
 def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     p = op.p
-    m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
+    m, n, k = _int(p, "m"), _int(p, "n"), _int(p, "k")
     g = _gen(seed)
     r = rotations(n * k, l2)
     ws = [fp8_weight(n, k, g) for _ in range(r)]
@@ -286,7 +294,7 @@ def build_fp8_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 def build_bf16_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     p = op.p
-    m, n, k, groups, out_fp32 = int(p["m"]), int(p["n"]), int(p["k"]), int(p["groups"]), bool(p["out_fp32"])
+    m, n, k, groups, out_fp32 = _int(p, "m"), _int(p, "n"), _int(p, "k"), _int(p, "groups"), bool(p["out_fp32"])
     g = _gen(seed)
     r = rotations(groups * n * k * 2, l2)
     x = _randn((m, groups, k) if groups > 1 else (m, k), g)
@@ -328,16 +336,16 @@ def build_bf16_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     from v4flash_kernels.attention.reference import Case, make_inputs
 
-    kind, rows, heads = str(p["kind"]), int(p["rows"]), M.N_HEADS  # q always holds all 64 heads at TP4
+    kind, rows, heads = str(p["kind"]), _int(p, "rows"), M.N_HEADS  # q always holds all 64 heads at TP4
     if kind == "window":
         case = Case(batch=rows, heads=heads, hole_frac=0.01)
     elif kind == "c4":
-        case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=int(p["width_extra"]), extra_page_size=64,
-                    extra_dense=False, ctx_tokens=int(p["valid_extra"]))
+        case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=_int(p, "width_extra"), extra_page_size=64,
+                    extra_dense=False, ctx_tokens=_int(p, "valid_extra"))
     else:
-        case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=int(p["width_extra"]), extra_page_size=2,
-                    extra_dense=True, ctx_tokens=int(p["valid_extra"]))
-    return expand_rows(make_inputs(case, device=DEVICE, seed=seed), int(p.get("reps", 1)), seed)
+        case = Case(batch=rows, heads=heads, hole_frac=0.01, extra_width=_int(p, "width_extra"), extra_page_size=2,
+                    extra_dense=True, ctx_tokens=_int(p, "valid_extra"))
+    return expand_rows(make_inputs(case, device=DEVICE, seed=seed), _int(p, "reps", 1), seed)
 
 
 def expand_rows(kw: dict, reps: int, seed: int) -> dict:
@@ -374,7 +382,7 @@ def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     """
     from v4flash_kernels.attention.reference import HEAD_DIM, CacheSpec, make_cache
 
-    kind, T, heads = str(p["kind"]), int(p["rows"]), M.N_HEADS
+    kind, T, heads = str(p["kind"]), _int(p, "rows"), M.N_HEADS
     g = torch.Generator().manual_seed(seed)
     gc = _gen(seed)
     dev = DEVICE
@@ -433,7 +441,7 @@ def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
     p = op.p
     prefill = bool(p["prefill"])
-    heads = int(p["heads"])  # heads computed; q holds all 64 (SGLang pads q at TP4)
+    heads = _int(p, "heads")  # heads computed; q holds all 64 (SGLang pads q at TP4)
     kw = prefill_attention_inputs(p, seed) if prefill else decode_attention_inputs(p, seed)
     if impl == "upstream":
         up = upstream_attention()
@@ -486,7 +494,7 @@ def build_attention(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
     """Paged fp8 index-key cache [P, 64, 1, 132] (64x128 fp8 then 64 fp32 scales per page) and a
     page table over the configured context (unused entries 0, as in a fresh req_to_token pool)."""
-    rows, conf, actual, prefill = int(p["rows"]), int(p["configured_ctx"]), int(p["actual_ctx"]), bool(p["prefill"])
+    rows, conf, actual, prefill = _int(p, "rows"), _int(p, "configured_ctx"), _int(p, "actual_ctx"), bool(p["prefill"])
     g = _gen(seed)
     width = conf // M.RAW_PAGE
     used = math.ceil(actual / M.RAW_PAGE)
@@ -507,7 +515,7 @@ def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
     q = torch.randn((rows, 1, M.INDEX_HEADS, M.INDEX_DIM), generator=g, device=DEVICE).to(FP8)
     w = torch.randn((rows, M.INDEX_HEADS), generator=g, device=DEVICE) * 0.1
     # the caller passes c4 seq lens as [rows, 1] (indexer.py: `_c4sl.unsqueeze(-1)`)
-    reps = int(p.get("reps", 1))
+    reps = _int(p, "reps", 1)
     if reps > 1:  # verify: a request's k+1 rows read its pages at consecutive lengths (c4 length of L+j)
         pt = pt.repeat_interleave(reps, dim=0).contiguous()
         j = torch.arange(reps, device=DEVICE, dtype=torch.int32).repeat(rows)
@@ -580,7 +588,7 @@ def build_topk(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     JIT kernel (scores, c4 seq lens, page table, out page indices, page size 64, out raw indices).
     The rows share one length (decode) or the chunk's longest (prefill, an upper bound)."""
     p = op.p
-    rows, width, valid = int(p["rows"]), int(p["width"]), int(p["valid"])
+    rows, width, valid = _int(p, "rows"), _int(p, "width"), _int(p, "valid")
     g = _gen(seed)
     logits = torch.randn((rows, width), generator=g, device=DEVICE)
     logits[:, valid:] = float("-inf")
@@ -695,7 +703,7 @@ def _moe_v2_call(forward, experts, *, hidden_states, topk_ids, topk_weights, rou
 
 
 def build_moe(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    m, tp = int(op.p["m"]), int(op.p.get("tp", M.TP))
+    m, tp = _int(op.p, "m"), _int(op.p, "tp", M.TP)
     if tp not in _moe_w:  # one expert set per TP reused by every MoE shape (806 MB + scales at TP4, far past L2)
         _moe_w.clear()  # the run orders shapes by TP, so one set is resident at a time
         _moe_w[tp] = moe_weights(seed, tp)
@@ -834,7 +842,7 @@ def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     fn_impl, why = patch_function("mhc_fused")
     if fn_impl is None:
         raise Unavailable(why)
-    rows = int(op.p["rows"])
+    rows = _int(op.p, "rows")
     g = _gen(seed)
     x = _randn((rows, M.HC_MULT, M.HIDDEN), g)
     r = rotations(M.HC_MIX * M.HC_MULT * M.HIDDEN * 4, l2)
@@ -867,7 +875,7 @@ def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
 
 
 def build_mhc(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
-    kind, rows = str(op.p["kind"]), int(op.p["rows"])
+    kind, rows = str(op.p["kind"]), _int(op.p, "rows")
     if kind == "fused":
         return build_mhc_fused(op, impl, l2, seed)
     hook = "mhc_pre" if kind == "pre" else "mhc_post"
@@ -937,7 +945,7 @@ def build_glue(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     sm_120 path calls, is not on the bench machine), checked against fp64. Add: torch eager, as
     upstream. Proxy: one copy kernel per JIT launch moving the same bytes, checked to copy exactly."""
     p = op.p
-    rows, dim, how = int(p["rows"]), int(p["dim"]), str(p["impl"])
+    rows, dim, how = _int(p, "rows"), _int(p, "dim"), str(p["impl"])
     g = _gen(seed)
     if how == "rmsnorm":
         mod = upstream_rmsnorm()

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 from v4flash_kernels.selfcheck import inject, record
 
@@ -61,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                                     "injected": kind, "cases": [], "upstream": ""}
             record.write(args.json, rec)
             continue
-        case = {"name": "stand-in", "size": "none", "status": record.PASS, "class": None, "error": None,
-                "seconds": 0.0, "metrics": {}, "graph": None, "upstream": None}
-        entry = {"status": record.RUNNING, "phase": "ours", "class": None, "error": None, "seconds": 0.0,
-                 "module": None, "injected": kind, "cases": [], "upstream": "stand-in: upstream not run"}
+        case: dict[str, Any] = {"name": "stand-in", "size": "none", "status": record.PASS, "class": None,
+                                "error": None, "seconds": 0.0, "metrics": {}, "graph": None, "upstream": None}
+        entry: dict[str, Any] = {"status": record.RUNNING, "phase": "ours", "class": None, "error": None,
+                                 "seconds": 0.0, "module": None, "injected": kind, "cases": [],
+                                 "upstream": "stand-in: upstream not run"}
         rec["patches"][name] = entry
         rec["running"] = {"patch": name, "case": "stand-in", "since": time.time()}
         record.write(args.json, rec)
