@@ -77,10 +77,9 @@ image-ci: ## build the CI image (everything but the GPU stack) -> $(IMAGE):ci
 wheelhouse: venv ## download every locked wheel (hash-checked, image platform) into wheelhouse/
 	$(BIN)/python tools/lock.py wheelhouse wheelhouse
 
-LINT_PATHS := launcher tools kernels tests/launcher tests/ops tests/rehearsal tests/bundle tests/env tests/cluster \
-	tests/kernels tests/hook tests/conftest.py tests/fakebox.py tests/snapshot.py
+LINT_PATHS := launcher tools kernels tests setup.py
 
-lint: venv ## ruff (launcher, kernels, tools, their tests) + mypy (launcher --strict, kernels), hadolint, the stack pins agree, flake.nix parses
+lint: venv ## ruff (the whole tree) + mypy (launcher --strict, kernels), hadolint, the stack pins agree, flake.nix parses
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy
 	$(BIN)/hadolint --no-color docker/Dockerfile

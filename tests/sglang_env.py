@@ -54,7 +54,8 @@ def sglang_layer() -> Path:
     """site-packages dir with the real pinned sglang + its import-time deps; cached by content key."""
     wheel = sglang_wheel()
     venv_site = Path(sysconfig.get_paths()["purelib"])
-    key_src = "\n".join([REQS.read_text(), REQS_SERVER.read_text(), wheel.name, str(wheel.stat().st_size), sys.version, str(venv_site)])
+    key_src = "\n".join([REQS.read_text(), REQS_SERVER.read_text(), wheel.name, str(wheel.stat().st_size), sys.version,
+                         str(venv_site)])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:12]
     root = CACHE / f"hook-sglang-{key}"
     stamp = root / ".complete"
