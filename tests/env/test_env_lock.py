@@ -116,3 +116,29 @@ def test_pip_refuses_a_tampered_hash(tmp_path: Path) -> None:
     proc = subprocess.run(args + [str(ok)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list((tmp_path / "dl").glob("sglang_router-0.3.2-*.whl"))
+
+
+def test_the_image_locks_stage_runs_on_just_the_files_it_copies(tmp_path: Path) -> None:
+    """The Dockerfile's `locks` stage cuts the sub-locks with tools/lock.py from only the launcher files it
+    COPYs; a new import in stacklock's chain once broke the CI image build 25 minutes into CI. Rebuild that
+    stage's file tree from its own COPY lines and run its RUN line's commands here, in seconds."""
+    text = (ROOT / "docker/Dockerfile").read_text()
+    stage = text.split("AS locks", 1)[1].split("\nFROM ", 1)[0]
+    copies = [line.split()[1:] for line in stage.replace("\\\n", " ").splitlines() if line.startswith("COPY ")]
+    assert copies, "no COPY in the locks stage"
+    for *sources, dest in copies:
+        assert dest.startswith("/opt/v4flash/src/"), dest
+        target = tmp_path / dest.removeprefix("/opt/v4flash/src/")
+        for src in sources:
+            out = target / Path(src).name if dest.endswith("/") else target
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes((ROOT / src).read_bytes())
+    subsets = re.findall(r"lock\.py subset --lock /opt/v4flash/stack\.lock ([\w\- ]+?) >", stage)
+    assert subsets, "the locks stage no longer runs `lock.py subset`"
+    env = {"PATH": "/usr/bin:/bin"}  # with -I -S: no site-packages (where our editable install lives), as in that stage
+    for packages in subsets:
+        proc = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "tools/lock.py"), "subset", "--lock",
+                               str(ROOT / "stack.lock"), *packages.split()],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "--hash=sha256:" in proc.stdout
