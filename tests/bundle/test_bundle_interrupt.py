@@ -35,8 +35,11 @@ def test_sigint_mid_hash_leaves_no_bundle_and_rerun_resumes(tmp_path: Path) -> N
     partial = tmp_path / ".bundle.partial"
     state = partial / ".state" / "model-hashes.jsonl"
     args = ["bundle", "create", "--out", str(out), "--no-image", "--model", str(model), "--no-progress"]
+    # SIG_DFL first: a suite started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt (create ran to the end, exit 0, under `nohup ... &`)
     proc = subprocess.Popen([sys.executable, "-m", "v4flash_pd", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if state.is_file() and len(state.read_text().splitlines()) >= 3:
