@@ -37,8 +37,8 @@ $(DEMO_BIN)/.stamp: pyproject.toml
 
 demo-venv: $(DEMO_BIN)/.stamp ## create .venv-demo: the launcher and the pinned router only (~150 MB)
 
-test: venv ## run the whole test suite (what CI runs)
-	$(BIN)/python -m pytest -m 'not gpu' $(PYTEST_ARGS)
+test: venv ## run the whole test suite (what CI runs): kernels+hook and the rest as two pytest processes at once
+	tools/run_tests.sh $(BIN)/python $(PYTEST_ARGS)
 
 test-fast: venv ## the suite without slow/image tests
 	$(BIN)/python -m pytest -m 'not gpu and not slow and not image' $(PYTEST_ARGS)
