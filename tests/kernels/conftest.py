@@ -28,6 +28,14 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     fix_index()
 
 
+# Upstream's files (signatures, the wheel's own functions, the verify capture list) are read from the
+# pinned wheel at run time: fetch it before collecting, not whenever an earlier test happened to.
+if not os.environ.get("V4FLASH_SGLANG_WHEEL"):
+    from sglang_env import sglang_wheel
+
+    sglang_wheel()
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
