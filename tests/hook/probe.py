@@ -46,20 +46,15 @@ def _interpreter_shims() -> None:
     """TRITON_INTERPRET=1 only: what the CPU interpreter needs to run both kernels.
 
     - numpy >= 2.4 refuses `int()` of a 1-element array, which Triton 3.6's interpreter uses for
-      `__index__` of loaded scalars (same shim as tests/kernels/conftest.py);
+      `__index__` of loaded scalars (`v4flash_kernels.interpreter.fix_index`, as tests/kernels/conftest.py);
     - upstream's `@triton.autotune` benchmarks its configs through a GPU driver the interpreter
       lacks: report equal timings so its first config (BLOCK_T=16) runs; the math is unchanged.
     """
     from triton.runtime import autotuner as _a
-    from triton.runtime import interpreter as _i
 
-    orig = _i._patch_lang_tensor
+    from v4flash_kernels.interpreter import fix_index
 
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _i._patch_lang_tensor = patched
+    fix_index()
     _a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
 
 

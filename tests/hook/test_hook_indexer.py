@@ -37,12 +37,8 @@ CONSUMER = """
 import importlib, json, os, sys
 from types import SimpleNamespace
 
-from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
-_orig = _i._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-_i._patch_lang_tensor = _patched
+from v4flash_kernels.interpreter import fix_index  # numpy >= 2.4 vs Triton 3.6's interpreter
+fix_index()
 
 import torch
 ix = importlib.import_module("sglang.srt.layers.attention.dsv4.indexer")

@@ -40,12 +40,8 @@ import importlib, json, os, sys
 from types import SimpleNamespace
 
 from triton.runtime import autotuner as _a
-from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
-_orig = _i._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-_i._patch_lang_tensor = _patched
+from v4flash_kernels.interpreter import fix_index  # numpy >= 2.4 vs Triton 3.6's interpreter
+fix_index()
 # upstream's @triton.autotune benchmarks through a GPU driver the interpreter lacks: equal timings
 # make its first config run; the math is unchanged.
 _a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
@@ -170,12 +166,8 @@ import json, os, sys
 from types import SimpleNamespace
 
 from triton.runtime import autotuner as _a
-from triton.runtime import interpreter as _i  # numpy >= 2.4 vs Triton 3.6's interpreter (see tests/kernels/conftest.py)
-_orig = _i._patch_lang_tensor
-def _patched(tensor, scope):
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-_i._patch_lang_tensor = _patched
+from v4flash_kernels.interpreter import fix_index  # numpy >= 2.4 vs Triton 3.6's interpreter
+fix_index()
 _a.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
 
 import torch
