@@ -49,22 +49,23 @@ _RTX6000_ENGINE = {
 # fallback); `--set model.served_name=NAME` overrides it.
 SERVED_NAME = "DeepSeek-V4-Flash"
 
+# Both PD profiles prefill with one TP4 worker on socket 0's GPUs.
+_PREFILL_TP4_SOCKET0: dict[str, Any] = {
+    "gpus": [0, 1, 2, 3],
+    "tp": 4,
+    "numa_node": 0,
+    "port": 30000,
+    "bootstrap_port": 8998,
+    "nccl_port": 30010,
+}
+
 PROFILES: dict[str, dict[str, Any]] = {
     "rtx6000-8x-pd": {
         "mode": "pd",
         "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
-        "prefill": [
-            {
-                "gpus": [0, 1, 2, 3],
-                "tp": 4,
-                "numa_node": 0,
-                "port": 30000,
-                "bootstrap_port": 8998,
-                "nccl_port": 30010,
-            }
-        ],
+        "prefill": [dict(_PREFILL_TP4_SOCKET0)],
         "decode": [
             {
                 "gpus": [4, 5, 6, 7],
@@ -87,16 +88,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
-        "prefill": [
-            {
-                "gpus": [0, 1, 2, 3],
-                "tp": 4,
-                "numa_node": 0,
-                "port": 30000,
-                "bootstrap_port": 8998,
-                "nccl_port": 30010,
-            }
-        ],
+        "prefill": [dict(_PREFILL_TP4_SOCKET0)],
         "decode": [
             {
                 "gpus": [4, 5],
