@@ -16,9 +16,12 @@ import json
 import os
 import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
 
 DRIVER = "580.95.05"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -214,25 +217,28 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def write_pd_config(tmp: Path, ports: Sequence[int], name: str = "v4flash.toml") -> Path:
-    """A 1P1D config on the default profile with every port moved to `ports` (7 of them:
-    prefill http/bootstrap/nccl, decode http/nccl, router http/metrics), router on 127.0.0.1."""
+def write_pd_config(tmp: Path, ports: Sequence[int], name: str = "v4flash.toml", decodes: int = 1) -> Path:
+    """A PD config on the default profile with every port moved to `ports` (3 + 2 x decodes + 2 of them:
+    prefill http/bootstrap/nccl, each decode's http/nccl, router http/metrics), router on 127.0.0.1."""
     p = list(ports)
+    if len(p) != 5 + 2 * decodes:
+        raise ValueError(f"{decodes} decode worker(s) need {5 + 2 * decodes} ports, got {len(p)}")
+    decode = "".join(f"""
+[[decode]]
+port = {p[3 + 2 * i]}
+nccl_port = {p[4 + 2 * i]}
+""" for i in range(decodes))
     path = Path(tmp) / name
     path.write_text(f"""
 [[prefill]]
 port = {p[0]}
 bootstrap_port = {p[1]}
 nccl_port = {p[2]}
-
-[[decode]]
-port = {p[3]}
-nccl_port = {p[4]}
-
+{decode}
 [router]
 host = "127.0.0.1"
-port = {p[5]}
-metrics_port = {p[6]}
+port = {p[-2]}
+metrics_port = {p[-1]}
 """)
     return path
 
@@ -258,3 +264,16 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """`cond()`'s first truthy value, polled every `interval` s; an AssertionError naming `what` after
+    `timeout` s (every wait in a test is bounded)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+

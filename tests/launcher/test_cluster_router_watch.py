@@ -22,15 +22,6 @@ PY = sys.executable
 HANG = 2.0
 
 
-def _wait(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
 
 class Cluster:
     def __init__(self, tmp: Path) -> None:
@@ -94,7 +85,7 @@ def test_the_router_part_fails_when_a_worker_on_another_box_hangs_or_dies(cluste
     box0, box1 = cluster.up("box0", "--box", "0"), cluster.up("box1", "--box", "1")
     router = cluster.up("router", "--role", "router", "--hosts", "127.0.0.1,127.0.0.1")
     for part, p in (("box0", box0), ("box1", box1), ("router", router)):
-        _wait(lambda p=p, part=part: "READY" in cluster.text(part) or p.poll() is not None, 90, f"{part} READY")
+        fakebox.wait_for(lambda p=p, part=part: "READY" in cluster.text(part) or p.poll() is not None, 90, f"{part} READY")
         assert "READY" in cluster.text(part), cluster.text(part)
     decode = cluster.pids("box1")["decode-0"]
     if fault == "hung":
@@ -103,7 +94,7 @@ def test_the_router_part_fails_when_a_worker_on_another_box_hangs_or_dies(cluste
         box1.send_signal(signal.SIGTERM)  # box 1 stops its decode worker cleanly; the router is not told
         assert box1.wait(30) == 0, cluster.text("box1")
     t0 = time.monotonic()
-    _wait(lambda: router.poll() is not None, HANG * 6 + 10, "the router part to notice")
+    fakebox.wait_for(lambda: router.poll() is not None, HANG * 6 + 10, "the router part to notice")
     took = time.monotonic() - t0
     out = cluster.text("router")
     assert router.returncode == 1, out
@@ -112,5 +103,5 @@ def test_the_router_part_fails_when_a_worker_on_another_box_hangs_or_dies(cluste
     assert "Traceback" not in out
     # the router part stopped its own process (the router); box 0 keeps running until its own stop
     for pid in cluster.pids("router").values():
-        _wait(lambda pid=pid: not Path(f"/proc/{pid}").exists()
+        fakebox.wait_for(lambda pid=pid: not Path(f"/proc/{pid}").exists()
               or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z", 10, "router to exit")

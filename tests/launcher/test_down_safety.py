@@ -42,15 +42,6 @@ sys.stdin.readline()
 """
 
 
-def _wait(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -125,7 +116,7 @@ def test_down_still_stops_our_own_orphan_in_an_exited_leaders_group(tmp_path: Pa
         _record(run, {"prefill-0": record})
         res = _down(run, "--grace", "1")
         assert res.returncode == 0, res.stdout + res.stderr
-        _wait(lambda: not _alive(member), 10, "our orphan to be stopped")
+        fakebox.wait_for(lambda: not _alive(member), 10, "our orphan to be stopped")
         assert "stopped leftover process groups: prefill-0" in res.stdout, res.stdout
     finally:
         _kill(member)
@@ -159,9 +150,9 @@ def test_down_resumes_a_stopped_launcher_so_it_stops_the_run_and_frees_the_lock(
         res = _down(run, "--timeout", "10")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "launcher stopped the run" in res.stdout, res.stdout
-        _wait(lambda: not _alive(launcher), 10, "the launcher to exit")
+        fakebox.wait_for(lambda: not _alive(launcher), 10, "the launcher to exit")
         for name, pid in pids.items():
-            _wait(lambda pid=pid: not _alive(pid), 10, f"{name} to exit")
+            fakebox.wait_for(lambda pid=pid: not _alive(pid), 10, f"{name} to exit")
         assert _lock_free(run), "the run dir is still locked"
         assert json.loads((run / "state.json").read_text())["status"] == "stopped"
     finally:

@@ -129,27 +129,7 @@ def test_bench_without_speculation_reports_no_accept_length(tmp_path: Path, star
 
 
 def _two_decode_config(tmp: Path, p: list[int]) -> Path:
-    path = tmp / "2xtp2.toml"
-    path.write_text(f"""
-[[prefill]]
-port = {p[0]}
-bootstrap_port = {p[1]}
-nccl_port = {p[2]}
-
-[[decode]]
-port = {p[3]}
-nccl_port = {p[4]}
-
-[[decode]]
-port = {p[5]}
-nccl_port = {p[6]}
-
-[router]
-host = "127.0.0.1"
-port = {p[7]}
-metrics_port = {p[8]}
-""")
-    return path
+    return fakebox.write_pd_config(tmp, p, "2xtp2.toml", decodes=2)
 
 
 def test_2xtp2_layout_behind_one_router_spreads_requests(tmp_path: Path, started: list[Run]) -> None:

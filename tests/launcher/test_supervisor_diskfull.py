@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import fakebox
@@ -33,15 +32,6 @@ def _can_unshare() -> bool:
 
 needs_mount_ns = pytest.mark.skipif(not _can_unshare(), reason="needs unshare -m and mount (root or CAP_SYS_ADMIN)")
 
-
-def _wait(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class NsUp:
@@ -96,7 +86,7 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
     up = NsUp(tmp_path, run, setup)
     pids: dict[str, int] = {}
     try:
-        _wait(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
+        fakebox.wait_for(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
         assert "READY" in up.text(), up.text()
         pids = {k: int(v) for k, v in up.state()["pids"].items()}
         if how == "disk-full":
@@ -110,7 +100,7 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
         rc = up.p.wait(60)
         out = up.text()
         for name, pid in pids.items():
-            _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
+            fakebox.wait_for(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go:\n{out}")
         assert rc == 0, out
         assert "stopped cleanly" in out and "Traceback" not in out, out
         assert "cannot write the run dir" in out, out
@@ -150,24 +140,24 @@ def test_a_run_dir_that_fills_after_ready_is_reported_not_hidden(tmp_path: Path)
     up = NsUp(tmp_path, run, f"mount -t tmpfs -o size=4m tmpfs '{mnt}'")
     pids: dict[str, int] = {}
     try:
-        _wait(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
+        fakebox.wait_for(lambda: "READY" in up.text() or up.p.poll() is not None, 60, "READY")
         assert "READY" in up.text(), up.text()
         pids = {k: int(v) for k, v in up.state()["pids"].items()}
         r = up.in_ns(f"dd if=/dev/zero of='{mnt}/fill' bs=64k 2>&1")
         assert "No space left" in r.stdout, r.stdout + r.stderr
-        _wait(lambda: "run dir is full" in up.text() or up.p.poll() is not None, 30, "the full-disk warning")
+        fakebox.wait_for(lambda: "run dir is full" in up.text() or up.p.poll() is not None, 30, "the full-disk warning")
         assert up.p.poll() is None, up.text()  # still serving: a full disk does not stop the run
         st = up.in_ns(f"{PY} -m v4flash_pd status --run-dir '{run}'")
         assert st.returncode == 0 and "Traceback" not in st.stderr, st.stdout + st.stderr
         assert re.search(r"^status +ready \(DEGRADED: run dir is full", st.stdout, re.M), st.stdout
         # space again: the warning is taken back
         up.in_ns(f"rm '{mnt}/fill'")
-        _wait(lambda: "run dir has space again" in up.text(), 30, "the all-clear")
+        fakebox.wait_for(lambda: "run dir has space again" in up.text(), 30, "the all-clear")
         st = up.in_ns(f"{PY} -m v4flash_pd status --run-dir '{run}'")
         assert re.search(r"^status +ready$", st.stdout, re.M), st.stdout
         up.p.send_signal(signal.SIGTERM)
         assert up.p.wait(60) == 0, up.text()
         for name, pid in pids.items():
-            _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
+            fakebox.wait_for(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
     finally:
         up.kill_all(pids)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import fakebox
 import pytest
@@ -23,15 +22,6 @@ pytestmark = pytest.mark.timeout(180)
 
 PY = sys.executable
 
-
-def _wait(cond: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Box:
@@ -64,7 +54,7 @@ class Box:
         return self.out.read_text()
 
     def wait_text(self, needle: str, p: subprocess.Popen, timeout: float = 60) -> None:
-        _wait(lambda: needle in self.text() or p.poll() is not None, timeout, needle)
+        fakebox.wait_for(lambda: needle in self.text() or p.poll() is not None, timeout, needle)
         assert needle in self.text(), f"{needle!r} not seen (rc={p.poll()}):\n{self.text()}"
 
     def cli(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -109,7 +99,7 @@ def box(tmp_path: Path):
 
 def _assert_all_gone(pids: dict[str, int]) -> None:
     for name, pid in pids.items():
-        _wait(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
+        fakebox.wait_for(lambda pid=pid: not group_alive(pid), 10, f"{name} (pgid {pid}) to go")
 
 
 # ------------------------------------------------------------------ closed stdout, SIGHUP
@@ -205,7 +195,7 @@ def test_a_worker_that_hangs_while_loading_is_reported_hung_not_not_listening(bo
             return False
         return False
 
-    _wait(answers_503, 30, "decode to listen (503 while loading)")
+    fakebox.wait_for(answers_503, 30, "decode to listen (503 while loading)")
     before = len(box.text())
     os.killpg(pids["decode-0"], signal.SIGSTOP)
     rc = p.wait(60)
@@ -260,7 +250,7 @@ def test_down_never_signals_reused_pids_init_or_its_own_group(box: Box) -> None:
     _assert_all_gone(pids)
     reused, retitled = _foreign(), _foreign()
     try:
-        _wait(lambda: Path(f"/proc/{retitled.pid}/cmdline").read_bytes().count(b"\0") >= 3, 10, "foreign exec")
+        fakebox.wait_for(lambda: Path(f"/proc/{retitled.pid}/cmdline").read_bytes().count(b"\0") >= 3, 10, "foreign exec")
         stat = Path(f"/proc/{retitled.pid}/stat").read_text()
         retitled_start = int(stat[stat.rfind(")") + 2:].split()[19])
         procs = st["procs"]
@@ -295,8 +285,8 @@ def test_down_with_a_corrupt_state_json_uses_the_pid_files(box: Box) -> None:
     assert down.returncode == 0, down.stdout + down.stderr
     assert "state.json is corrupt" in down.stdout and ".pid files" in down.stdout, down.stdout
     _assert_all_gone(pids)
-    _wait(lambda: not Path(f"/proc/{launcher}").exists() or "Z" in Path(f"/proc/{launcher}/stat").read_text().split()[2],
-          10, "launcher to exit")
+    fakebox.wait_for(lambda: not Path(f"/proc/{launcher}").exists()
+                     or "Z" in Path(f"/proc/{launcher}/stat").read_text().split()[2], 10, "launcher to exit")
 
 
 # ------------------------------------------------------------------ one run dir, one `up`
