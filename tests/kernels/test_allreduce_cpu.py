@@ -475,3 +475,43 @@ def test_launcher_bench_allreduce_runs_the_kernel_bench_with_the_options(monkeyp
     got, text = _cli(["bench", "--allreduce", "--allreduce-args", "--worlds 4 --json 'a b.json'"], capsys)
     assert got == code and word in text
     assert calls == [[sys.executable, "-m", "v4flash_kernels.allreduce.bench", "--worlds", "4", "--json", "a b.json"]]
+
+
+# ----------------------------------------------------------------------------- the self-check's group path
+
+
+def _selfcheck_ranks(tmp_path, world: int, env_extra: dict | None = None) -> list:
+    """`world` processes of `python -m v4flash_kernels.selfcheck --patches allreduce` meeting as one TP
+    group (gloo over a file store, buffers in shared files), the real kernels under the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **(env_extra or {}))
+    procs = [subprocess.Popen([sys.executable, "-m", "v4flash_kernels.selfcheck", "--device", "cpu", "--patches",
+                               "allreduce", "--tp-size", str(world), "--tp-rank", str(r), "--group",
+                               str(tmp_path / "g.store"), "--json", str(tmp_path / f"r{r}.json")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+             for r in range(world)]
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=300)
+        finally:
+            p.kill()
+        out.append((p.returncode, err))
+    return [(rc, err, json.loads((tmp_path / f"r{r}.json").read_text())["patches"]["allreduce"])
+            for r, (rc, err) in enumerate(out)]
+
+
+def test_selfcheck_group_of_four_processes_passes(tmp_path):
+    for rc, err, entry in _selfcheck_ranks(tmp_path, 4):
+        assert rc == 0 and entry["status"] == "pass", (err[-2000:], entry)
+        assert [c["name"] for c in entry["cases"]] == ["odd size 4099 bf16 elements", "1 x 4096 bf16"]
+    assert not list(tmp_path.glob("g.store.buf*")), "every rank removes its buffer file once all mapped it"
+
+
+def test_selfcheck_group_catches_a_wrong_result(tmp_path):
+    for rc, err, entry in _selfcheck_ranks(tmp_path, 2, {"V4FLASH_SELFCHECK_INJECT": "allreduce:wrong"}):
+        assert rc == 1 and entry["status"] == "fail" and entry["class"] == "wrong_result", (err[-2000:], entry)

@@ -11,6 +11,9 @@ Several GPUs (skipped below 2): one process per GPU through the bench's rank wor
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -142,3 +145,69 @@ def test_multi_gpu_matches_nccl_eager_and_in_a_graph(world):
     assert len(checked) == len(wr.sizes), [s.detail for s in wr.sizes]
     bad = [(s.nbytes, s.detail) for s in checked if not s.correct]
     assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- the process path, one GPU
+
+
+def _rank_procs(tmp_path, world: int, extra_env: dict | None = None, args: tuple = ()):
+    """`world` self-check processes of the all-reduce on GPU 0, as a TP group meets in `up`: each its
+    own process and CUDA context, its own cudaMalloc'd buffer, the peers' opened through CUDA IPC
+    handles exchanged over gloo; started together, bounded by the test's timeout."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "group.store"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible, PYTHONUNBUFFERED="1", **(extra_env or {}))
+        argv = [sys.executable, "-m", "v4flash_kernels.selfcheck", "--patches", "allreduce", "--device", "cuda",
+                "--tp-size", str(world), "--tp-rank", str(r), "--group", str(store), "--shared-gpu",
+                "--batches", "1,64", "--verify-rows", "3,192", "--prefill-rows", "8192",
+                "--json", str(tmp_path / f"rank{r}.json"), *args]
+        log = open(tmp_path / f"rank{r}.log", "w")
+        procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    codes = []
+    for p, log in procs:
+        try:
+            codes.append(p.wait(timeout=600))
+        finally:
+            if p.poll() is None:
+                p.kill()
+            log.close()
+    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    logs = "\n".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(world))
+    return codes, recs, logs
+
+
+@pytest.mark.timeout(900, method="thread")
+def test_four_processes_on_one_gpu_reduce_through_ipc_handles(tmp_path):
+    """The real process path: 4 ranks in 4 processes on this one GPU (time-sliced contexts), each
+    opening the other three's buffers from IPC handles, every production message size of a TP4
+    decode/verify/prefill worker, eagerly and replayed from a CUDA graph, each rank checking the
+    exact sum it computed itself."""
+    codes, recs, logs = _rank_procs(tmp_path, 4)
+    assert codes == [0, 0, 0, 0], logs
+    for r, rec in enumerate(recs):
+        entry = rec["patches"]["allreduce"]
+        assert entry["status"] == "pass", (r, entry, logs)
+        names = [c["name"] for c in entry["cases"]]
+        # 1, 3, 64, 192, 512 and 1024 rows of 4096 bf16 (1024 rows = 8 MiB, the largest message ours takes)
+        for rows in (1, 3, 64, 192, 512, 1024):
+            assert f"{rows} x 4096 bf16" in names, (r, names)
+        graphs = [c for c in entry["cases"] if c["graph"]]
+        assert len(graphs) == 1 and graphs[0]["graph"]["replays"] == 2, graphs
+        assert all(c["metrics"]["elements_differing_from_rank_order_sum"] == 0 for c in entry["cases"]
+                   if "elements_differing_from_rank_order_sum" in c["metrics"])
+
+
+@pytest.mark.timeout(900, method="thread")
+def test_a_wrong_rank_fails_its_own_check(tmp_path):
+    """The check can fail: rank results scaled on every rank (the injection seam) are refused."""
+    codes, recs, logs = _rank_procs(tmp_path, 2, {"V4FLASH_SELFCHECK_INJECT": "allreduce:wrong"},
+                                    ("--no-upstream",))
+    assert codes == [1, 1], logs
+    for rec in recs:
+        entry = rec["patches"]["allreduce"]
+        assert entry["status"] == "fail" and entry["class"] == "wrong_result", entry

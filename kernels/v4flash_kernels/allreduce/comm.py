@@ -51,7 +51,10 @@ class IpcAllReduce:
     """All-reduce (sum) over `group`'s ranks through CUDA IPC; `disabled` -> the caller uses NCCL."""
 
     def __init__(self, group: Any, device: Any, *, device_group: Any = None, layout: P.Layout = P.Layout(),
-                 probe: bool = True) -> None:
+                 probe: bool = True, shared_gpu: bool = False) -> None:
+        """`shared_gpu`: ranks may share one GPU (the one-GPU tests and self-check of the process path:
+        CUDA IPC between processes of one device is real, but the contexts time-slice, so the probe
+        checks exact results only and gives no timing verdict). Never set by the SGLang drop-in."""
         self.group = group
         self.device = torch.device(device)
         self.layout = layout
@@ -63,6 +66,7 @@ class IpcAllReduce:
         self._own = 0
         self._opened: List[int] = []
         self.disabled = True
+        self.shared_gpu = shared_gpu
         with torch.inference_mode(False):  # gloo's object collectives fail under inference mode
             verdict = self._setup(device_group, probe)
         self.disabled, self.reason = not verdict.ok, verdict.reason
@@ -101,7 +105,7 @@ class IpcAllReduce:
         if len(hosts) > 1:
             return policy.Verdict(False, f"the group spans hosts {sorted(hosts)}")
         uuids = [i[2] for i in infos]
-        v = policy.peers_mappable(uuids, self._gather_access(uuids))
+        v = policy.peers_mappable(uuids, self._gather_access(uuids), shared_gpu=self.shared_gpu)
         if not v.ok:
             return v
         v = self._agree(_step(lambda: self._open([i[3] for i in infos])))
@@ -199,6 +203,9 @@ class IpcAllReduce:
             correct = self._gather(_step(check))
             if not all(c[0] for c in correct):
                 return policy.probe_verdict([c[0] for c in correct], [0.0], None, PROBE_BYTES)
+            if self.shared_gpu:
+                self.probe_result = "exact results (ranks share one GPU: not timed)"
+                return policy.Verdict(True, self.probe_result)
 
             def timed() -> Tuple[float, float | None]:
                 ours = self._time_ours(lambda out: run(out, None), x)

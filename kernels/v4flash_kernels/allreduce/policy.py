@@ -54,9 +54,11 @@ def agree(local: Sequence[Tuple[bool, str]]) -> Verdict:
     return Verdict(True, "all ranks ready")
 
 
-def peers_mappable(uuids: Sequence[str], can_access: Sequence[Sequence[bool | None]]) -> Verdict:
-    """Rank-by-rank peer access (None: that pair is not visible from that rank; the IPC open decides)."""
-    if len(set(uuids)) != len(uuids):
+def peers_mappable(uuids: Sequence[str], can_access: Sequence[Sequence[bool | None]], *,
+                   shared_gpu: bool = False) -> Verdict:
+    """Rank-by-rank peer access (None: that pair is not visible from that rank; the IPC open decides).
+    `shared_gpu` admits ranks on one GPU (the one-GPU tests of the process path)."""
+    if len(set(uuids)) != len(uuids) and not shared_gpu:
         return Verdict(False, "two ranks share one GPU")
     for a, row in enumerate(can_access):
         for b, ok in enumerate(row):

@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, List, Tuple
 
-from v4flash_kernels import upstream as _up
+from v4flash_kernels.fp8_gemm.upstream import FP8_UTILS_PATH, upstream_fp8_kernel, upstream_fp8_linear  # noqa: F401
 from v4flash_kernels.provenance import measured_commit
 
-FP8_UTILS_PATH = "sglang/srt/layers/quantization/fp8_utils.py"
 # The issue's row counts, plus 2 and 32: where `op.plan` changes config between measured points.
 M_LIST = (1, 2, 4, 16, 32, 64, 256, 1024, 8192)
 BW_RTX6000 = 1.792e12
@@ -59,58 +58,6 @@ SHAPES = (
     Shape("shared_gate_up", 1024, 4096, 43),
     Shape("shared_down", 4096, 512, 43),
 )
-
-
-# ----------------------------------------------------------------------------- upstream from the wheel
-
-_FP8_KERNEL_DEFS = ("_per_token_group_quant_8bit", "_per_token_group_quant_8bit_colmajor",
-                    "create_per_token_group_quant_fp8_output_scale", "_per_token_group_quant_8bit_raw",
-                    "_w8a8_block_fp8_matmul", "prepare_block_fp8_matmul_inputs", "w8a8_block_fp8_matmul_triton")
-# Names the extracted bodies use. The config lookup returns None: no tuned JSON, the default config
-# (what runs on the RTX PRO 6000); `_is_hip` False and e4m3fn: the CUDA branches.
-_FP8_KERNEL_PRELUDE = """
-from typing import Any, Dict, List, Optional, Tuple
-
-import torch
-import triton
-import triton.language as tl
-
-_is_hip = False
-fp8_dtype = torch.float8_e4m3fn
-
-
-def ceil_align(x, y):
-    return (x + y - 1) // y * y
-
-
-def get_w8a8_block_fp8_configs(N, K, block_n, block_k):
-    return None
-
-
-def select_w8a8_block_fp8_matmul_kernel(M, N, META):
-    return _w8a8_block_fp8_matmul
-"""
-_loaded: Dict[str, ModuleType] = {}
-
-
-def upstream_fp8_kernel() -> ModuleType:
-    """Upstream's Triton activation quant and block-FP8 GEMM (`fp8_kernel.py`), verbatim from the wheel."""
-    if "kernel" not in _loaded:
-        _loaded["kernel"] = _up.load_defs(_up.FP8_KERNEL_PATH, _FP8_KERNEL_DEFS, _FP8_KERNEL_PRELUDE)
-    return _loaded["kernel"]
-
-
-def upstream_fp8_linear() -> ModuleType:
-    """Upstream's `triton_w8a8_block_fp8_linear` (`fp8_utils.py`) verbatim, over `upstream_fp8_kernel`'s
-    quant (SGLang's non-sgl-kernel `per_token_group_quant_fp8`) and GEMM."""
-    if "linear" not in _loaded:
-        k = upstream_fp8_kernel()
-        sys.modules.setdefault(k.__name__, k)
-        prelude = ("from typing import List, Optional\n\nimport torch\n\n"
-                   f"from {k.__name__} import _per_token_group_quant_8bit_raw as per_token_group_quant_fp8\n"
-                   f"from {k.__name__} import w8a8_block_fp8_matmul_triton\n")
-        _loaded["linear"] = _up.load_defs(FP8_UTILS_PATH, ("triton_w8a8_block_fp8_linear",), prelude)
-    return _loaded["linear"]
 
 
 # ----------------------------------------------------------------------------- one shape

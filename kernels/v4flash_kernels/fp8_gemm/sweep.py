@@ -162,10 +162,11 @@ def main(args, t_start: float) -> int:
     import triton
 
     from v4flash_kernels.fp8_gemm import bench
+    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
     from v4flash_kernels.provenance import measured_commit
 
     deadline = t_start + args.budget_s - MARGIN_S
-    up = None if args.no_upstream else bench.upstream_fp8_linear()
+    up = None if args.no_upstream else upstream_fp8_linear()
     shapes = [s for s in bench.SHAPES if s.name in args.shapes.split(",")]
     ms = [int(x) for x in args.m.split(",")] if args.m_given else list(SWEEP_M)
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)

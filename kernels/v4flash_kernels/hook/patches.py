@@ -26,12 +26,18 @@ class Switch:
     `selfcheck` names the module whose `cases(target)` check this switch's kernels against their
     fp64 reference and upstream on each GPU before workers start (`python -m v4flash_kernels.selfcheck`,
     docs/selfcheck.md); None = no self-check yet, and the launcher says so instead of vouching for it.
+    `scope`: "gpu" (each GPU checked on its own) or "group" (the check spans the GPUs of a worker,
+    one process per GPU meeting as the TP group: the all-reduce). `verified_only`: on by default
+    only where its self-check passed on this box: `plan` shows it pending, `up` switches it on for
+    the run once the check passed and leaves it off without one (`--no-selfcheck`).
     """
 
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
     selfcheck: str | None = None
+    scope: str = "gpu"
+    verified_only: bool = False
 
     @property
     def env(self) -> str:
@@ -87,7 +93,8 @@ SWITCHES: Tuple[Switch, ...] = (
     Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
            selfcheck="v4flash_kernels.indexer.selfcheck"),
     Switch("fp8_gemm", "block-FP8 linear",
-           "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off)."),
+           "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off).",
+           selfcheck="v4flash_kernels.fp8_gemm.selfcheck"),
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
            "upstream's sm_120 torch + TileLang path (off).",
@@ -96,7 +103,9 @@ SWITCHES: Tuple[Switch, ...] = (
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
     Switch("allreduce", "IPC all-reduce",
-           "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL (off)."),
+           "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL "
+           "(off); by default on only once its self-check passed across the TP group's GPUs in `up`.",
+           selfcheck="v4flash_kernels.allreduce.selfcheck", scope="group", verified_only=True),
 )
 
 SPARSE_DECODE = PatchSpec(

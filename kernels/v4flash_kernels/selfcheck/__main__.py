@@ -2,11 +2,14 @@
 
     python -m v4flash_kernels.selfcheck [--json OUT] [--patches sparse_decode,moe,indexer]
         [--batches 1,32] [--prefill-rows 8192] [--context 131072] [--tp-size 4] [--tp-rank 0]
-        [--device cuda|cpu] [--seed N] [--no-upstream]
+        [--device cuda|cpu] [--seed N] [--no-upstream] [--verify-rows 3,192]
+        [--group FILE [--shared-gpu]]
 
 The launcher (`v4flash-pd up`, `selfcheck`, `doctor --gpu`) runs one of these per GPU of its plan,
 with CUDA_VISIBLE_DEVICES set to that GPU, in the workers' interpreter and environment. `--device
-cpu` runs the small shapes under Triton's interpreter (tests and CI). Exit: 0 every checked patch
+cpu` runs the small shapes under Triton's interpreter (tests and CI). A check that spans the
+worker's GPUs (the all-reduce) runs in all of its processes at once; they meet at `--group FILE`
+(a fresh path per check; `--tp-rank`/`--tp-size` place this process in the group). Exit: 0 every checked patch
 passed, 1 one failed, 2 bad options, 3 a CUDA error lost the context before every patch ran (run
 the rest in a fresh process).
 """
@@ -58,6 +61,11 @@ def parse(argv: List[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", default="0")
     ap.add_argument("--gpu", default=None, help="the physical GPU index this process checks (a label for the record)")
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream's functions")
+    ap.add_argument("--verify-rows", default="",
+                    help="rows of the speculative verify batches the worker captures (B x (k+1)); '' = MTP off")
+    ap.add_argument("--group", default="", help="file store where this worker's GPUs meet (the all-reduce check)")
+    ap.add_argument("--shared-gpu", action="store_true",
+                    help="the group's ranks share one GPU (a test seam: the process path on a one-GPU machine)")
     return ap.parse_args(argv)
 
 
@@ -84,13 +92,15 @@ def options(args: argparse.Namespace):
         modules = registry_modules(names)
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), "name switches from the registry (v4flash_kernels/hook/patches.py)") from None
+    verify = tuple(_ints(args.verify_rows, "verify-rows", 1, "3,192"))
     gpu = _ints(args.gpu, "gpu", 0, "4") if args.gpu is not None else []
     try:
         injected = inject.from_env(gpu=gpu[0] if gpu else None)
     except ValueError as exc:
         raise UsageError(str(exc), f"unset {inject.ENV} (it is a test seam)") from None
     target = Target(device=args.device, batches=batches, prefill_rows=prefill[0], context=context[0],
-                    tp_size=tp_size[0], tp_rank=tp_rank[0], small_only=args.device == "cpu", seed=seed[0])
+                    tp_size=tp_size[0], tp_rank=tp_rank[0], small_only=args.device == "cpu", seed=seed[0],
+                    verify_rows=verify, group=args.group, shared_gpu=args.shared_gpu)
     return Options(target=target, patches=tuple(modules), modules=modules, json_path=args.json,
                    inject=injected, upstream=not args.no_upstream, gpu=gpu[0] if gpu else None)
 

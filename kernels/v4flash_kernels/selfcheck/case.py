@@ -26,7 +26,10 @@ class Target:
     `prefill_rows`: rows of one extend chunk on a prefill (or aggregated) worker, 0 = none;
     `context`: `--context-length` (page-table widths); `tp_size`/`tp_rank`: this GPU's place in its
     worker (which attention heads it computes); `small_only`: the interpreter (CPU) runs only the
-    small shapes.
+    small shapes. `verify_rows`: the rows of the speculative verify batches the worker captures
+    (B x (k+1) with MTP on; empty without). `group`: the file store where the GPUs of this worker
+    meet for the checks that span them (the all-reduce), "" = none; `shared_gpu`: the group's ranks
+    share one GPU (the one-GPU test of the all-reduce's process path).
     """
 
     device: str = "cuda"
@@ -37,6 +40,9 @@ class Target:
     tp_rank: int = 0
     small_only: bool = False
     seed: int = 0
+    verify_rows: Tuple[int, ...] = ()
+    group: str = ""
+    shared_gpu: bool = False
 
     @property
     def is_cuda(self) -> bool:

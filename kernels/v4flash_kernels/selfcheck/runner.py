@@ -51,13 +51,22 @@ def registry_modules(switches: Tuple[str, ...] | None = None) -> Dict[str, str |
     return {n: switch_by_name(n).selfcheck for n in names}
 
 
+def group_first(names: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Checks that span the worker's GPUs first: every rank then meets its peers from a fresh process,
+    before another patch could lose this one's CUDA context (its peers would wait for it in vain)."""
+    from v4flash_kernels.hook.patches import SWITCHES
+
+    group = {s.name for s in SWITCHES if s.scope == "group"}
+    return tuple(n for n in names if n in group) + tuple(n for n in names if n not in group)
+
+
 def run(opts: Options) -> Dict[str, Any]:
     """Check every patch of `opts`; returns the record (also written to `opts.json_path` as it grows)."""
     t = opts.target
     rec = record.new(device_info(t), asdict(t), interpreter=not t.is_cuda)
     rec["gpu"] = opts.gpu
     record.write(opts.json_path, rec)
-    for name in opts.patches:
+    for name in group_first(opts.patches):
         if rec["context_lost"]:
             break
         run_patch(name, opts.modules.get(name), opts, rec)
