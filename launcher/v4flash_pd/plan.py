@@ -103,6 +103,8 @@ class Plan:
     python: str  # the interpreter every process of the plan runs
     warnings: tuple[PlanWarning, ...] = ()
     patches: tuple[tuple[str, bool], ...] = ()  # kernel patch switches the workers get
+    # off in `patches` until `up`'s self-check passed on this box (the switch's `auto`)
+    pending_patches: tuple[str, ...] = ()
     context_length: int | None = None
     # How clients authenticate to the router: ("file", path) or ("env", NAME); ("", "") = nobody has to.
     router_auth: tuple[str, str] = ("", "")
@@ -146,7 +148,8 @@ class Plan:
                    processes=tuple(ProcessSpec.from_dict(p) for p in d["processes"]), url=d["url"],
                    probe_url=d["probe_url"], expected=tuple((r, n) for r, n in d["expected"]), python=d["python"],
                    warnings=tuple(PlanWarning(**w) for w in d["warnings"]),
-                   patches=tuple((n, on) for n, on in d["patches"]), context_length=d["context_length"],
+                   patches=tuple((n, on) for n, on in d["patches"]),
+                   pending_patches=tuple(d.get("pending_patches", ())), context_length=d["context_length"],
                    router_auth=(auth[0], auth[1]), local=d["local"], scope=d["scope"], upstream=_pairs(d["upstream"]),
                    speculative=d.get("speculative", ""),
                    memory=tuple(MemoryFit(**m) for m in d.get("memory", ())))
@@ -575,7 +578,8 @@ def build_plan(cfg: Config, host: Host, *, rehearse: bool = False, require_gpus:
     return Plan(profile=cfg.profile, mode=cfg.mode, rehearse=rehearse, model_path=cfg.model_path,
                 processes=tuple(procs), url=url, probe_url=probe_url, expected=expected, python=python,
                 warnings=tuple(warnings),
-                patches=cfg.patches, context_length=cfg.context_length, router_auth=auth, local=host.local,
+                patches=cfg.patches, pending_patches=cfg.pending_patches, context_length=cfg.context_length,
+                router_auth=auth, local=host.local,
                 scope=plan_scope(cfg), upstream=upstream, speculative=cfg.speculative.summary(), memory=fits)
 
 

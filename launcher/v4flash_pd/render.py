@@ -27,8 +27,17 @@ def auth_text(plan: Plan) -> str:
             "the workers take the same key (the router passes it on)")
 
 
+def patches_text(plan: Plan) -> str:
+    """Each switch as the workers get it; an `auto` one says it waits for its self-check."""
+    def word(name: str, on: bool) -> str:
+        if name in plan.pending_patches:
+            return "off until its self-check passes in `up` (auto)"
+        return "on" if on else "off"
+    return ", ".join(f"{n} {word(n, on)}" for n, on in plan.patches) or "-"
+
+
 def plan_text(plan: Plan, show_commands: bool = True) -> str:
-    patches = ", ".join(f"{n} {'on' if on else 'off'}" for n, on in plan.patches) or "-"
+    patches = patches_text(plan)
     lines = [
         f"profile  {plan.profile}   mode {plan.mode}{'   REHEARSAL (stand-in engines)' if plan.rehearse else ''}",
         f"model    {plan.model_path or '(none)'}   context {plan.context_length or 'SGLang default'}",

@@ -24,8 +24,16 @@ from v4flash_kernels.fp8_gemm.reference import (
 
 pytestmark = pytest.mark.gpu
 RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -20}  # RNE output rounding
-ATOL_MAG = 2.0 ** -11  # fp32 accumulation (fp8 MMAs may accumulate with fewer bits) vs the sum of |terms|
-ATOL_MAG_UPSTREAM = 2.0 ** -8  # its Triton quant's x * (1 / (amax / 448)) may sit one e4m3 step off at ties
+# The fp8 tensor-core MMAs add their products with fewer bits than fp32: on the H200 (2026-12-02,
+# 180 draws of these shapes, ours and upstream) the accumulation error reached 1.11x of 2^-11 of the
+# sum of |terms| for BOTH kernels on the same operands (upstream measured against fp64 on its own
+# quantized activation), so 2^-10 is the accumulation's bound and ours must also stay within
+# UPSTREAM_FACTOR of upstream's own error (the two add the same products in different K orders:
+# ratios up to 1.19 seen). ATOL_MAG_UPSTREAM: upstream against OUR reference, whose quant differs
+# from its Triton quant's x * (1 / (amax / 448)) by one e4m3 step at ties.
+ATOL_MAG = 2.0 ** -10
+ATOL_MAG_UPSTREAM = 2.0 ** -8
+UPSTREAM_FACTOR = 1.25
 SHAPES = [(1536, 4096), (8192, 1024), (4096, 2048), (1024, 4096), (4096, 512)]
 
 
@@ -96,7 +104,7 @@ def test_gpu_gemv_quant_codes_bit_for_bit(cfg, k, bm):
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_gpu_linear_matches_reference_and_upstream(n, k, m, upstream):
     """Every row count where the plan changes, on the DeepSeek-V4 shapes, as planned for this GPU."""
-    up_linear, _ = upstream
+    up_linear, up_kernel = upstream
     x = make_activation(m, k, _gen(10 + m), device="cuda")
     w, ws = make_weight(n, k, _gen(20), device="cuda")
     ref, mag = linear_ref(x, w, ws)
@@ -105,6 +113,13 @@ def test_gpu_linear_matches_reference_and_upstream(n, k, m, upstream):
     _ok(out, ref, mag)
     up = up_linear.triton_w8a8_block_fp8_linear(x, w, [128, 128], ws)
     _ok(up, ref, mag, atol_mag=ATOL_MAG_UPSTREAM)
+    # ours no worse than upstream's GEMM on its own operands (the same MMAs, another K order)
+    q, s = up_kernel._per_token_group_quant_8bit_raw(x, 128)
+    uref, umag = matmul_ref(q, w, s, ws)
+    tight = 2.0 ** -11
+    ours_ex = excess_error(out, ref, mag, RTOL[torch.bfloat16], tight)
+    up_ex = excess_error(up, uref, umag, RTOL[torch.bfloat16], tight)
+    assert ours_ex <= max(1.0, UPSTREAM_FACTOR * up_ex), (ours_ex, up_ex)
 
 
 @pytest.mark.parametrize("cfg", op.CONFIGS, ids=lambda c: c.name)

@@ -59,7 +59,7 @@ def test_gpu_all_ops_match_fp64(n):
     fused = _fused(kw)
     res = _check_fused(fused, kw)
     assert res["ok"], res
-    res = B.check_against_pair(fused, _pair(kw), TOL)
+    res = B.check_against_pair(fused, _pair(kw), TOL, kw, P)
     assert res["ok"], res
 
 

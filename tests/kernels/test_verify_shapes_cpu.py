@@ -408,7 +408,6 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
     """The public drop-in on a [rows, K] activation (SGLang's call) against fp64 and the wheel's GEMM
     on the definition's quantized activation (the same function, to rounding)."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
     from v4flash_kernels.fp8_gemm.reference import (
         excess_error,
         linear_ref,
@@ -416,6 +415,7 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
         make_weight,
         quantize_activation_ref,
     )
+    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
 
     g = torch.Generator().manual_seed(70 + rows)
     x = make_activation(rows, 1024, g)

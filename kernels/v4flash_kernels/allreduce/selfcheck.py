@@ -82,7 +82,7 @@ def coordinator(target: Target) -> Any:
     from v4flash_kernels.allreduce.comm import IpcAllReduce
 
     device = torch.device("cuda", torch.cuda.current_device()) if target.is_cuda else torch.device("cpu")
-    store = dist.FileStore(target.group, target.tp_size)
+    store = dist.FileStore(target.group, target.tp_size)  # type: ignore[attr-defined]  # re-exported from torch._C
     timeout = timedelta(seconds=SETUP_TIMEOUT_S)
     dist.init_process_group("gloo", store=store, rank=target.tp_rank, world_size=target.tp_size, timeout=timeout)
     cpu_group = dist.group.WORLD

@@ -14,7 +14,7 @@ from v4flash_pd.cli.options import Options, RunOptions, pass_options, resolve, r
 from v4flash_pd.errors import RuntimeFailure, UserError
 from v4flash_pd.rundir import runs_root
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.gate import patches_on, plan_gpus, run_check
+from v4flash_pd.selfcheck.gate import patches_to_check, plan_gpus, run_check
 
 
 @click.command("selfcheck", short_help="Check every kernel patch on this box's GPUs against fp64 and upstream "
@@ -40,7 +40,7 @@ def command(opts: Options, how: RunOptions, out_dir: Path | None, as_json: bool)
     if not plan.workers():
         raise UserError("this part of the cluster plan starts no worker, so there is no GPU to check",
                         "run it with --box K (a box with workers), or without --role router")
-    if not patches_on(plan):
+    if not patches_to_check(plan):
         raise UserError("every kernel patch is switched off in this plan: nothing to check",
                         "drop the `--<switch> off` flags (or patches.<name> = false) of the kernels to check")
     if not plan.rehearse:

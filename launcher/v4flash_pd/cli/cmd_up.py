@@ -127,13 +127,14 @@ def command(opts: Options, how: RunOptions) -> None:
     check_writable(run)
     # before any worker: a patch that fails its self-check is switched off (a typed flag beats every layer)
     try:
-        off = selfcheck_gate(r.plan, how.no_selfcheck, how.strict_selfcheck, run, click.echo)
+        decided = selfcheck_gate(r.plan, how.no_selfcheck, how.strict_selfcheck, run, click.echo)
     except OSError as exc:  # its records and logs go into the run dir (a full disk, say); it stopped its checks
         raise UserError(f"cannot write the kernel self-check's files in {run.path}: {exc.strerror or exc}; no worker "
                         "was started", f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
                         "filesystem") from None
-    if off:
-        r = resolve(replace(opts, flags=opts.flags + tuple((f"patches.{n}", False) for n in off)), "up")
+    if decided.off or decided.on:
+        changes = tuple((f"patches.{n}", "off") for n in decided.off) + tuple((f"patches.{n}", "on") for n in decided.on)
+        r = resolve(replace(opts, flags=opts.flags + changes), "up")
         cfg = r.config
     launch = Launch(plan=r.plan, config=cfg.to_dict(), fingerprint=fingerprint(r.topology), grace=cfg.grace_period,
                     ready_timeout=cfg.ready_timeout, smoke_prompt=cfg.smoke_prompt, hang_timeout=cfg.hang_timeout,

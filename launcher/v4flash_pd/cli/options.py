@@ -24,7 +24,8 @@ from v4flash_pd.config.keys import Key, flagged
 from v4flash_pd.config.layers import Layers, merged_layers
 from v4flash_pd.config.load import config_of
 from v4flash_pd.config.types import Config
-from v4flash_pd.config.values import on_off
+from v4flash_pd.config.values import AUTO_WORDS as on_off_auto_words
+from v4flash_pd.config.values import on_off, on_off_auto
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
@@ -35,6 +36,7 @@ from v4flash_pd.plan import Plan, build_plan
 Command = Literal["plan", "up", "doctor", "selfcheck"]
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 ON_OFF = click.Choice(["on", "off", "1", "0", "true", "false"], case_sensitive=False)
+ON_OFF_AUTO = click.Choice(["auto", "on", "off", "1", "0", "true", "false"], case_sensitive=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -54,6 +56,8 @@ def _click_type(key: Key) -> Any:
     assert flag is not None
     if key.type is bool:
         return ON_OFF
+    if key.choices == on_off_auto_words:
+        return ON_OFF_AUTO
     if key.choices:
         return click.Choice(list(key.choices))
     if key.type is int:
@@ -176,7 +180,9 @@ class RunOptions:
 
 
 def _typed(key: Key, value: Any) -> Any:
-    return on_off(value, key.path) if key.type is bool else value
+    if key.type is bool:
+        return on_off(value, key.path)
+    return on_off_auto(value, key.path) if key.choices == on_off_auto_words else value
 
 
 def _options(params: dict[str, Any]) -> Options:

@@ -21,7 +21,7 @@ from v4flash_pd.config.keys import (
 from v4flash_pd.config.speculative import check_combination
 from v4flash_pd.config.speculative import resolve as resolve_speculative
 from v4flash_pd.config.types import ClusterSpec, Config, RouterSpec, Speculative, WorkerSpec
-from v4flash_pd.config.values import api_key_flag, check_extra_chunk, want
+from v4flash_pd.config.values import AUTO, api_key_flag, check_extra_chunk, want
 from v4flash_pd.errors import UserError
 
 
@@ -92,13 +92,23 @@ def build_worker(role: str, idx: int, raw: Any, engine_mem: float | None) -> Wor
     )
 
 
-def _patches(raw: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+def _switch_values(raw: Mapping[str, Any]) -> dict[str, bool | str]:
     table = _table(raw, "patches", "a table of patch = true/false")
-    switches = {name: _get(table, f"patches.{name}") for name, _ in PATCH_SWITCHES}
+    switches: dict[str, bool | str] = {name: _get(table, f"patches.{name}") for name, _ in PATCH_SWITCHES}
     legacy = _get(raw, "sparse_decode")
     if legacy is not None:  # the older top-level key (wins: it is the more specific layer)
         switches["sparse_decode"] = legacy
-    return tuple(switches.items())
+    return switches
+
+
+def _patches(raw: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    """(switch, on for this run); an `auto` switch is off until `up`'s self-check switches it on."""
+    return tuple((n, v is True or v == "on") for n, v in _switch_values(raw).items())
+
+
+def _pending(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """The `auto` switches: on once their self-check passed on this box (`up` decides)."""
+    return tuple(n for n, v in _switch_values(raw).items() if v == AUTO)
 
 
 def _speculative(raw: Mapping[str, Any]) -> Speculative:
@@ -197,6 +207,7 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
         engine_extra_args=engine_extra,
         numa=_get(raw, "numa"),
         patches=_patches(raw),
+        pending_patches=_pending(raw),
         python=_get(raw, "python"),
         ready_timeout=_get(raw, "ready_timeout"),
         grace_period=_get(raw, "grace_period"),

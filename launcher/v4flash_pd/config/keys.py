@@ -104,7 +104,12 @@ KEYS: tuple[Key, ...] = (
                       "NUMA binding: membind (falls back to preferred when not permitted), preferred, off.")),
     *(Key(f"patches.{sw.name}", bool, True, v.on_off, sw.help,
           Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
-      for sw in SWITCHES),
+      for sw in SWITCHES if not sw.verified_only),
+    # on by default only where verified: auto = off in the plan, switched on by `up` once its self-check passed
+    *(Key(f"patches.{sw.name}", str, v.AUTO, v.on_off_auto, sw.help,
+          Flag(sw.flag, sw.env, "config", sw.help + f" auto (default), on or off; workers get {sw.env}=1/0."),
+          choices=v.AUTO_WORDS)
+      for sw in SWITCHES if sw.verified_only),
     Key("sparse_decode", bool, None, v.on_off, "older spelling of patches.sparse_decode (wins over it)", optional=True),
     # Speculative decoding with the model's MTP (NextN) layer, off while num_steps = 0. The same flags go
     # to every worker (prefill stores the draft state that decode rebuilds); config/speculative.py refuses

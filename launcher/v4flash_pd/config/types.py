@@ -144,6 +144,8 @@ class Config:
     # Where the router's API key comes from, ("file", path) / ("env", NAME) or ("", ""). Kept when a
     # cluster part drops the router: its workers take the same key (workerauth.py).
     client_auth: tuple[str, str] = ("", "")
+    # switches at `auto` (off in `patches`): `up` switches each on once its self-check passed here
+    pending_patches: tuple[str, ...] = ()
 
     def role(self, role: str) -> tuple[WorkerSpec, ...]:
         return tuple(w for w in self.workers if w.role == role)

@@ -100,6 +100,18 @@ def on_off(value: Any, key: str) -> bool:
     return flag(value, key)
 
 
+AUTO = "auto"
+AUTO_WORDS = (AUTO, "on", "off")
+
+
+def on_off_auto(value: Any, key: str) -> str:
+    """A switch that is on by default only once verified on the box: auto (off until `up`'s self-check
+    passes), on or off (true/false and the CLI's words too)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    return "on" if on_off(value, key) else "off"
+
+
 def fraction(value: Any, key: str) -> float:
     want(value, (int, float), key, "a fraction between 0 and 1")
     if not 0 < float(value) < 1:

@@ -17,7 +17,7 @@ from v4flash_pd.report import archive, facts, scrub, summary, variants
 from v4flash_pd.report.step import run_step
 from v4flash_pd.routerauth import auth_headers
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.gate import patches_on, run_check
+from v4flash_pd.selfcheck.gate import patches_to_check, run_check
 from v4flash_pd.topology import Topology
 
 SCHEMA = "v4flash-pd.report/1"
@@ -60,7 +60,7 @@ def make_report(plan: Plan, topology: Topology, ready_timeout: float, spec: Repo
     if "selfcheck" in spec.skip:
         rep["selfcheck"] = {"skipped": "--skip selfcheck"}
     else:
-        if patches_on(plan) and plan.workers():
+        if patches_to_check(plan) and plan.workers():
             sc = run_check(plan, out, echo, env)
             sc["decision"] = "checked"
             result.write(out, sc)

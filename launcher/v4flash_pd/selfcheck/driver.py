@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -81,6 +82,10 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
              timeout: float | None = None) -> list[dict[str, Any]]:
     """Run every job to the end; one merged record per GPU (GPU order)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    # one fresh meeting place per worker for this run (a stale file store would hold another run's ranks)
+    rendezvous = workdir / f"rendezvous-{os.getpid()}-{time.time_ns()}"
+    if any(j.group for j in jobs):
+        rendezvous.mkdir()
     limit = timeout if timeout is not None else case_timeout(launcher_env)
     gpus = [_Gpu(j, workdir / f"selfcheck-gpu{j.gpu}.log") for j in jobs]
     running: list[_Proc] = []
@@ -90,7 +95,7 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
         try:
             for g in gpus:
                 g.started = time.monotonic()
-                running.append(_start(g, g.job, workdir, launcher_env))
+                running.append(_start(g, g.job, workdir, launcher_env, rendezvous))
             while running:
                 for p in list(running):
                     rc = p.popen.poll()
@@ -107,7 +112,7 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
                     else:
                         _settle(p, rec, rc, "")
                     running.remove(p)
-                    nxt = _next(p.gpu, workdir, launcher_env)
+                    nxt = _next(p.gpu, workdir, launcher_env, rendezvous)
                     if nxt is not None:
                         running.append(nxt)
                     else:
@@ -121,10 +126,11 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
         finally:
             for p in running:
                 _kill(p.popen)
+            shutil.rmtree(rendezvous, ignore_errors=True)
     return [_merged(g) for g in gpus]
 
 
-def _start(g: _Gpu, job: Job, workdir: Path, launcher_env: Mapping[str, str]) -> _Proc:
+def _start(g: _Gpu, job: Job, workdir: Path, launcher_env: Mapping[str, str], rendezvous: Path) -> _Proc:
     g.attempts += 1
     json_path = workdir / f"selfcheck-gpu{job.gpu}.try{g.attempts}.json"
     env = dict(launcher_env)
@@ -135,7 +141,8 @@ def _start(g: _Gpu, job: Job, workdir: Path, launcher_env: Mapping[str, str]) ->
         log.flush()
         popen: Any
         try:
-            popen = subprocess.Popen([*job.argv, "--json", str(json_path)], env=env, stdin=subprocess.DEVNULL,
+            group = ("--group", str(rendezvous / f"{job.group}.store")) if job.group else ()
+            popen = subprocess.Popen([*job.argv, *group, "--json", str(json_path)], env=env, stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:  # the workers' interpreter does not exist / cannot run
             popen = _Failed(f"could not be started ({job.argv[0]}: {exc.strerror or exc})")
@@ -154,7 +161,7 @@ class _Failed:
         return 127
 
 
-def _next(g: _Gpu, workdir: Path, launcher_env: Mapping[str, str]) -> _Proc | None:
+def _next(g: _Gpu, workdir: Path, launcher_env: Mapping[str, str], rendezvous: Path) -> _Proc | None:
     """A fresh process for the patches not yet decided, if any (each attempt must decide at least one)."""
     rest = g.remaining()
     if not rest or g.attempts > len(g.job.patches):
@@ -163,7 +170,7 @@ def _next(g: _Gpu, workdir: Path, launcher_env: Mapping[str, str]) -> _Proc | No
                                             f"in {g.attempts} attempt(s); see {g.log.name}")
         return None
     g.notes.append(f"attempt {g.attempts + 1} for {', '.join(rest)}")
-    return _start(g, g.job.with_patches(rest), workdir, launcher_env)
+    return _start(g, g.job.with_patches(rest), workdir, launcher_env, rendezvous)
 
 
 def _settle(p: _Proc, rec: dict[str, Any] | None, rc: int | None, timeout_why: str) -> None:

@@ -3,8 +3,11 @@
 `up` runs it after its preflight and before any worker starts. A patch that fails on any GPU of
 the plan is switched off for the run *through the plan*: `up`'s own options are resolved again
 with `--<patch> off`, so the plan, `plan.json` and every worker's `V4FLASH_<PATCH>=0` say so, and
-SGLang runs upstream's function for it. `--strict-selfcheck` refuses to start instead;
-`--no-selfcheck` skips the check (and says the patches run unverified).
+SGLang runs upstream's function for it. A switch at `auto` (on by default only where verified:
+the IPC all-reduce) is off in the plan and checked too; once it passed on every GPU, `up`
+resolves again with `--<patch> on`. `--strict-selfcheck` refuses to start instead of switching a
+failing patch off, and refuses a switched-on patch that has no self-check; `--no-selfcheck` skips
+the check (the switched-on patches run unverified, the `auto` ones stay off).
 
 `up --detach` checks in the foreground (the operator sees the verdict, and a strict refusal,
 before the launcher detaches); the detached launcher gets the plan already decided.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
@@ -37,6 +41,19 @@ def patches_on(plan: Plan) -> tuple[str, ...]:
     return tuple(name for name, on in plan.patches if on)
 
 
+def patches_to_check(plan: Plan) -> tuple[str, ...]:
+    """The switched-on patches and the `auto` ones waiting for this check, in registry order."""
+    return tuple(name for name, on in plan.patches if on or name in plan.pending_patches)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `up` changes in its plan after the check: switched off (failed), switched on (`auto`, passed)."""
+
+    off: tuple[str, ...] = ()
+    on: tuple[str, ...] = ()
+
+
 def plan_gpus(plan: Plan) -> list[int]:
     return sorted({g for w in plan.workers() for g in w.gpus})
 
@@ -46,7 +63,7 @@ def run_check(plan: Plan, out_dir: Path, echo: Echo, env: Mapping[str, str] | No
     """Check `patches` (default: every patch the plan switches on) on every GPU of its workers, one
     process per GPU; writes `out_dir/selfcheck.json` (and per-GPU logs under `out_dir/selfcheck/`)."""
     launcher_env = dict(os.environ if env is None else env)
-    names = patches_on(plan) if patches is None else patches
+    names = patches_to_check(plan) if patches is None else patches
     device = check_seams(launcher_env)
     standin = plan.rehearse and device != "cpu"
     jobs = jobs_for(plan, names, launcher_env, standin=standin, device=device)
@@ -136,18 +153,21 @@ def _stop(run: RunDir, why: str, exit_code: int, echo: Echo) -> NoReturn:
     raise SystemExit(exit_code)
 
 
-def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
-    """`up`'s step between preflight and the first worker: the patches to switch off for this run
-    (`up` resolves its options again with them off); raises RuntimeFailure under --strict-selfcheck.
-    SIGTERM/SIGHUP/SIGINT or a closed stdout during the check stop `up` (SystemExit), as they would
-    stop its supervisor."""
+def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) -> Decision:
+    """`up`'s step between preflight and the first worker: the patches to switch off and the `auto`
+    ones to switch on for this run (`up` resolves its options again with them); raises RuntimeFailure
+    under --strict-selfcheck. SIGTERM/SIGHUP/SIGINT or a closed stdout during the check stop `up`
+    (SystemExit), as they would stop its supervisor."""
     names = patches_on(plan)
     if no_selfcheck:
         if names and plan.workers():
             echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(names)} run unverified on these GPUs")
-        return ()
-    if not names or not plan.workers():
-        return ()
+        if plan.pending_patches and plan.workers():
+            echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(plan.pending_patches)} stay(s) off "
+                 "(on by default only once verified on this box)")
+        return Decision()
+    if not patches_to_check(plan) or not plan.workers():
+        return Decision()
     check_seams(os.environ)
     refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
@@ -166,26 +186,41 @@ def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) 
         raise
 
 
-def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> tuple[str, ...]:
+def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> Decision:
     summary = run_check(plan, run.path, echo)
-    bad = result.failed(summary)
-    summary["decision"] = "refused" if bad and strict else "switched_off" if bad else "ok"
+    pending = set(plan.pending_patches)
+    bad = [n for n in result.failed(summary) if n not in pending]
+    loose = [n for n in result.unchecked(summary) if n not in pending]
+    passed = result.passed(summary)
+    turned_on = [n for n in plan.pending_patches if n in passed]
+    kept_off = [n for n in plan.pending_patches if n not in passed]
+    refuse = strict and bool(bad or loose)
+    summary["decision"] = "refused" if refuse else "switched_off" if bad else "ok"
     summary["switched_off"] = [] if strict else bad
+    summary["switched_on"] = [] if refuse else turned_on
+    summary["kept_off"] = kept_off
     result.write(run.path, summary)
     run.event("selfcheck", decision=summary["decision"], failed=bad, switched_off=summary["switched_off"],
+              switched_on=summary["switched_on"], kept_off=kept_off, unchecked=loose,
               standin=summary.get("standin", False), seconds=summary.get("seconds"))
     echo(result.render(summary))
     action = ("--strict-selfcheck: refusing to start" if strict else
               "switched OFF for this run: SGLang's own function is used for it")
-    for line in result.warnings(summary, action):
+    for line in result.warnings(summary, action, pending=pending):
         echo(line)
-    if bad and strict:
-        first = summary["patches"][bad[0]]
-        run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check failed: {', '.join(bad)}")
+    for name in turned_on:
+        echo(f"kernel patch {name}: self-check passed on every GPU of the plan; switched ON for this run")
+    if refuse:
+        if bad:
+            first = summary["patches"][bad[0]]
+            what = f"failed for {', '.join(bad)} ({first['class']} on {first['where']}: {first['error']})"
+        else:
+            what = f"has no case for {', '.join(loose)} (switched on, unverified)"
+        run.set_state(status="failed", stopped=time.time(), reason=f"kernel self-check {what}")
         raise RuntimeFailure(
-            f"kernel self-check failed for {', '.join(bad)} ({first['class']} on {first['where']}: {first['error']}) and "
-            "--strict-selfcheck is set; nothing was started",
+            f"kernel self-check {what} and --strict-selfcheck is set; nothing was started",
             f"read {run.path / result.FILE} and the logs in {run.path / 'selfcheck'}; start without "
-            "--strict-selfcheck to serve with the failing patch(es) switched off, and send us "
+            "--strict-selfcheck to serve with the failing patch(es) switched off (or switch the unchecked ones "
+            f"off: {' '.join(f'--{n.replace(chr(95), chr(45))} off' for n in bad + loose)}), and send us "
             "`v4flash-pd report`")
-    return tuple(bad)
+    return Decision(off=tuple(bad), on=tuple(turned_on))

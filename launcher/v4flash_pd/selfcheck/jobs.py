@@ -32,13 +32,16 @@ class Job:
     argv: tuple[str, ...]  # without --json (the driver adds where to write)
     env: tuple[tuple[str, str], ...]  # what the plan gives the worker, plus this GPU alone
     patches: tuple[str, ...]
+    # the worker whose GPUs meet for the checks that span them (the all-reduce): the driver names
+    # one fresh rendezvous per worker and run; "" = a one-GPU worker (nothing to meet)
+    group: str = ""
 
     def with_patches(self, patches: tuple[str, ...]) -> Job:
         """The same job for fewer patches (a fresh process after a lost CUDA context or a crash)."""
         argv = list(self.argv)
         i = argv.index("--patches")
         argv[i + 1] = ",".join(patches)
-        return Job(self.gpu, self.worker, self.role, tuple(argv), self.env, patches)
+        return Job(self.gpu, self.worker, self.role, tuple(argv), self.env, patches, self.group)
 
 
 def arg(argv: tuple[str, ...], flag: str) -> str | None:
@@ -74,6 +77,9 @@ class Shapes:
     prefill_rows: int  # one prefill chunk's tokens (0: the worker never prefills)
     context: int
     tp_size: int
+    # speculative decoding: the verify batches' rows (B x draft tokens) at the fewest and most
+    # requests the decode graphs capture; () without it
+    verify_rows: tuple[int, ...] = ()
 
 
 def shapes(spec: ProcessSpec) -> Shapes:
@@ -81,9 +87,12 @@ def shapes(spec: ProcessSpec) -> Shapes:
     decode = spec.role in ("decode", "server")
     prefill = spec.role in ("prefill", "server")
     max_bs = _int(spec.argv, "--cuda-graph-max-bs", DEFAULT_GRAPH_MAX_BS_TP4 if tp >= 4 else DEFAULT_GRAPH_MAX_BS_TP1)
-    return Shapes(batches=tuple(sorted({1, max_bs})) if decode else (1,),
+    draft = _int(spec.argv, "--speculative-num-draft-tokens", 0) if arg(spec.argv, "--speculative-algorithm") else 0
+    batches = tuple(sorted({1, max_bs})) if decode else (1,)
+    return Shapes(batches=batches,
                   prefill_rows=_int(spec.argv, "--chunked-prefill-size", DEFAULT_PREFILL_CHUNK) if prefill else 0,
-                  context=_int(spec.argv, "--context-length", DEFAULT_CONTEXT), tp_size=max(1, tp))
+                  context=_int(spec.argv, "--context-length", DEFAULT_CONTEXT), tp_size=max(1, tp),
+                  verify_rows=tuple(b * draft for b in batches) if decode and draft > 1 else ())
 
 
 def jobs_for(plan: Plan, patches: tuple[str, ...], launcher_env: Mapping[str, str], *, standin: bool = False,
@@ -104,9 +113,12 @@ def jobs_for(plan: Plan, patches: tuple[str, ...], launcher_env: Mapping[str, st
             env["PYTHONUNBUFFERED"] = "1"
             if "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in launcher_env and launcher_env.get(CACHE_ENV):
                 env["TRITON_CACHE_DIR"] = f"{launcher_env[CACHE_ENV].rstrip('/')}/triton"
-            argv = (py, "-m", module, "--gpu", str(gpu), "--patches", ",".join(patches),
+            argv: tuple[str, ...] = (py, "-m", module, "--gpu", str(gpu), "--patches", ",".join(patches),
                     "--batches", ",".join(map(str, s.batches)), "--prefill-rows", str(s.prefill_rows),
                     "--context", str(s.context), "--tp-size", str(s.tp_size), "--tp-rank", str(rank % s.tp_size),
                     "--device", device)
-            out.append(Job(gpu, spec.name, spec.role, argv, tuple(sorted(env.items())), patches))
+            if s.verify_rows:
+                argv += ("--verify-rows", ",".join(map(str, s.verify_rows)))
+            out.append(Job(gpu, spec.name, spec.role, argv, tuple(sorted(env.items())), patches,
+                           group=spec.name if s.tp_size > 1 else ""))
     return tuple(sorted(out, key=lambda j: j.gpu))

@@ -64,6 +64,10 @@ def failed(summary: dict[str, Any]) -> list[str]:
     return [n for n, p in summary.get("patches", {}).items() if p.get("status") == FAIL]
 
 
+def passed(summary: dict[str, Any]) -> list[str]:
+    return [n for n, p in summary.get("patches", {}).items() if p.get("status") == PASS]
+
+
 def unchecked(summary: dict[str, Any]) -> list[str]:
     return [n for n, p in summary.get("patches", {}).items() if p.get("status") == UNCHECKED]
 
@@ -118,13 +122,16 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def warnings(summary: dict[str, Any], action: str) -> list[str]:
-    """One loud line per failing patch: which patch, which GPU(s), what went wrong, and `action`."""
+def warnings(summary: dict[str, Any], action: str, pending: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One loud line per failing patch: which patch, which GPU(s), what went wrong, and `action`
+    (a `pending` one, on by default only once verified, simply stays off)."""
     out = []
     for name in failed(summary):
         p = summary["patches"][name]
+        then = ("it stays OFF for this run (on by default only once verified on this box)" if name in pending
+                else action)
         out.append(f"WARNING kernel patch {name} FAILED its self-check on GPU {gpu_ranges(sorted(p['failed_gpus']))} "
-                   f"({p.get('class')}; first: {p.get('where')}: {p.get('error')}); {action}")
+                   f"({p.get('class')}; first: {p.get('where')}: {p.get('error')}); {then}")
     for name in unchecked(summary):
         out.append(f"WARNING kernel patch {name} has no self-check: it runs unverified on these GPUs")
     return out

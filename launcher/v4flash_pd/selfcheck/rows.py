@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.plan import Plan
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.gate import patches_on, run_check
+from v4flash_pd.selfcheck.gate import patches_to_check, run_check
 
 
 def _stderr(msg: str) -> None:
@@ -24,7 +24,7 @@ def doctor_rows(plan: Plan, env: Mapping[str, str] | None = None,
     when something failed (their directory is named in the row)."""
     if not plan.workers():
         return (skip("selfcheck", "this part of the cluster plan starts no worker here"),)
-    if not patches_on(plan):
+    if not patches_to_check(plan):
         return (skip("selfcheck", "every kernel patch is switched off in this plan: nothing to check"),)
     out = Path(tempfile.mkdtemp(prefix="v4flash-selfcheck-"))
     try:
