@@ -24,6 +24,12 @@ job_t_attn() { pyt tests/kernels/test_decode_gpu.py tests/kernels/test_indexer_g
 job_t_allreduce() { pyt tests/kernels/test_allreduce_gpu.py; }
 job_t_verify() { pyt tests/kernels/test_verify_shapes_gpu.py; }
 job_t_selfcheck() { V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/kernels/test_selfcheck_gpu.py; }
+# The whole GPU suite in one job (every gpu-marked test lives under tests/kernels: tests/test_gpu_suite_layout.py
+# checks it), no -x: every failure shows; the per-test outcome and time go to suite.xml.
+job_suite() {
+  V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
+    --durations=25 --junitxml="$R/suite.xml" tests/kernels
+}
 job_b_fp8() { py -m v4flash_kernels.fp8_gemm.bench --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
 job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_sweep.json"; }
 # the row counts the first sweep never reached (M = 16, then 2: the GEMV's second row), against the shipped plan

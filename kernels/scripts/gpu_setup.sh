@@ -5,7 +5,8 @@
 # (the device call carries `.gpu/tilelang`, built here by kernels/scripts/gpu_carry_tilelang.sh, and the
 # pinned sglang wheel under `.cache/wheels`). It unpacks the pinned TileLang 0.1.8 + apache-tvm-ffi +
 # torch-c-dlpack-ext + libz3 tree into /tmp, puts it and `kernels` on PYTHONPATH, points TileLang at
-# this machine's nvcc, finds the sglang wheel, and says in one line whether TileLang imports. It never
+# this machine's nvcc, finds the sglang wheel, and says in one line whether TileLang imports (the
+# launcher is put on PYTHONPATH too: the self-check's GPU test runs the launcher's driver). It never
 # exits the caller's shell: without the carry the step bench still runs and labels the mHC rows as
 # estimates, saying why.
 V4FLASH_TL_TARBALL=${V4FLASH_TL_TARBALL:-.gpu/tilelang/site.tar.xz}
@@ -24,7 +25,8 @@ if [ -f "$V4FLASH_TL_TARBALL" ]; then
 else
   echo "gpu_setup: no $V4FLASH_TL_TARBALL (build it with kernels/scripts/gpu_carry_tilelang.sh and carry .gpu/tilelang)"
 fi
-export PYTHONPATH="kernels${PYTHONPATH:+:$PYTHONPATH}"
+# the launcher too: the self-check's GPU test drives the launcher's driver (v4flash_pd.selfcheck)
+export PYTHONPATH="launcher:kernels${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null 2>&1; then
   CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
   export CUDA_HOME

@@ -33,9 +33,10 @@ GIB = 1 << 30
 MIB = 1 << 20
 FP8_BLOCK = 128
 MXFP4_GROUP = 32
-# The pinned sm_120 load path stores the experts' E8M0 scales as float32 (see above). A load-time
-# repack that keeps them as uint8 (issue 21) makes this 1.
+# The pinned sm_120 load path stores the experts' E8M0 scales as float32 (see above); the moe switch's
+# load-time repack (v4flash_kernels.moe.sglang_patch) replaces them by e8m0 bytes: 1.
 MOE_SCALE_BYTES = 4
+REPACKED_SCALE_BYTES = 1
 # RTX PRO 6000 Blackwell as nvidia-smi reports it (memory.total), for plans without a probed GPU.
 RTX6000_MIB = 97887
 # Free memory before the weights load is the card less the CUDA context and the communicators'
@@ -47,6 +48,10 @@ SGLANG_RESERVE_GIB = 10.0
 SGLANG_SPEC_RESERVE_GIB = 4.0
 # deepseek_v4_hook.py sets swa_full_tokens_ratio to 0.1 for DeepSeek-V4 unless given.
 SWA_FULL_TOKENS_RATIO = 0.1
+# The request the README's decode figures are for (the step bench's --actual-context): a decode
+# worker that captures graphs up to B requests claims B streams of this many tokens, so its KV pool
+# must hold them (else the batch the graphs cover cannot form).
+CLAIMED_STREAM_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -215,13 +220,17 @@ class MemoryFit:
     status: str  # ok | warn | error
     finding: str
     fix: str = ""
+    # decode: the largest CUDA-graph batch (requests) and the rows its verify graphs hold (x draft tokens)
+    graph_max_bs: int | None = None
+    graph_rows: int | None = None
 
 
 def refit(f: MemoryFit, shape: ModelShape) -> MemoryFit:
     """The same worker's arithmetic for another model shape (doctor: the checkpoint's own config.json)."""
     return fit(f.worker, f.role, f.index, f.tp, f.card_mib if f.card_source == "topology" else None,
                f.mem_fraction_static if f.fraction_source == "config" else None, f.context_length, f.speculative,
-               shape, f.scale_bytes)
+               shape, f.scale_bytes, graph_max_bs=f.graph_max_bs,
+               draft_tokens=(f.graph_rows // f.graph_max_bs) if f.graph_rows and f.graph_max_bs else 1)
 
 
 def _gib(n: float) -> float:
@@ -230,9 +239,10 @@ def _gib(n: float) -> float:
 
 def fit(name: str, role: str, index: int, tp: int, card_mib: int | None, mem_fraction: float | None,
         context_length: int | None, speculative: bool, shape: ModelShape = ModelShape(),
-        scale_bytes: int = MOE_SCALE_BYTES) -> MemoryFit:
+        scale_bytes: int = MOE_SCALE_BYTES, *, graph_max_bs: int | None = None, draft_tokens: int = 1) -> MemoryFit:
     """The arithmetic for one worker and its verdict (error: SGLang would stop at start; warn: it
-    starts but serves less than the config asks)."""
+    starts but serves less than the config asks). `graph_max_bs` (decode): the batch its CUDA graphs
+    cover, which its KV pool must hold as CLAIMED_STREAM_TOKENS-token streams."""
     card_src = "topology" if card_mib else "assumed"
     card = card_mib or RTX6000_MIB
     reserve = SGLANG_RESERVE_GIB + (SGLANG_SPEC_RESERVE_GIB if speculative else 0.0)
@@ -274,9 +284,17 @@ def fit(name: str, role: str, index: int, tp: int, card_mib: int | None, mem_fra
                    "out of memory")
         fix = (f"lower {key} if the KV pool can shrink (it holds {tokens:,} tokens), lower cuda_graph_max_bs, or use "
                "a larger TP; the worker log's \"avail mem\" after CUDA-graph capture is the measurement")
+    elif graph_max_bs and tokens < graph_max_bs * CLAIMED_STREAM_TOKENS:
+        status = "warn"
+        finding = (f"{name}: its CUDA graphs cover {graph_max_bs} requests but its KV pool holds {tokens:,} tokens, "
+                   f"{tokens // CLAIMED_STREAM_TOKENS} streams of {CLAIMED_STREAM_TOKENS:,} tokens: the largest "
+                   "batches never form")
+        fix = (f"--set {role}.{index}.cuda_graph_max_bs={max(1, tokens // CLAIMED_STREAM_TOKENS)}, or raise {key} / "
+               "use a larger TP")
     return MemoryFit(worker=name, role=role, index=index, tp=tp, speculative=speculative, card_mib=card,
                      card_source=card_src, mem_fraction_static=round(frac, 4),
                      fraction_source=frac_src, weights_gib=round(weights, 2), mtp_gib=round(mtp, 2),
                      kv_gib=round(kv, 2), kv_tokens=tokens, bytes_per_token=round(bpt, 2),
                      headroom_gib=round(headroom, 2), reserve_gib=reserve, context_length=context_length,
-                     scale_bytes=scale_bytes, status=status, finding=finding, fix=fix)
+                     scale_bytes=scale_bytes, status=status, finding=finding, fix=fix, graph_max_bs=graph_max_bs,
+                     graph_rows=graph_max_bs * draft_tokens if graph_max_bs else None)

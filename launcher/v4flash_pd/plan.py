@@ -18,7 +18,7 @@ from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host
 from v4flash_pd.hostprobe import Binding, numactl_prefix
 from v4flash_pd.interconnect import loopback_binds
-from v4flash_pd.memory import MemoryFit
+from v4flash_pd.memory import MOE_SCALE_BYTES, REPACKED_SCALE_BYTES, MemoryFit
 from v4flash_pd.memory import fit as memory_arithmetic
 from v4flash_pd.ports import WILDCARD_HOSTS, PortUse, is_ip, url_host
 from v4flash_pd.topology import UNKNOWN_NODE
@@ -347,8 +347,12 @@ def speculative_args(spec: Speculative) -> tuple[str, ...]:
 def memory_fit(cfg: Config, w: WorkerSpec, host: Host) -> MemoryFit:
     """Per-GPU memory of a worker on the cards the topology reports (the smallest of its GPUs)."""
     sizes = [g.memory_mib for g in host.topology.gpus if g.index in w.gpus and g.memory_mib]
+    graphs = w.cuda_graph_max_bs if w.role in ("decode", "server") else None
+    # the moe switch repacks the experts' scales to e8m0 bytes at load time (a quarter of the fp32 ones)
+    scales = REPACKED_SCALE_BYTES if cfg.patch_on("moe") else MOE_SCALE_BYTES
     return memory_arithmetic(w.name, w.role, w.index, w.tp, min(sizes) if sizes else None,
-                             w.mem_fraction_static, cfg.context_length, cfg.speculative.on)
+                             w.mem_fraction_static, cfg.context_length, cfg.speculative.on, scale_bytes=scales,
+                             graph_max_bs=graphs, draft_tokens=cfg.speculative.num_draft_tokens if cfg.speculative.on else 1)
 
 
 def _memory_findings(fits: tuple[MemoryFit, ...], strict: bool, rehearse: bool,

@@ -49,6 +49,16 @@ _RTX6000_ENGINE = {
 # fallback); `--set model.served_name=NAME` overrides it.
 SERVED_NAME = "DeepSeek-V4-Flash"
 
+# MTP speculative decoding on by default: 2 draft steps (EAGLE, top-k 1, 3 draft tokens). Public
+# figures for this checkpoint on 4x RTX PRO 6000 (TP4): 2 steps are the best setting at 1 stream
+# (176 -> 299 tok/s) and at 64 streams (+33-43 %), and 3 steps lose to 2 in every row; docs/speculative.md
+# has the figures, their sources and our own step-bench cycle. `--mtp 0` turns it off.
+SPECULATIVE_DEFAULT = {"num_steps": 2}
+
+# Decode captures CUDA graphs up to the 64 streams per TP4 group the README's figures are for (with
+# MTP: 64 x 3 = 192 verify rows); `plan` shows that the KV pool holds them (memory.py).
+DECODE_GRAPH_MAX_BS = 64
+
 # Both PD profiles prefill with one TP4 worker on socket 0's GPUs.
 _PREFILL_TP4_SOCKET0: dict[str, Any] = {
     "gpus": [0, 1, 2, 3],
@@ -64,6 +74,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "mode": "pd",
         "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
+        "speculative": dict(SPECULATIVE_DEFAULT),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
         "prefill": [dict(_PREFILL_TP4_SOCKET0)],
         "decode": [
@@ -73,20 +84,23 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "numa_node": 1,
                 "port": 30001,
                 "nccl_port": 30011,
-                "cuda_graph_max_bs": 32,
+                "cuda_graph_max_bs": DECODE_GRAPH_MAX_BS,
             }
         ],
         "router": {"host": "0.0.0.0", "port": 8000, "metrics_port": 29000},
     },
     # Decode as two TP2 replicas (issue 21): prefill TP4 on socket 0 as above; decode-0 on GPUs 4,5 and
     # decode-1 on GPUs 6,7, both on socket 1's NUMA node, behind the one router. At TP2 a GPU holds half
-    # the experts (86.0 GiB of weights with the pinned fp32 expert scales, memory.py), so the decode
-    # workers need mem_fraction_static 0.94 to keep any KV pool; `plan` shows the arithmetic. Decode in PD
+    # the experts (73.9 GiB of weights with the moe switch's e8m0 expert scales, 86.0 with the pinned fp32
+    # ones, memory.py), so the decode workers take mem_fraction_static 0.85: SGLang's 14 GiB (with MTP)
+    # stays outside the pool and the pool holds the 32 streams of 8K tokens each replica's graphs cover;
+    # `plan` shows the arithmetic (with --moe off the weights do not fit: raise it to 0.94). Decode in PD
     # keeps no prefix cache, so the router spreads streams round-robin instead of by prefix.
     "rtx6000-8x-pd-2xtp2": {
         "mode": "pd",
         "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE),
+        "speculative": dict(SPECULATIVE_DEFAULT),
         "env": {**OFFLINE_ENV, **NO_IB_UCX_ENV},
         "prefill": [dict(_PREFILL_TP4_SOCKET0)],
         "decode": [
@@ -97,7 +111,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "port": 30001,
                 "nccl_port": 30011,
                 "cuda_graph_max_bs": 32,
-                "mem_fraction_static": 0.94,
+                "mem_fraction_static": 0.85,
             },
             {
                 "gpus": [6, 7],
@@ -106,7 +120,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "port": 30002,
                 "nccl_port": 30012,
                 "cuda_graph_max_bs": 32,
-                "mem_fraction_static": 0.94,
+                "mem_fraction_static": 0.85,
             },
         ],
         "router": {"host": "0.0.0.0", "port": 8000, "metrics_port": 29000,
@@ -118,6 +132,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "mode": "aggregated",
         "model": {"path": "/models/DeepSeek-V4-Flash", "served_name": SERVED_NAME},
         "engine": dict(_RTX6000_ENGINE, transfer_backend=None),
+        "speculative": dict(SPECULATIVE_DEFAULT),
         "env": dict(OFFLINE_ENV),
         "server": [
             {
@@ -127,7 +142,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "host": "0.0.0.0",
                 "port": 8000,
                 "nccl_port": 30010,
-                "cuda_graph_max_bs": 32,
+                "cuda_graph_max_bs": DECODE_GRAPH_MAX_BS,
             }
         ],
     },

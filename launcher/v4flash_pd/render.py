@@ -83,17 +83,20 @@ def memory_lines(plan: Plan) -> list[str]:
     first = plan.memory[0]
     card = ("from the topology" if all(f.card_source == "topology" for f in plan.memory)
             else f"assumed RTX PRO 6000, {first.card_mib} MiB, where the topology has none")
-    scales = "fp32" if first.scale_bytes == 4 else f"{first.scale_bytes}-byte"
-    out = [f"memory per GPU (arithmetic, not measured; card {card}; MoE scales {scales} as the pinned sm_120 path "
-           "loads them):"]
+    scales = ("fp32 as the pinned sm_120 path loads them" if first.scale_bytes == 4 else
+              "e8m0 bytes as the moe switch repacks them at load time" if first.scale_bytes == 1 else
+              f"{first.scale_bytes}-byte")
+    out = [f"memory per GPU (arithmetic, not measured; card {card}; MoE scales {scales}):"]
     rows = []
     for f in plan.memory:
         ctx = f" = {f.kv_tokens / f.context_length:.1f} x ctx" if f.context_length and f.kv_gib > 0 else ""
+        graphs = "-" if not f.graph_max_bs else (
+            f"1-{f.graph_max_bs} req" + (f" ({f.graph_rows} verify rows)" if f.graph_rows != f.graph_max_bs else ""))
         rows.append((f.worker, f"TP{f.tp}", f"{f.card_mib * 2**20 / 2**30:.1f} GiB", f"{f.mem_fraction_static:.2f}",
                      f"{f.weights_gib:.1f} GiB", f"{f.mtp_gib:.1f} GiB" if f.mtp_gib else "-",
-                     f"{f.kv_gib:.1f} GiB, {f.kv_tokens:,} tok{ctx}", f"{f.headroom_gib:.1f} GiB", f.status))
-    out += format_table(("NAME", "TP", "CARD", "FRACTION", "WEIGHTS", "MTP LAYER", "KV POOL", "OUTSIDE POOL", "CHECK"),
-                        rows)
+                     f"{f.kv_gib:.1f} GiB, {f.kv_tokens:,} tok{ctx}", f"{f.headroom_gib:.1f} GiB", graphs, f.status))
+    out += format_table(("NAME", "TP", "CARD", "FRACTION", "WEIGHTS", "MTP LAYER", "KV POOL", "OUTSIDE POOL", "GRAPHS",
+                         "CHECK"), rows)
     return out
 
 
