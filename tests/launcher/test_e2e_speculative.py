@@ -117,7 +117,8 @@ def test_up_rehearse_mtp3_ready_with_the_flags_on_both_workers(tmp_path: Path, s
 
 def test_bench_without_speculation_reports_no_accept_length(tmp_path: Path, started: list[Run]) -> None:
     ports = fakebox.free_ports(7)
-    run = Run(tmp_path, _env(tmp_path), ["--config", str(fakebox.write_pd_config(tmp_path, ports)),
+    # speculative decoding is on by default (2 draft steps): off here on purpose
+    run = Run(tmp_path, _env(tmp_path), ["--config", str(fakebox.write_pd_config(tmp_path, ports)), "--mtp", "0",
                                          "--topology", str(fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE))])
     started.append(run)
     assert run.up.returncode == 0, run.up.stdout + run.up.stderr

@@ -95,6 +95,7 @@ def test_all_pass_changes_nothing_and_is_marked_stand_in(box, stopper):
     assert res.returncode == 0, res.stderr
     assert "all passed" in res.stdout and "[stand-in: rehearsal, no kernel ran]" in res.stdout
     assert "FAILED" not in res.stdout
+    # every patch on, the auto all-reduce too: its own check passed
     assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
 
 
@@ -114,7 +115,9 @@ def test_no_selfcheck_skips_it_and_says_so(box, stopper):
     assert res.returncode == 0, res.stderr
     assert "skipped (--no-selfcheck)" in res.stdout and "unverified" in res.stdout
     assert not (latest(box) / "selfcheck.json").exists()
-    assert all(set(sw.values()) == {"1"} for sw in worker_switches(latest(box)).values())
+    # the switched-on patches run unverified; the auto one (the all-reduce) stays off without its check
+    assert all(sw == {f"V4FLASH_{n.upper()}": "0" if n == "allreduce" else "1" for n in SWITCHES}
+               for sw in worker_switches(latest(box)).values())
 
 
 def _standins_gone(run: Path) -> None:
@@ -196,3 +199,73 @@ def test_status_of_a_run_without_a_selfcheck_is_unchanged(box, stopper):
     st = v4(box, "status", "--json", "--run-dir", str(latest(box)))
     assert json.loads(st.stdout)["selfcheck"] is None
 
+
+
+# ----------------------------------------------------------------------------- on by default only where verified
+
+
+def test_the_auto_allreduce_is_off_in_the_plan_and_on_once_its_check_passed(box, stopper):
+    """Every switched-on patch gets a verdict (none unchecked), and the IPC all-reduce, off in `plan`,
+    is switched on for the run only by its own passing check."""
+    shown = v4(box, "plan", "--rehearse", "--config", str(box["cfg"]), "--topology", str(box["topology"]))
+    assert shown.returncode == 0, shown.stderr
+    assert "allreduce off until its self-check passes in `up` (auto)" in shown.stdout
+    res = up(box, "--detach")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "kernel patch allreduce: self-check passed on every GPU of the plan; switched ON for this run" in res.stdout
+    run = latest(box)
+    s = json.loads((run / "selfcheck.json").read_text())
+    assert sorted(s["patches"]) == sorted(SWITCHES)
+    assert {n: p["status"] for n, p in s["patches"].items()} == {n: "pass" for n in SWITCHES}
+    assert s["switched_on"] == ["allreduce"] and s["kept_off"] == []
+    plan = json.loads((run / "plan.json").read_text())
+    assert dict(map(tuple, plan["patches"]))["allreduce"] is True
+    for name, sw in worker_switches(run).items():
+        assert sw["V4FLASH_ALLREDUCE"] == "1", name
+
+
+def test_a_failing_auto_allreduce_stays_off_and_nothing_else_changes(box, stopper):
+    res = up(box, "--detach", **{INJECT: "allreduce:wrong@6"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    warning = next(line for line in res.stdout.splitlines() if line.startswith("WARNING kernel patch allreduce"))
+    assert "GPU 6" in warning and "stays OFF" in warning
+    run = latest(box)
+    s = json.loads((run / "selfcheck.json").read_text())
+    assert s["decision"] == "ok" and s["switched_off"] == [] and s["kept_off"] == ["allreduce"]
+    plan = json.loads((run / "plan.json").read_text())
+    assert dict(map(tuple, plan["patches"])) == {n: n != "allreduce" for n in SWITCHES}
+
+
+def test_no_selfcheck_leaves_the_auto_allreduce_off(box, stopper):
+    res = up(box, "--detach", "--no-selfcheck")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "allreduce stay(s) off" in res.stdout
+    plan = json.loads((latest(box) / "plan.json").read_text())
+    assert dict(map(tuple, plan["patches"]))["allreduce"] is False
+
+
+def test_an_explicit_allreduce_on_is_on_without_waiting_and_still_checked(box, stopper):
+    shown = v4(box, "plan", "--rehearse", "--config", str(box["cfg"]), "--topology", str(box["topology"]),
+               "--allreduce", "on")
+    assert "allreduce on" in shown.stdout and "(auto)" not in shown.stdout
+    res = up(box, "--detach", "--allreduce", "on", **{INJECT: "allreduce:wrong@4"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = json.loads((latest(box) / "selfcheck.json").read_text())
+    assert s["switched_off"] == ["allreduce"], s
+
+
+def _summary(**status: str) -> dict:
+    return {"patches": {n: {"status": st} for n, st in status.items()}}
+
+
+def test_decide_strict_refuses_a_switched_on_patch_without_a_check() -> None:
+    from v4flash_pd.selfcheck.gate import Decision, decide
+
+    v = decide(_summary(moe="pass", fp8_gemm="unchecked", allreduce="pass"), ("allreduce",), strict=True)
+    assert v.refuse and v.unchecked == ("fp8_gemm",) and v.decision == Decision()
+    v = decide(_summary(moe="pass", fp8_gemm="unchecked", allreduce="pass"), ("allreduce",), strict=False)
+    assert not v.refuse and v.decision == Decision(off=(), on=("allreduce",))
+    v = decide(_summary(moe="fail", allreduce="fail"), ("allreduce",), strict=False)
+    assert v.decision == Decision(off=("moe",), on=()) and v.kept_off == ("allreduce",)
+    v = decide(_summary(moe="pass", allreduce="fail"), ("allreduce",), strict=True)
+    assert not v.refuse, "an auto switch that fails stays off; strict refuses only switched-on patches"

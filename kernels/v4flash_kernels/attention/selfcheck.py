@@ -35,7 +35,7 @@ def cases(target: Target) -> List[Case]:
     if target.small_only:
         return out
     kinds = (("swa", 0), ("c4", C4_WIDTH), ("c128", math.ceil(target.context / 128)))
-    for b in target.batches:
+    for b in target.decode_rows:
         for kind, extra in kinds:
             out.append(_production(f"decode {kind} B={b}", kind, b, extra, heads, target,
                                    graph=kind == "c4", upstream=b == 1))

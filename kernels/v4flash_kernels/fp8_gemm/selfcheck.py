@@ -51,10 +51,9 @@ def cases(target: Target) -> List[Case]:
     out = [_case("small 5 x 384 x 256", SMALL, 5, LinearShape("small", 384, 256), target)]
     if target.small_only:
         return out
-    largest = max(target.batches)
+    largest = max(target.decode_rows)
     for shape in model_shapes(max(1, target.tp_size), bool(target.verify_rows)):
-        rows = sorted({*target.batches, *target.verify_rows})
-        for m in rows:
+        for m in target.decode_rows:
             out.append(_case(f"{shape.name} {shape.n}x{shape.k} M={m}", PRODUCTION, m, shape, target,
                              graph=m == largest))
         if target.prefill_rows:

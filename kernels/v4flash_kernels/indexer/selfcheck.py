@@ -35,8 +35,8 @@ def cases(target: Target) -> List[Case]:
     if target.small_only:
         return out
     width = math.ceil(target.context / 256)
-    largest = max(target.batches)
-    for b in target.batches:
+    largest = max(target.decode_rows)
+    for b in target.decode_rows:
         out.append(_production(f"decode B={b} context {target.context}", target,
                                lambda seed, b=b: decode_inputs(b, width, seed, target.device),
                                graph=b == largest, upstream=b == 1))

@@ -28,8 +28,8 @@ def cases(target: Target) -> List[Case]:
     ]
     if target.small_only:
         return out
-    largest = max(target.batches)
-    for b in target.batches:
+    largest = max(target.decode_rows)
+    for b in target.decode_rows:
         out.append(_fused(f"decode fused N={b}", PRODUCTION, b, HIDDEN, target, graph=b == largest))
     out.append(_pre("decode pre N=1", PRODUCTION, 1, HIDDEN, target, upstream=True))
     out.append(_post("decode post N=1", PRODUCTION, 1, HIDDEN, target, upstream=True))

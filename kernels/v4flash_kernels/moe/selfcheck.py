@@ -40,9 +40,9 @@ def cases(target: Target) -> List[Case]:
         return out
     inter = INTER_TP1 // max(1, target.tp_size)
     weights: Dict[Any, Any] = {}
-    largest = max(target.batches)
+    largest = max(target.decode_rows)
     for tag, ours in (("", _ours), (" repacked (v2)", _ours_repacked)):
-        for m in target.batches:
+        for m in target.decode_rows:
             out.append(_production(f"decode M={m}{tag}", m, inter, target, weights, ours, graph=m == largest))
         if target.prefill_rows:
             out.append(_production(f"prefill M={target.prefill_rows}{tag}", target.prefill_rows, inter, target,

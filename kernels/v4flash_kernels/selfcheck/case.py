@@ -48,6 +48,12 @@ class Target:
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    @property
+    def decode_rows(self) -> Tuple[int, ...]:
+        """Row counts of the decode-side calls: each decode batch and each speculative verify batch
+        (B x (k+1) rows, independent rows to every op, so the same cases at those counts)."""
+        return tuple(sorted({*self.batches, *self.verify_rows}))
+
 
 @dataclass(frozen=True)
 class Comparison:

@@ -29,8 +29,8 @@ def cases(target: Target) -> List[Case]:
     if target.small_only:
         return out
     width = max(1, target.context // 4)
-    largest = max(target.batches)
-    for b in target.batches:
+    largest = max(target.decode_rows)
+    for b in target.decode_rows:
         out.append(_case(f"decode B={b} context {target.context}", PRODUCTION, target,
                          lambda seed, b=b: decode_inputs(b, width, seed, target.device), graph=b == largest))
     if target.prefill_rows:

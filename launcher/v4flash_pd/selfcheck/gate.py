@@ -186,18 +186,39 @@ def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) 
         raise
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The check's outcome for `up`: what changes, and whether --strict-selfcheck refuses."""
+
+    decision: Decision
+    failed: tuple[str, ...]  # switched-on patches that failed
+    unchecked: tuple[str, ...]  # switched-on patches with no self-check
+    kept_off: tuple[str, ...]  # `auto` patches that did not pass: they stay off
+    refuse: bool
+
+
+def decide(summary: dict[str, Any], pending: tuple[str, ...], strict: bool) -> Verdict:
+    """Pure: a summary (`result.summarize`) and the plan's `auto` switches -> what `up` does. An `auto`
+    switch is on only when it passed; a failing or unchecked switched-on patch goes off, or, under
+    --strict-selfcheck, is a refusal."""
+    bad = tuple(n for n in result.failed(summary) if n not in pending)
+    loose = tuple(n for n in result.unchecked(summary) if n not in pending)
+    passed = set(result.passed(summary))
+    on = tuple(n for n in pending if n in passed)
+    refuse = strict and bool(bad or loose)
+    return Verdict(Decision(off=() if strict else bad, on=() if refuse else on), bad, loose,
+                   tuple(n for n in pending if n not in passed), refuse)
+
+
 def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> Decision:
     summary = run_check(plan, run.path, echo)
     pending = set(plan.pending_patches)
-    bad = [n for n in result.failed(summary) if n not in pending]
-    loose = [n for n in result.unchecked(summary) if n not in pending]
-    passed = result.passed(summary)
-    turned_on = [n for n in plan.pending_patches if n in passed]
-    kept_off = [n for n in plan.pending_patches if n not in passed]
-    refuse = strict and bool(bad or loose)
+    v = decide(summary, plan.pending_patches, strict)
+    bad, loose, turned_on, kept_off, refuse = list(v.failed), list(v.unchecked), list(v.decision.on), \
+        list(v.kept_off), v.refuse
     summary["decision"] = "refused" if refuse else "switched_off" if bad else "ok"
     summary["switched_off"] = [] if strict else bad
-    summary["switched_on"] = [] if refuse else turned_on
+    summary["switched_on"] = turned_on
     summary["kept_off"] = kept_off
     result.write(run.path, summary)
     run.event("selfcheck", decision=summary["decision"], failed=bad, switched_off=summary["switched_off"],
@@ -223,4 +244,4 @@ def _checked(plan: Plan, strict: bool, run: RunDir, echo: Echo) -> Decision:
             "--strict-selfcheck to serve with the failing patch(es) switched off (or switch the unchecked ones "
             f"off: {' '.join(f'--{n.replace(chr(95), chr(45))} off' for n in bad + loose)}), and send us "
             "`v4flash-pd report`")
-    return Decision(off=tuple(bad), on=tuple(turned_on))
+    return v.decision
