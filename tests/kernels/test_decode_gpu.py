@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from v4flash_kernels.attention.bench import KINDS
-from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
+from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
+from v4flash_kernels.kit.compare import rel_err
 
 pytestmark = pytest.mark.gpu
 

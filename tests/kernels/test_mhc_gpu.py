@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from v4flash_kernels.kit.device import arrival_counters, num_sms
 from v4flash_kernels.mhc import bench as B
 from v4flash_kernels.mhc import op
 from v4flash_kernels.mhc import reference as R
@@ -84,7 +85,7 @@ def test_gpu_deterministic_and_graph_replay_follows_new_inputs(n):
     different one from run to run); a captured graph replayed many times (the tickets reset
     themselves) follows new inputs copied into its buffers."""
     kw = _kw(n, seed=1)
-    assert op.plan_for(n, 4096, op._num_sms(kw["x"].device)).one_launch
+    assert op.plan_for(n, 4096, num_sms(kw["x"].device)).one_launch
     first = [t.clone() for t in _fused(kw)]
     for _ in range(20):
         again = _fused(kw)
@@ -97,7 +98,7 @@ def test_gpu_deterministic_and_graph_replay_follows_new_inputs(n):
         g.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(first, out))
-    assert int(op.arrival_counters(kw["x"].device, 64).abs().sum()) == 0
+    assert int(arrival_counters(kw["x"].device, 64).abs().sum()) == 0
     fresh = _kw(n, seed=2)
     for k in ("x", "residual", "post", "comb", "hc_fn", "hc_scale", "hc_base", "norm_weight"):
         kw[k].copy_(fresh[k])

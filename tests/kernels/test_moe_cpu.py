@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from v4flash_kernels.kit.compare import rel_err
 from v4flash_kernels.moe import kernel, op_v2, repack
 from v4flash_kernels.moe import op as moe
 from v4flash_kernels.moe.reference import (
@@ -22,7 +23,6 @@ from v4flash_kernels.moe.reference import (
     e2m1_values,
     make_inputs,
     ref_of,
-    rel_err,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -337,7 +337,7 @@ def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
 def test_v2_split_k_leaves_counters_zero_and_repeats_exactly():
     """The last split to arrive reduces and zeroes its counter: a second call (as a graph replay
     would) sees clean counters and gives the same bits."""
-    from v4flash_kernels.attention.op import arrival_counters
+    from v4flash_kernels.kit.device import arrival_counters
 
     kw = make_inputs(MoeCase(tokens=1, clamp_limit=0.4, routed_scaling_factor=1.5))
     plan = V2_PLANS["inline_splitk4"]

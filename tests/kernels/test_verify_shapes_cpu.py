@@ -45,7 +45,8 @@ import torch
 import verify_rows as V
 
 from v4flash_kernels.attention import op as decode
-from v4flash_kernels.attention.reference import rel_err, sparse_mla_decode_ref
+from v4flash_kernels.attention.reference import sparse_mla_decode_ref
+from v4flash_kernels.kit.compare import rel_err
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernel tests run under the Triton interpreter"
@@ -409,13 +410,8 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
     on the definition's quantized activation (the same function, to rounding)."""
     from v4flash_kernels.fp8_gemm import op as f8
     from v4flash_kernels.fp8_gemm.bench import upstream_fp8_kernel
-    from v4flash_kernels.fp8_gemm.reference import (
-        excess_error,
-        linear_ref,
-        make_activation,
-        make_weight,
-        quantize_activation_ref,
-    )
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.fp8 import quantize_activation_ref
 
     g = torch.Generator().manual_seed(70 + rows)
     x = make_activation(rows, 1024, g)
@@ -464,10 +460,10 @@ def _rows_layout(rows: int, seed: int) -> V.Layout:
 def test_moe_every_verify_plan(version):
     """v1 (the drop-in) and v2 (repacked layers): the plan of every verify row class at TP4, on verify
     rows of small-dim experts, against fp64."""
+    from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe import op_v2 as v2
     from v4flash_kernels.moe.reference import ref_of
-    from v4flash_kernels.moe.reference import rel_err as moe_err
     from v4flash_kernels.moe.repack import repack_experts
 
     for rows, label in _class_rows(MOE[version]):
@@ -491,10 +487,10 @@ def test_moe_every_verify_plan(version):
 def test_moe_matches_upstream_on_verify_rows():
     """2 requests x 2 rows (k = 1): v1, v2 and the wheel's `mxfp4_moe_forward_triton` (under the
     interpreter, one autotune config) against fp64 and each other."""
+    from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe.op_v2 import moe_forward_repacked
     from v4flash_kernels.moe.reference import ref_of
-    from v4flash_kernels.moe.reference import rel_err as moe_err
     from v4flash_kernels.moe.repack import repack_experts
     from v4flash_kernels.upstream import MOE_PATH, load_module
 

@@ -119,8 +119,9 @@ ATTN_CASES = [pytest.param(kind, *p.values, id=f"{kind}-{p.id}") for kind in ("s
 @pytest.mark.parametrize("kind,bs,k,label", ATTN_CASES)
 def test_gpu_attention_verify_graph(kind, bs, k, label):
     from v4flash_kernels.attention import op as decode
-    from v4flash_kernels.attention.reference import rel_err, sparse_mla_decode_ref
+    from v4flash_kernels.attention.reference import sparse_mla_decode_ref
     from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.kit.compare import rel_err
 
     fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(1, 4))
     lay_a, lay_b = _batches(bs, k, seed=bs * 10 + k)
@@ -245,9 +246,10 @@ MOE_CASES = [pytest.param(v, *p.values, id=f"{v}-{p.id}") for v in ("v1", "v2")
 
 @pytest.mark.parametrize("version,bs,k,label", MOE_CASES)
 def test_gpu_moe_verify_graph(tp4_experts, version, bs, k, label):
+    from v4flash_kernels.kit.compare import rel_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe.op_v2 import moe_forward_repacked
-    from v4flash_kernels.moe.reference import ref_of, rel_err
+    from v4flash_kernels.moe.reference import ref_of
 
     scaling, clamp = 1.5, 10.0
     lay_a, lay_b = _batches(bs, k, seed=400 + bs * 10 + k)

@@ -29,8 +29,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from v4flash_kernels.kit.measure import time_graph
+from v4flash_kernels.kit.table import variant_summary
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.timing import time_graph, variant_summary  # also imported from here by other benches
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -102,7 +103,7 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: sl
     """
     import torch
 
-    from v4flash_kernels.attention.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     extra = {}
     B, _, H, D = kw["q"].shape

@@ -33,6 +33,7 @@ from types import ModuleType
 from typing import Callable, Dict, List, Tuple
 
 from v4flash_kernels import upstream as _up
+from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.provenance import measured_commit
 
 FP8_UTILS_PATH = "sglang/srt/layers/quantization/fp8_utils.py"
@@ -133,7 +134,8 @@ ATOL_MAG = {"ours": 2.0 ** -12, "upstream": 2.0 ** -8}
 
 
 def check_one(out, x, w, ws, who: str = "ours") -> dict:
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, rel_err
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref
+    from v4flash_kernels.kit.compare import rel_err
 
     ref, mag = linear_ref(x, w, ws)
     ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(who, ATOL_MAG["ours"]))
@@ -146,7 +148,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
 
     from v4flash_kernels.fp8_gemm import op
     from v4flash_kernels.fp8_gemm.reference import make_activation, make_weight
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
@@ -154,7 +156,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
     r = rotations(n * k + m * k * 2, l2)
     x = make_activation(m, k, g, device="cuda")
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
-    p = op.plan(m, n, k, op.num_sms(x.device))
+    p = op.plan(m, n, k, num_sms(x.device))
     variants: Dict[str, dict] = {}
     floor_h200 = nbytes / bw_h200 * 1e6
     row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
@@ -251,10 +253,10 @@ def format_markdown(rows: List[dict], ms: List[int]) -> str:
 
 def _copy_bandwidth() -> Tuple[float, str]:
     try:
-        from v4flash_kernels.step.runner import copy_bandwidth
+        from v4flash_kernels.kit.measure import copy_bandwidth
 
-        return copy_bandwidth(), "measured D2D copy (step.runner.copy_bandwidth)"
-    except Exception as exc:  # the step package moved: say so in the JSON, use the documented figure
+        return copy_bandwidth(), "measured D2D copy (kit.measure.copy_bandwidth)"
+    except Exception as exc:  # no measurement: say so in the JSON, use the documented figure
         return BW_H200_FALLBACK, f"constant {BW_H200_FALLBACK:.2e} ({type(exc).__name__}: {exc})"
 
 

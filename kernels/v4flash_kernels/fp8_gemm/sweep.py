@@ -30,7 +30,7 @@ WARMUP_MS, REP_MS = 5, 20
 
 def _time(fn: Callable, ws: list) -> float:
     """µs per call: a CUDA graph of one call per rotated weight, median replay / r."""
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     def many() -> None:
         for w, s in ws:
@@ -54,11 +54,13 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
     from v4flash_kernels.fp8_gemm import candidates as cand
     from v4flash_kernels.fp8_gemm import op
     from v4flash_kernels.fp8_gemm.bench import ATOL_MAG, BW_RTX6000, bytes_moved, rotations
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight, rel_err
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.kit.device import num_sms
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
-    sms = op.num_sms(torch.device("cuda"))
+    sms = num_sms(torch.device("cuda"))
     nbytes = bytes_moved(m, n, k)
     r = rotations(n * k + m * k * 2, l2)
     x = make_activation(m, k, g, device="cuda")

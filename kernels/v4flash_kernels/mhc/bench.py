@@ -36,6 +36,8 @@ from typing import Callable, Dict, Iterator, List, TypedDict
 import torch
 
 from v4flash_kernels import upstream as _up
+from v4flash_kernels.kit.device import num_sms
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.mhc import reference as R
 from v4flash_kernels.provenance import measured_commit
 
@@ -257,12 +259,6 @@ def check_against_pair(out, pair, tol: Dict[str, float]) -> Dict:
 # --------------------------------------------------------------------------- bench
 
 
-def _time(fn: Callable) -> float:
-    from v4flash_kernels.timing import time_graph
-
-    return time_graph(fn)
-
-
 def bytes_floor(n: int, hidden: int = 4096) -> Dict[str, int]:
     """Minimum HBM bytes per call: hc_fn once, the streams / sub-layer output / results once."""
     fn = R.MIX * R.HC * hidden * 4
@@ -322,7 +318,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     """One token count: every variant checked against fp64, then timed (`timer`, default CUDA-graph replay)."""
     from v4flash_kernels.mhc import op
 
-    _time_fn = timer or _time
+    _time_fn = timer or time_graph
     case = R.MhcCase(tokens=n, hidden=hidden)
     p = case.params
     kw = R.make_inputs(case, device=device, seed=seed)
@@ -330,7 +326,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
     fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
     common = PreScalars(rms_eps=p.rms_eps, hc_eps=p.pre_eps, sinkhorn_iters=p.iters)
-    plan = op.plan_for(n, case.hidden, op._num_sms(x.device))
+    plan = op.plan_for(n, case.hidden, num_sms(x.device))
     floor = bytes_floor(n, hidden)
     row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
                      "variants": {}}

@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
@@ -284,7 +285,7 @@ def prefill_verdict(row: dict) -> str:
 def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
     import torch
 
-    from v4flash_kernels.moe.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     extra = {"out": torch.full_like(kw["hidden_states"], float("nan"))} if poison else {}
     out = fn(**kw, **extra)
@@ -302,22 +303,11 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     def seq():
         for kw in kws:
             fn(**kw)
-    seq()  # compile outside the capture
-    torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            seq()
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            seq()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-        del g
-    else:
-        ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
+        return time_graph(seq) / len(kws)
+    seq()  # compile outside the timing
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
     return ms * 1e3 / len(kws)
 
 

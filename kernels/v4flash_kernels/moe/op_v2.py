@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4flash_kernels.attention.op import arrival_counters
+from v4flash_kernels.kit.device import arrival_counters
 from v4flash_kernels.moe import kernel as _k
 from v4flash_kernels.moe import kernel_v2 as _k2
 from v4flash_kernels.moe import op as _v1

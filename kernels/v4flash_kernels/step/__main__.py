@@ -140,13 +140,14 @@ def main(argv: List[str] | None = None) -> int:
         return 2
     import triton
 
+    from v4flash_kernels.kit.measure import copy_bandwidth, graph_overhead_us
     from v4flash_kernels.step import runner
 
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     props = torch.cuda.get_device_properties(0)
-    bw = runner.copy_bandwidth()
+    bw = copy_bandwidth()
     gpu = M.machine_for(props.name, bw)
-    overhead = runner.graph_overhead_us()
+    overhead = graph_overhead_us()
     print(f"GPU {props.name}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB, "
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
     t0 = time.time()

@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List
 
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.timing import time_graph
 
 K = 512
 PAGE = 64
