@@ -319,7 +319,7 @@ def main(argv: List[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (or --cpu under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from v4flash_kernels.attention.bench import KINDS
+    from v4flash_bench.attention import KINDS
     from v4flash_kernels.attention.reference import Case, make_inputs
     from v4flash_kernels.kit.measure import time_graph
 

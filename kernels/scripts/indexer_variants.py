@@ -165,7 +165,7 @@ def main(argv: List[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (or --cpu under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from v4flash_kernels.indexer.bench import Shape
+    from v4flash_bench.indexer import Shape
     from v4flash_kernels.indexer.reference import IndexerCase, make_indexer_inputs, reference_for
     from v4flash_kernels.kit.measure import time_graph
 

@@ -26,7 +26,7 @@ import time
 import torch
 import triton
 
-from v4flash_kernels.attention import bench
+import v4flash_bench.attention as bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
 from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from v4flash_kernels.attention import bench
+import v4flash_bench.attention as bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
 from v4flash_kernels.kit.measure import time_graph

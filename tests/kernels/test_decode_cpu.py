@@ -469,7 +469,7 @@ def test_read_attn_tp_without_sglang_process_groups_means_all_heads():
 
 def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     """Attention per decode step at B=1, 128K: 2 SWA + 21 c4 + 20 c128 calls; None when a row is missing."""
-    from v4flash_kernels.attention import bench
+    import v4flash_bench.attention as bench
 
     def row(kind, mode, batch, us):
         return {"kind": kind, "mode": mode, "batch": batch, "heads": 64, "tokens": 1, "floor_h200_us": 0.1,

@@ -57,7 +57,7 @@ def _round_kernel(X, Q, n, BLOCK: tl.constexpr):
 
 @pytest.fixture(scope="module")
 def upstream():
-    from v4flash_kernels.fp8_gemm.bench import upstream_fp8_kernel
+    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
 
     return upstream_fp8_kernel()
 
@@ -237,7 +237,7 @@ def test_matmul_column_major_scales_3d_and_default_dtype(upstream):
 
 
 def test_signatures_equal_upstreams():
-    from v4flash_kernels.fp8_gemm.bench import upstream_fp8_kernel, upstream_fp8_linear
+    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel, upstream_fp8_linear
     from v4flash_kernels.hook.hook import signature_mismatch
 
     assert signature_mismatch(upstream_fp8_linear().triton_w8a8_block_fp8_linear, op.w8a8_block_fp8_linear) is None

@@ -40,7 +40,7 @@ def _ok(out, ref, mag, dtype=torch.bfloat16, atol_mag=ATOL_MAG):
 
 @pytest.fixture(scope="module")
 def upstream():
-    from v4flash_kernels.fp8_gemm.bench import upstream_fp8_kernel, upstream_fp8_linear
+    from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel, upstream_fp8_linear
 
     return upstream_fp8_linear(), upstream_fp8_kernel()
 

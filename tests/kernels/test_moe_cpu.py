@@ -526,7 +526,7 @@ def test_pair_split_words_refuse_other_gemm_bodies():
 def test_bench_sweep_candidates_and_tables():
     """The GPU bench's pure parts: every swept plan is one the kernels accept, the planner's own plan
     comes first, and both tables format a row (synthetic numbers, no GPU)."""
-    from v4flash_kernels.moe import bench
+    import v4flash_bench.moe as bench
 
     for m in (1, 2, 16, 64, 256, 1024, 4096):
         plans = bench.v2_candidates(bench.Shape(4, m))
@@ -550,7 +550,7 @@ def test_bench_prefill_candidates_and_verdict():
     """`bench --prefill`'s pure parts: the planner's plan first, every repacked candidate one the
     kernels accept (v1 plans on PAIR_SPLIT words: dot bodies, no split-K), the v2/v1 crossover
     covered from both sides, and the verdict compares the planner with v1 (synthetic numbers)."""
-    from v4flash_kernels.moe import bench
+    import v4flash_bench.moe as bench
 
     for m in (256, 1024, 4096):
         plans = bench.prefill_candidates(bench.Shape(4, m))

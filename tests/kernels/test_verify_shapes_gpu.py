@@ -284,7 +284,7 @@ def test_gpu_moe_verify_graph(tp4_experts, version, bs, k, label):
 def test_gpu_mhc_verify_graph(bs, k, label):
     from types import SimpleNamespace
 
-    from v4flash_kernels.mhc import bench as B
+    from v4flash_kernels.mhc import checks as C
     from v4flash_kernels.mhc import op as mh
     from v4flash_kernels.mhc import reference as R
 
@@ -311,10 +311,10 @@ def test_gpu_mhc_verify_graph(bs, k, label):
     (y, post, comb, _), streams, (cur, fpost, fcomb, li) = _replay(call, static, fresh, poison)
     f = fresh
     ref = R.pre_ref(f["residual"], f["hc_fn"], f["hc_scale"], f["hc_base"], p)
-    res = B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), B.TOL)
+    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), C.TOL)
     assert res["ok"], (label, res)
-    assert B.check_streams(streams, R.post_ref(f["x"], f["residual"], f["post"], f["comb"]), B.TOL)["ok"], label
+    assert C.check_streams(streams, R.post_ref(f["x"], f["residual"], f["post"], f["comb"]), C.TOL)["ok"], label
     full = R.post_pre_ref(f, p)
-    assert B.check_streams(cur, full["residual"], B.TOL)["ok"], label
-    res = B.check_pre(li, fpost.view(rows, 4), fcomb, full, full["layer_input"], B.TOL)
+    assert C.check_streams(cur, full["residual"], C.TOL)["ok"], label
+    res = C.check_pre(li, fpost.view(rows, 4), fcomb, full, full["layer_input"], C.TOL)
     assert res["ok"], (label, res)

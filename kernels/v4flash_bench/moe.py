@@ -1,9 +1,9 @@
 """Benchmark of the MXFP4 MoE: ours v1 (drop-in) vs ours v2 (repacked experts) vs upstream.
 
-    python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
+    python -m v4flash_bench.moe [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
                                         [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 16]
-    python -m v4flash_kernels.moe.bench --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
-    python -m v4flash_kernels.moe.bench --prefill [--prefill-sizes 256,1024,4096] [--json prefill.json]
+    python -m v4flash_bench.moe --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
+    python -m v4flash_bench.moe --prefill [--prefill-sizes 256,1024,4096] [--json prefill.json]
 
 Per TP (DeepSeek-V4-Flash routed experts per GPU: E=256, top-6, hidden 4096, intermediate 512 at
 TP4 / 1024 at TP2 / 2048 at TP1) it draws `--copies` independent sets of expert weights once (int8
@@ -505,14 +505,14 @@ def prewarm(shapes: List[Shape], quick: Any, procs: int) -> None:
             if key not in seen:
                 seen.add(key)
                 jobs.append((sh, quick, name))
-    from v4flash_kernels.moe import bench as importable  # picklable by name when run with -m
+    import v4flash_bench.moe as importable  # picklable by name when run with -m
 
     with mp.get_context("spawn").Pool(max(1, min(procs, len(jobs)))) as pool:
         pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.moe.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.moe", description=__doc__.split("\n")[0])
     ap.add_argument("--tp", default="4")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help="tokens per call (M)")
     ap.add_argument("--no-adversarial", action="store_true", help="skip the hot / dup / -1 routings")

@@ -1,6 +1,6 @@
 """Benchmark of the indexer logits: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.indexer.bench [--json out.json] [--md out.md] [--batches 1,4,16,64]
+    python -m v4flash_bench.indexer [--json out.json] [--md out.md] [--batches 1,4,16,64]
         [--contexts 128K,1M] [--actual 4K,64K,128K,full] [--sweep] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash decode calls of one c4 layer: a configured context C tokens gives a
@@ -228,7 +228,7 @@ def format_markdown(rows: List[dict]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.indexer.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.indexer", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--contexts", default="128K,1M")
     ap.add_argument("--actual", default="4K,64K,128K,full")

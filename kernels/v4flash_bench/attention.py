@@ -1,6 +1,6 @@
 """Benchmark: check every variant against the fp64 reference, then time it under CUDA-graph replay.
 
-    python -m v4flash_kernels.attention.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
+    python -m v4flash_bench.attention [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
                                     [--modes tp4,full64,h16] [--rank 1] [--sweep] [--no-upstream]
 
 Per shape (DeepSeek-V4-Flash decode: SWA-only, c4 = 128 SWA + 512 c4, c128 at 128K / 256K) it
@@ -324,7 +324,7 @@ def step_time_us(rows: List[dict], variant: str = "ours") -> float | None:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.attention.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.attention", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--modes", default="tp4,full64,h16", help=f"any of {','.join(MODES)}")

@@ -1,6 +1,6 @@
 """Benchmark of the block-FP8 linear: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.fp8_gemm.bench [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
+    python -m v4flash_bench.fp8_gemm [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
         [--shapes wqkv_a,...] [--sweep [--budget-s 135]] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash's six block-FP8 linears at TP4 (N x K; the indexer's wq_b has the
@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, List, Tuple
 
-from v4flash_kernels import upstream as _up
+from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
 from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.provenance import measured_commit
 
-FP8_UTILS_PATH = "sglang/srt/layers/quantization/fp8_utils.py"
 # The issue's row counts, plus 2 and 32: where `op.plan` changes config between measured points.
 M_LIST = (1, 2, 4, 16, 32, 64, 256, 1024, 8192)
 BW_RTX6000 = 1.792e12
@@ -60,58 +59,6 @@ SHAPES = (
     Shape("shared_gate_up", 1024, 4096, 43),
     Shape("shared_down", 4096, 512, 43),
 )
-
-
-# ----------------------------------------------------------------------------- upstream from the wheel
-
-_FP8_KERNEL_DEFS = ("_per_token_group_quant_8bit", "_per_token_group_quant_8bit_colmajor",
-                    "create_per_token_group_quant_fp8_output_scale", "_per_token_group_quant_8bit_raw",
-                    "_w8a8_block_fp8_matmul", "prepare_block_fp8_matmul_inputs", "w8a8_block_fp8_matmul_triton")
-# Names the extracted bodies use. The config lookup returns None: no tuned JSON, the default config
-# (what runs on the RTX PRO 6000); `_is_hip` False and e4m3fn: the CUDA branches.
-_FP8_KERNEL_PRELUDE = """
-from typing import Any, Dict, List, Optional, Tuple
-
-import torch
-import triton
-import triton.language as tl
-
-_is_hip = False
-fp8_dtype = torch.float8_e4m3fn
-
-
-def ceil_align(x, y):
-    return (x + y - 1) // y * y
-
-
-def get_w8a8_block_fp8_configs(N, K, block_n, block_k):
-    return None
-
-
-def select_w8a8_block_fp8_matmul_kernel(M, N, META):
-    return _w8a8_block_fp8_matmul
-"""
-_loaded: Dict[str, ModuleType] = {}
-
-
-def upstream_fp8_kernel() -> ModuleType:
-    """Upstream's Triton activation quant and block-FP8 GEMM (`fp8_kernel.py`), verbatim from the wheel."""
-    if "kernel" not in _loaded:
-        _loaded["kernel"] = _up.load_defs(_up.FP8_KERNEL_PATH, _FP8_KERNEL_DEFS, _FP8_KERNEL_PRELUDE)
-    return _loaded["kernel"]
-
-
-def upstream_fp8_linear() -> ModuleType:
-    """Upstream's `triton_w8a8_block_fp8_linear` (`fp8_utils.py`) verbatim, over `upstream_fp8_kernel`'s
-    quant (SGLang's non-sgl-kernel `per_token_group_quant_fp8`) and GEMM."""
-    if "linear" not in _loaded:
-        k = upstream_fp8_kernel()
-        sys.modules.setdefault(k.__name__, k)
-        prelude = ("from typing import List, Optional\n\nimport torch\n\n"
-                   f"from {k.__name__} import _per_token_group_quant_8bit_raw as per_token_group_quant_fp8\n"
-                   f"from {k.__name__} import w8a8_block_fp8_matmul_triton\n")
-        _loaded["linear"] = _up.load_defs(FP8_UTILS_PATH, ("triton_w8a8_block_fp8_linear",), prelude)
-    return _loaded["linear"]
 
 
 # ----------------------------------------------------------------------------- one shape
@@ -276,7 +223,7 @@ def process_start() -> float:
 
 def main(argv: List[str] | None = None) -> int:
     t_start = process_start()
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.fp8_gemm.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.fp8_gemm", description=__doc__.split("\n")[0])
     ap.add_argument("--m", default=None, help=f"default {','.join(str(m) for m in M_LIST)} (sweep: 1,64,4,16)")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES if s.name != "indexer_wq_b"))
     ap.add_argument("--sweep", action="store_true", help="the small-M design sweep (fp8_gemm.sweep) instead")
@@ -296,7 +243,7 @@ def main(argv: List[str] | None = None) -> int:
         return 2
     args.m_given = args.m is not None
     if args.sweep:
-        from v4flash_kernels.fp8_gemm import sweep
+        import v4flash_bench.fp8_sweep as sweep
 
         return sweep.main(args, t_start)
 

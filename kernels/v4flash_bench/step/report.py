@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence, Tuple
 
+from v4flash_bench.step import model as M
 from v4flash_kernels.kit.table import table
-from v4flash_kernels.step import model as M
 
 
 def _f(x: float, nd: int = 2) -> str:

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from v4flash_bench.step import model as M
 from v4flash_kernels import upstream as _up
 from v4flash_kernels.kit.compare import rel_err
-from v4flash_kernels.step import model as M
 
 FP8 = torch.float8_e4m3fn
 # Everything runs on "cuda"; CPU tests set "cpu" to run the builders' checks under the Triton interpreter.

@@ -12,10 +12,10 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from v4flash_bench.step import model as M
+from v4flash_bench.step import ops as O
+from v4flash_bench.step.results import Measurement, all_ok, impls_for, path_times, to_json
 from v4flash_kernels.kit.measure import time_replay
-from v4flash_kernels.step import model as M
-from v4flash_kernels.step import ops as O
-from v4flash_kernels.step.results import Measurement, all_ok, impls_for, path_times, to_json
 
 __all__ = ["Measurement", "all_ok", "impls_for", "path_times", "to_json", "measure_all", "measure_one", "run"]
 
