@@ -254,7 +254,7 @@ def run_shipped(kw: dict, plan: decode.Plan) -> Tuple[torch.Tensor, torch.Tensor
 
 def check(kw: dict, out: torch.Tensor, lse: torch.Tensor, ref: Tuple[torch.Tensor, torch.Tensor]) -> dict:
     """Against the fp64 reference: no NaN (the outputs start as NaN), output and finite-lse errors."""
-    from v4flash_kernels.attention.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     ref_out, ref_lse = ref
     nan = bool(torch.isnan(out.float()).any() or torch.isnan(lse).any())
@@ -319,9 +319,9 @@ def main(argv: List[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (or --cpu under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from v4flash_kernels.attention.bench import KINDS
+    from v4flash_bench.attention import KINDS
     from v4flash_kernels.attention.reference import Case, make_inputs
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     t0 = time.time()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -30,26 +30,26 @@ job_suite() {
   V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
     --durations=25 --junitxml="$R/suite.xml" tests/kernels
 }
-job_b_fp8() { py -m v4flash_kernels.fp8_gemm.bench --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
-job_b_fp8sweep() { py -m v4flash_kernels.fp8_gemm.bench --sweep --json "$R/fp8_sweep.json"; }
+job_b_fp8() { py -m v4flash_bench.fp8_gemm --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
+job_b_fp8sweep() { py -m v4flash_bench.fp8_gemm --sweep --json "$R/fp8_sweep.json"; }
 # the row counts the first sweep never reached (M = 16, then 2: the GEMV's second row), against the shipped plan
-job_b_fp8gaps() { py -m v4flash_kernels.fp8_gemm.bench --sweep --m 16,2 --budget-s 110 --json "$R/fp8_sweep_gaps.json"; }
-job_b_mhc() { py -m v4flash_kernels.mhc.bench --json "$R/mhc.json"; }
-job_b_topk() { py -m v4flash_kernels.topk.bench --json "$R/topk.json"; }
-job_b_indexer() { py -m v4flash_kernels.indexer.bench --batches 1,16 --contexts 128K,1M --actual 4K,128K --json "$R/indexer.json"; }
+job_b_fp8gaps() { py -m v4flash_bench.fp8_gemm --sweep --m 16,2 --budget-s 110 --json "$R/fp8_sweep_gaps.json"; }
+job_b_mhc() { py -m v4flash_bench.mhc --json "$R/mhc.json"; }
+job_b_topk() { py -m v4flash_bench.topk --json "$R/topk.json"; }
+job_b_indexer() { py -m v4flash_bench.indexer --batches 1,16 --contexts 128K,1M --actual 4K,128K --json "$R/indexer.json"; }
 job_b_attnvar() { py kernels/scripts/attention_variants.py --json "$R/attention_variants.json"; }
 job_b_idxvar() { py kernels/scripts/indexer_variants.py --json "$R/indexer_variants.json"; }
-job_b_moe() { py -m v4flash_kernels.moe.bench --json "$R/moe.json" --md "$R/moe.md"; }
-job_b_moesweep() { py -m v4flash_kernels.moe.bench --quick --json "$R/moe_sweep.json"; }
-job_b_moeprefill() { py -m v4flash_kernels.moe.bench --prefill --json "$R/moe_prefill.json"; }
-job_b_allreduce() { py -m v4flash_kernels.allreduce.bench --json "$R/allreduce.json"; }
+job_b_moe() { py -m v4flash_bench.moe --json "$R/moe.json" --md "$R/moe.md"; }
+job_b_moesweep() { py -m v4flash_bench.moe --quick --json "$R/moe_sweep.json"; }
+job_b_moeprefill() { py -m v4flash_bench.moe --prefill --json "$R/moe_prefill.json"; }
+job_b_allreduce() { py -m v4flash_bench.allreduce --json "$R/allreduce.json"; }
 job_ncu_fp8() {
   for nk in "1536 4096" "1024 4096"; do set -- $nk
     timeout 120 ncu -k regex:gemv -s 3 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
       --section Occupancy --section WarpStateStats python3 kernels/scripts/ncu_fp8.py --n "$1" --k "$2" --m 1
   done
 }
-job_step() { py -m v4flash_kernels.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
+job_step() { py -m v4flash_bench.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
 
 export -f py pyt $(declare -F | awk '{print $3}' | grep '^job_')
 export R

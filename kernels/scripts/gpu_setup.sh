@@ -1,6 +1,6 @@
 # Source at the start of a GPU-machine command, from the repository root:
 #
-#   . kernels/scripts/gpu_setup.sh && python3 -m v4flash_kernels.step --json $OUT/step.json --md $OUT/step.md
+#   . kernels/scripts/gpu_setup.sh && python3 -m v4flash_bench.step --json $OUT/step.json --md $OUT/step.md
 #
 # (the device call carries `.gpu/tilelang`, built here by kernels/scripts/gpu_carry_tilelang.sh, and the
 # pinned sglang wheel under `.cache/wheels`). It unpacks the pinned TileLang 0.1.8 + apache-tvm-ffi +

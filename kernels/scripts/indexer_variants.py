@@ -30,6 +30,7 @@ import triton.language as tl
 
 from v4flash_kernels.indexer import op as indexer
 from v4flash_kernels.indexer.kernel import HEAD_DIM, PAGE, _fix_page, _load_keys, _store_logits
+from v4flash_kernels.kit.device import num_sms
 
 
 @triton.jit
@@ -110,7 +111,7 @@ def run_prefetch(kw: dict, cfg: indexer.IndexerConfig, out: torch.Tensor | None 
     flat = kv.view(-1, indexer.PAGE * (head_dim + 4)).view(torch.uint8)
     k8, ks = flat.view(torch.float8_e4m3fn), flat.view(torch.float32)
     if nprog is None:
-        nprog = indexer.programs_per_row(batch, -(-msl // indexer.PAGE), indexer._num_sms(q.device), cfg)
+        nprog = indexer.programs_per_row(batch, -(-msl // indexer.PAGE), num_sms(q.device), cfg)
     dot_f16 = q.dtype == torch.float8_e4m3fn and os.environ.get("TRITON_INTERPRET") != "1"
     indexer_logits_prefetch_kernel[(nprog, batch)](
         q, q.stride(0), q.stride(2), k8, ks, k8.stride(0), ks.stride(0), weight, weight.stride(0), weight.stride(1),
@@ -164,9 +165,9 @@ def main(argv: List[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (or --cpu under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from v4flash_kernels.indexer.bench import Shape
+    from v4flash_bench.indexer import Shape
     from v4flash_kernels.indexer.reference import IndexerCase, make_indexer_inputs, reference_for
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     t0 = time.time()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

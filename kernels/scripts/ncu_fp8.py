@@ -12,6 +12,7 @@ import argparse
 import torch
 
 from v4flash_kernels.fp8_gemm import op
+from v4flash_kernels.kit.device import num_sms
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--n", type=int, default=1536)
@@ -22,7 +23,7 @@ dev = torch.device("cuda")
 w = torch.randn((args.n, args.k), device=dev).to(torch.float8_e4m3fn)
 s = torch.rand((args.n // 128, args.k // 128), device=dev) * 0.02 + 0.005
 x = torch.randn((args.m, args.k), device=dev).to(torch.bfloat16)
-print(op.plan(args.m, args.n, args.k, op.num_sms(dev)).name, flush=True)
+print(op.plan(args.m, args.n, args.k, num_sms(dev)).name, flush=True)
 for _ in range(5):
     op.w8a8_block_fp8_linear(x, w, [128, 128], s)
 torch.cuda.synchronize()

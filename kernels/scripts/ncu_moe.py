@@ -11,8 +11,8 @@ import argparse
 
 import torch
 
+from v4flash_bench.moe import EXPERTS, HIDDEN, TOPK, Shape, build_calls, build_weights, v1_fn
 from v4flash_kernels.moe import op as moe
-from v4flash_kernels.moe.bench import EXPERTS, HIDDEN, TOPK, Shape, build_calls, build_weights, v1_fn
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", type=int, default=1)

@@ -16,7 +16,7 @@ Used for the profile in kernels/BENCH.md (H200, 2026-11-29), from the repo root 
 
 import torch
 
-from v4flash_kernels.attention import bench
+import v4flash_bench.attention as bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs
 

@@ -52,9 +52,9 @@ def main() -> int:
 
     import torch
 
-    from v4flash_kernels.attention import bench
+    import v4flash_bench.attention as bench
     from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref, valid_tokens
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     out_path = os.path.join(os.environ.get("OUT", "."), "plan_ab.json")
     t0 = time.time()

@@ -26,11 +26,12 @@ import time
 import torch
 import triton
 
-from v4flash_kernels.attention import bench
+import v4flash_bench.attention as bench
 from v4flash_kernels.attention import op as decode
-from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
+from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
 from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
-from v4flash_kernels.timing import time_graph
+from v4flash_kernels.kit.compare import rel_err
+from v4flash_kernels.kit.measure import time_graph
 
 SHAPES = [("c4", 1), ("c4", 64), ("c128@256K", 64), ("c128@128K", 64), ("c128@128K", 1), ("swa", 1),
           ("c128@128K", 16), ("c4", 16), ("c128@256K", 1), ("c4", 4), ("swa", 64)]

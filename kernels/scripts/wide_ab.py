@@ -10,10 +10,10 @@ import time
 
 import torch
 
-from v4flash_kernels.attention import bench
+import v4flash_bench.attention as bench
 from v4flash_kernels.attention import op as decode
 from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
-from v4flash_kernels.timing import time_graph
+from v4flash_kernels.kit.measure import time_graph
 
 OLD = decode.KernelConfig(block_h=16, block_t=32, num_warps=4)  # the 16-head bf16 default of 2026-11-29
 SHAPES = [("c4", 64, 64), ("c128@256K", 64, 64), ("c128@128K", 64, 64), ("c4", 16, 64),

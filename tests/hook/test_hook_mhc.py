@@ -57,7 +57,7 @@ dsv2 = importlib.import_module("sglang.srt.models.deepseek_v2")
 mhc = importlib.import_module("sglang.srt.layers.mhc")
 from sglang.srt.layers.layernorm import RMSNorm
 from v4flash_kernels.hook import hook, patches
-from v4flash_kernels.mhc.bench import sinkhorn_standin
+from v4flash_kernels.mhc.upstream import sinkhorn_standin
 
 H, N = int(sys.argv[1]), int(sys.argv[2])
 out_path = sys.argv[3]
@@ -126,7 +126,7 @@ who = {("v4flash_kernels/mhc/op.py", "hc_pre"): "ours.hc_pre",
        ("models/deepseek_v4.py", "hc_post"): "upstream.hc_post",
        ("layers/mhc.py", "mhc_fused_post_pre"): "upstream.fused",
        ("layers/mhc.py", "mhc_post"): "upstream.tilelang_post",
-       ("v4flash_kernels/mhc/bench.py", "sinkhorn_standin"): "upstream.sinkhorn"}
+       ("v4flash_kernels/mhc/upstream.py", "sinkhorn_standin"): "upstream.sinkhorn"}
 entered = []
 def prof(frame, event, arg):
     if event == "call":

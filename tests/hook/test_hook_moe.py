@@ -15,7 +15,8 @@ import pytest
 import torch
 from hookenv import build_hook_env, sglang_overlay
 
-from v4flash_kernels.moe.reference import ref_of, rel_err
+from v4flash_kernels.kit.compare import rel_err
+from v4flash_kernels.moe.reference import ref_of
 
 TARGET = "sglang.srt.layers.moe.fused_moe_triton.mxfp4_moe_sm120_triton"
 UPSTREAM = f"{TARGET}.mxfp4_moe_forward_triton"

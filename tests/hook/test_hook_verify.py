@@ -38,8 +38,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from v4flash_kernels.attention.reference import rel_err, sparse_mla_decode_ref
+from v4flash_kernels.attention.reference import sparse_mla_decode_ref
 from v4flash_kernels.indexer.reference import indexer_logits_ref, logits_error
+from v4flash_kernels.kit.compare import rel_err
 from v4flash_kernels.topk.reference import topk_transform_ref
 
 ROWS_DIR = str(Path(__file__).resolve().parents[1] / "kernels")  # verify_rows.py

@@ -429,7 +429,7 @@ def _rank(rank, ok=True, digest="d", us=10.0, extra=None):
 
 
 def test_bench_merge_takes_the_slowest_rank_and_demands_agreement():
-    from v4flash_kernels.allreduce.bench import format_table, merge_ranks
+    from v4flash_bench.allreduce import format_table, merge_ranks
 
     wr = merge_ranks(2, [_rank(1, us=12.0), _rank(0, us=9.0)])
     s = wr.sizes[0]
@@ -474,7 +474,7 @@ def test_launcher_bench_allreduce_runs_the_kernel_bench_with_the_options(monkeyp
     monkeypatch.setattr(cmd_bench.subprocess, "call", lambda argv: calls.append(argv) or rc)
     got, text = _cli(["bench", "--allreduce", "--allreduce-args", "--worlds 4 --json 'a b.json'"], capsys)
     assert got == code and word in text
-    assert calls == [[sys.executable, "-m", "v4flash_kernels.allreduce.bench", "--worlds", "4", "--json", "a b.json"]]
+    assert calls == [[sys.executable, "-m", "v4flash_bench.allreduce", "--worlds", "4", "--json", "a b.json"]]
 
 
 # ----------------------------------------------------------------------------- the self-check's group path

@@ -135,8 +135,8 @@ def _gpus() -> int:
 @pytest.mark.skipif(_gpus() < 2, reason="needs >= 2 GPUs (a multi-GPU machine kind): one process per GPU")
 @pytest.mark.parametrize("world", list(range(2, min(_gpus(), P.MAX_RANKS) + 1)) or [2])
 def test_multi_gpu_matches_nccl_eager_and_in_a_graph(world):
-    from v4flash_kernels.allreduce.bench import SIZES as BENCH_SIZES
-    from v4flash_kernels.allreduce.bench import run_world
+    from v4flash_bench.allreduce import SIZES as BENCH_SIZES
+    from v4flash_bench.allreduce import run_world
 
     wr = run_world(world, BENCH_SIZES + (3, 4 * KB + 2), "bfloat16", timing=False)
     assert not wr.error, wr.error

@@ -21,9 +21,9 @@ from v4flash_kernels.attention.reference import (
     make_cache,
     make_inputs,
     page_stride,
-    rel_err,
     sparse_mla_decode_ref,
 )
+from v4flash_kernels.kit.compare import rel_err
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernel tests run under the Triton interpreter"
@@ -469,7 +469,7 @@ def test_read_attn_tp_without_sglang_process_groups_means_all_heads():
 
 def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     """Attention per decode step at B=1, 128K: 2 SWA + 21 c4 + 20 c128 calls; None when a row is missing."""
-    from v4flash_kernels.attention import bench
+    import v4flash_bench.attention as bench
 
     def row(kind, mode, batch, us):
         return {"kind": kind, "mode": mode, "batch": batch, "heads": 64, "tokens": 1, "floor_h200_us": 0.1,
@@ -481,13 +481,11 @@ def test_bench_composes_the_decode_step_from_tp4_b1_rows():
     assert bench.step_time_us(rows[1:]) is None
     assert "| c4 | tp4 | 1 |" in bench.format_markdown(rows) and "– | –" in bench.format_markdown(rows)
     assert "tp4" in bench.format_table(rows)
-    from v4flash_kernels import timing
+    from v4flash_kernels.kit import table
 
-    # The shared timer and table helper, still importable from here for the benches that do.
-    assert bench.time_graph is timing.time_graph and bench.variant_summary is timing.variant_summary
     v = dict(rows[0]["variants"], fast={"us": 8.0, "ok": True, "rel_err": 2e-3},
              broken={"us": 1.0, "ok": False, "rel_err": 1.0})
-    ours, best_name, best, up, err, bad = timing.variant_summary(v)
+    ours, best_name, best, up, err, bad = table.variant_summary(v)
     assert (ours, best_name, best, err, bad) == (10.0, "fast", 8.0, 1.0, "  FAIL:broken") and math.isnan(up)
     assert bench.Shape("c4", 1, 64, "tp4", 3).head_slice == slice(48, 64)
     q = torch.zeros(1, 1, 64, 512)

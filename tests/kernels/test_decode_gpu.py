@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.attention.bench import KINDS
-from v4flash_kernels.attention.reference import Case, make_inputs, rel_err, sparse_mla_decode_ref
+from v4flash_bench.attention import KINDS
+from v4flash_kernels.attention.reference import Case, make_inputs, sparse_mla_decode_ref
+from v4flash_kernels.kit.compare import rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -71,8 +72,8 @@ def test_gpu_cuda_graph_replay_follows_new_lengths_and_indices():
 @pytest.mark.parametrize("batch,rank", [(1, 0), (4, 3), (64, 1)])
 def test_gpu_tp4_production_call_matches_reference_and_upstream(kind, batch, rank):
     """SGLang's TP4 call: 64-head q, this rank's 16 real, the other 48 NaN/Inf/3e38, through the adapter."""
+    from v4flash_bench.attention import poison_other_heads, ref_inputs
     from v4flash_kernels.attention import op as decode
-    from v4flash_kernels.attention.bench import poison_other_heads, ref_inputs
     from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
     from v4flash_kernels.upstream import load_upstream
 
@@ -96,8 +97,8 @@ def test_gpu_tp4_production_call_matches_reference_and_upstream(kind, batch, ran
 def test_gpu_graph_replays_are_identical_and_follow_new_inputs(kind, batch, one_launch):
     """TP4 slice, planner's plan (or the same plan with the cooperative one-launch merge): 50 replays
     bit-identical, then new contents -> still exact (the merge counters reset themselves)."""
+    from v4flash_bench.attention import bind_plan, cache_widths, ref_inputs
     from v4flash_kernels.attention import op as decode
-    from v4flash_kernels.attention.bench import bind_plan, cache_widths, ref_inputs
 
     case = Case(batch=batch, heads=64, **KINDS[kind])
     kw = make_inputs(case, device="cuda", seed=11)

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from v4flash_kernels.fp8_gemm import candidates as cand
+import v4flash_bench.fp8_candidates as cand
 from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
 
 pytestmark = pytest.mark.skipif(
@@ -67,7 +67,7 @@ def test_tickets_are_left_at_zero():
 
 
 def test_sweep_lists_cover_every_shape():
-    from v4flash_kernels.fp8_gemm.bench import SHAPES
+    from v4flash_bench.fp8_gemm import SHAPES
 
     for sh in SHAPES:
         for m in (1, 4, 16, 64):

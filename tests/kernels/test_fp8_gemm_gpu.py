@@ -12,15 +12,15 @@ import torch
 
 from v4flash_kernels.fp8_gemm import op
 from v4flash_kernels.fp8_gemm.reference import (
-    FP8,
     excess_error,
     linear_ref,
     make_activation,
     make_quantized,
     make_weight,
     matmul_ref,
-    quantize_activation_ref,
 )
+from v4flash_kernels.kit.device import num_sms
+from v4flash_kernels.kit.fp8 import FP8, quantize_activation_ref
 
 pytestmark = pytest.mark.gpu
 RTOL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -20}  # RNE output rounding
@@ -167,7 +167,7 @@ def test_gpu_cuda_graph_replay_follows_new_inputs_and_is_deterministic():
                       (64, (4096, 2048)), (64, (1024, 4096)), (64, (4096, 512))):
         x = make_activation(m, k, _gen(50 + m), device="cuda")
         w, ws = make_weight(n, k, _gen(51), device="cuda")
-        p = op.plan(m, n, k, op.num_sms(x.device))
+        p = op.plan(m, n, k, num_sms(x.device))
         fixups.add("gemv" if isinstance(p.config, op.GemvConfig) else p.fixup)
         cases.append((x, w, ws))
     assert fixups == {"gemv", "whole", "ticket", "reduce"}, fixups
@@ -204,7 +204,7 @@ def test_gpu_concurrent_streams_do_not_share_tickets():
     x1 = make_activation(4, 2048, _gen(60), device="cuda")
     x2 = make_activation(64, 2048, _gen(61), device="cuda")
     for x in (x1, x2):
-        assert op.plan(x.shape[0], 4096, 2048, op.num_sms(x.device)).fixup == "ticket"
+        assert op.plan(x.shape[0], 4096, 2048, num_sms(x.device)).fixup == "ticket"
     want1 = op.w8a8_block_fp8_linear(x1, w, [128, 128], ws)
     want2 = op.w8a8_block_fp8_linear(x2, w, [128, 128], ws)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()

@@ -20,12 +20,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import v4flash_bench.mhc as B
 from v4flash_kernels import upstream as _up
-from v4flash_kernels.mhc import bench as B
+from v4flash_kernels.kit.device import arrival_counters
+from v4flash_kernels.mhc import checks as C
 from v4flash_kernels.mhc import op
 from v4flash_kernels.mhc import reference as R
+from v4flash_kernels.mhc import upstream as U
 
-TOL = B.TOL
+TOL = C.TOL
 
 
 def _inputs(n: int, hidden: int, seed: int = 0, params: R.MhcParams = R.MhcParams(), norm: bool = True):
@@ -58,7 +61,7 @@ def test_pre_matches_fp64_reference(n, hidden, norm):
     y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p),
                                norm_weight=w, norm_eps=p.norm_eps if norm else None)
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    res = B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], w, p.norm_eps), TOL)
+    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], w, p.norm_eps), TOL)
     assert res["ok"], res
     assert y.dtype == torch.bfloat16 and post.dtype == comb.dtype == torch.float32
     assert tuple(y.shape) == (n, hidden) and tuple(post.shape) == (n, 4) and tuple(comb.shape) == (n, 4, 4)
@@ -72,7 +75,7 @@ def test_split_semantics_with_large_eps(iters, eps, post_mult):
     kw = _inputs(5, 128, seed=iters, params=p, norm=False)
     y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p))
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    res = B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), TOL)
+    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), TOL)
     assert res["ok"], res
     # The test can fail: eps left out of the normalisations, or (before convergence) one more
     # iteration, moves comb far beyond the tolerance.
@@ -87,7 +90,7 @@ def test_pre_eps_and_sinkhorn_eps_are_separate():
     kw = _inputs(2, 128, seed=3, params=p, norm=False)
     y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p))
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    assert B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), TOL)["ok"]
+    assert C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), TOL)["ok"]
 
 
 @pytest.mark.parametrize("n,hidden", [(1, 4096), (5, 300), (70, 128)])
@@ -95,7 +98,7 @@ def test_post_matches_fp64_reference(n, hidden):
     kw = _inputs(n, hidden, seed=n)
     for post in (kw["post"], kw["post"].unsqueeze(-1)):  # [N, 4] and [N, 4, 1], as SGLang passes both
         out = op.mhc_post(kw["x"], kw["residual"], post, kw["comb"])
-        res = B.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), TOL)
+        res = C.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), TOL)
         assert res["ok"], res
 
 
@@ -107,7 +110,7 @@ def test_post_pre_matches_fp64_reference(n, hidden):
     kw = _inputs(n, hidden, seed=10 + n)
     out = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
                           kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
-    res = B.check_post_pre(*out, kw, p, TOL)
+    res = C.check_post_pre(*out, kw, p, TOL)
     assert res["ok"], res
 
 
@@ -129,7 +132,7 @@ def test_fused_is_the_unfused_pair(n, hidden):
                              norm_weight=kw["norm_weight"], norm_eps=p.norm_eps))
     for name, a, b in zip(("streams", "y", "post", "comb"), fused, pair):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
-    res = B.check_against_pair(fused, pair, TOL)
+    res = C.check_against_pair(fused, pair, TOL)
     assert res["ok"] and res["err"]["pair_stream_elems"] == 0 and res["err"]["pair_post"] == 0.0, res
 
 
@@ -163,17 +166,17 @@ def test_fused_check_is_the_unfused_pair(n):
     cur = _fp32_post(kw)
     exact = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
     pair = _fused_result(cur, cur, kw, p)
-    res = B.check_post_pre(*pair, kw, p, TOL)
+    res = C.check_post_pre(*pair, kw, p, TOL)
     assert res["ok"] and res["err"]["post"] < 1e-6 and res["err"]["comb"] < 1e-6, res
     if n == 100:
         assert res["err"]["ties"] > 0
         rounded = R.pre_of_streams(exact.to(torch.bfloat16), kw, p)
         assert R.max_abs(pair[2], rounded["post"]) > TOL["mix"]  # the previous check's false failure
     for wrong in (exact, kw["residual"]):
-        bad = B.check_post_pre(*_fused_result(cur, wrong, kw, p), kw, p, TOL)
+        bad = C.check_post_pre(*_fused_result(cur, wrong, kw, p), kw, p, TOL)
         assert not bad["ok"] and max(bad["err"]["post"], bad["err"]["comb"]) > 5 * TOL["mix"], bad
     truncated = (exact.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
-    bad = B.check_post_pre(*_fused_result(truncated, truncated, kw, p), kw, p, TOL)
+    bad = C.check_post_pre(*_fused_result(truncated, truncated, kw, p), kw, p, TOL)
     assert not bad["ok"] and bad["err"]["ties"] > 1000 * n, bad  # a wrong rounding mode: half the elements
 
 
@@ -202,7 +205,7 @@ def test_deterministic_bitwise_and_tickets_left_at_zero():
     a = op.mhc_post_pre(*args, **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
     b = op.mhc_post_pre(*args, **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps)
     assert all(torch.equal(u, v) for u, v in zip(a, b))
-    assert int(op.arrival_counters(torch.device("cpu"), 64).abs().sum()) == 0  # graph replays need no reset
+    assert int(arrival_counters(torch.device("cpu"), 64).abs().sum()) == 0  # graph replays need no reset
 
 
 class _Launches:
@@ -253,11 +256,11 @@ def test_every_decode_split_plan_agrees(n):
     fused = []
     for plan in plans:
         y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p), plan=plan)
-        assert B.check_pre(y, post, comb, ref, li, TOL)["ok"], plan
+        assert C.check_pre(y, post, comb, ref, li, TOL)["ok"], plan
         out = op.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"], kw["hc_scale"],
                               kw["hc_base"], **_common(p), norm_weight=kw["norm_weight"], norm_eps=p.norm_eps,
                               plan=plan)
-        res = B.check_post_pre(*out, kw, p, TOL)
+        res = C.check_post_pre(*out, kw, p, TOL)
         assert res["ok"], (plan, res)
         fused.append(out)
     for out in fused[1:]:  # the streams are the same bits whatever the plan
@@ -269,7 +272,7 @@ def test_every_decode_split_plan_agrees(n):
 
 def test_matches_the_wheels_torch_path():
     p = R.MhcParams()
-    up = B.UpstreamSm120(p, kind="torch")
+    up = U.UpstreamSm120(p, kind="torch")
     kw = _inputs(3, 512, seed=11)
     uy, upost, ucomb, unorm = up.pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     uout = up.post(kw["x"], kw["residual"], kw["post"], kw["comb"])
@@ -280,9 +283,9 @@ def test_matches_the_wheels_torch_path():
         assert u.dtype == o.dtype and u.shape == o.shape
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
     li = R.layer_input_ref(ref["y"], None, p.norm_eps)
-    up_res = B.check_pre(uy, upost, ucomb, ref, li, TOL)
+    up_res = C.check_pre(uy, upost, ucomb, ref, li, TOL)
     assert up_res["ok"], up_res
-    assert B.check_pre(oy, opost, ocomb, ref, li, TOL)["ok"]
+    assert C.check_pre(oy, opost, ocomb, ref, li, TOL)["ok"]
     assert R.max_rel(oy, uy.double()) <= TOL["bf16"]
     assert R.max_abs(opost, upost) <= TOL["mix"] and R.max_abs(ocomb, ucomb) <= TOL["mix"]
     assert R.max_rel(oout, uout.double()) <= TOL["bf16"]
@@ -290,7 +293,7 @@ def test_matches_the_wheels_torch_path():
 
 def test_bench_row_on_cpu():
     """The bench's per-shape routine (checks, sweep, upstream torch path) end to end, timer stubbed."""
-    row = B.run_tokens(2, 0, B.UpstreamSm120(kind="torch"), None, sweep=True, device="cpu", hidden=128,
+    row = B.run_tokens(2, 0, U.UpstreamSm120(kind="torch"), None, sweep=True, device="cpu", hidden=128,
                        timer=lambda fn: (fn(), 1.0)[1])
     v = row["variants"]
     assert {"pre", "pre_norm", "post", "post_pre", "upstream_sm120_pre", "upstream_sm120_post"} <= set(v)
@@ -325,10 +328,10 @@ def _upstream_params(path: str, qual: str) -> list:
 
 
 @pytest.mark.parametrize("qual,path,ours", [
-    ("DeepseekV4DecoderLayer.hc_pre", B.MODEL_PATH, op.hc_pre),
-    ("DeepseekV4DecoderLayer.hc_post", B.MODEL_PATH, op.hc_post),
-    ("_is_fused_mhc_post_pre_enabled", B.MODEL_PATH, op.fused_post_pre_enabled),
-    ("mhc_fused_post_pre", B.MHC_PATH, op.mhc_fused_post_pre),
+    ("DeepseekV4DecoderLayer.hc_pre", U.MODEL_PATH, op.hc_pre),
+    ("DeepseekV4DecoderLayer.hc_post", U.MODEL_PATH, op.hc_post),
+    ("_is_fused_mhc_post_pre_enabled", U.MODEL_PATH, op.fused_post_pre_enabled),
+    ("mhc_fused_post_pre", U.MHC_PATH, op.mhc_fused_post_pre),
 ])
 def test_dropin_signatures_match_the_wheel(qual, path, ours):
     mine = [(p.name, p.kind.name, p.default is not inspect.Parameter.empty)

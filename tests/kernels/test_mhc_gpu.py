@@ -13,12 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.mhc import bench as B
+import v4flash_bench.mhc as B
+from v4flash_kernels.kit.device import arrival_counters, num_sms
+from v4flash_kernels.mhc import checks as C
 from v4flash_kernels.mhc import op
 from v4flash_kernels.mhc import reference as R
+from v4flash_kernels.mhc import upstream as U
 
 pytestmark = pytest.mark.gpu
-TOL = B.TOL
+TOL = C.TOL
 P = R.MhcParams()
 COMMON = {"rms_eps": P.rms_eps, "hc_eps": P.pre_eps, "sinkhorn_iters": P.iters}
 
@@ -33,7 +36,7 @@ def _fused(kw, plan=None):
 
 
 def _check_fused(out, kw) -> dict:
-    return B.check_post_pre(*out, kw, P, TOL)
+    return C.check_post_pre(*out, kw, P, TOL)
 
 
 def _pair(kw):
@@ -48,18 +51,18 @@ def test_gpu_all_ops_match_fp64(n):
     kw = _kw(n, seed=n)
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], P)
     args = (kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
-    res = B.check_pre(*op.mhc_pre(*args, **COMMON), ref, R.layer_input_ref(ref["y"], None, P.norm_eps), TOL)
+    res = C.check_pre(*op.mhc_pre(*args, **COMMON), ref, R.layer_input_ref(ref["y"], None, P.norm_eps), TOL)
     assert res["ok"], res
-    res = B.check_pre(*op.mhc_pre(*args, **COMMON, norm_weight=kw["norm_weight"], norm_eps=P.norm_eps), ref,
+    res = C.check_pre(*op.mhc_pre(*args, **COMMON, norm_weight=kw["norm_weight"], norm_eps=P.norm_eps), ref,
                       R.layer_input_ref(ref["y"], kw["norm_weight"], P.norm_eps), TOL)
     assert res["ok"], res
     out = op.mhc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
-    res = B.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), TOL)
+    res = C.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), TOL)
     assert res["ok"], res
     fused = _fused(kw)
     res = _check_fused(fused, kw)
     assert res["ok"], res
-    res = B.check_against_pair(fused, _pair(kw), TOL, kw, P)
+    res = C.check_against_pair(fused, _pair(kw), TOL, kw, P)
     assert res["ok"], res
 
 
@@ -84,7 +87,7 @@ def test_gpu_deterministic_and_graph_replay_follows_new_inputs(n):
     different one from run to run); a captured graph replayed many times (the tickets reset
     themselves) follows new inputs copied into its buffers."""
     kw = _kw(n, seed=1)
-    assert op.plan_for(n, 4096, op._num_sms(kw["x"].device)).one_launch
+    assert op.plan_for(n, 4096, num_sms(kw["x"].device)).one_launch
     first = [t.clone() for t in _fused(kw)]
     for _ in range(20):
         again = _fused(kw)
@@ -97,7 +100,7 @@ def test_gpu_deterministic_and_graph_replay_follows_new_inputs(n):
         g.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(first, out))
-    assert int(op.arrival_counters(kw["x"].device, 64).abs().sum()) == 0
+    assert int(arrival_counters(kw["x"].device, 64).abs().sum()) == 0
     fresh = _kw(n, seed=2)
     for k in ("x", "residual", "post", "comb", "hc_fn", "hc_scale", "hc_base", "norm_weight"):
         kw[k].copy_(fresh[k])
@@ -112,8 +115,8 @@ def test_gpu_matches_upstream(n, record_property):
     kw = _kw(n, seed=20 + n)
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], P)
     plain = R.layer_input_ref(ref["y"], None, P.norm_eps)
-    kind = "eager" if B.tilelang_available() else "torch"
-    up = B.UpstreamSm120(P, kind=kind)
+    kind = "eager" if U.tilelang_available() else "torch"
+    up = U.UpstreamSm120(P, kind=kind)
     uy, upost, ucomb, unorm = up.pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     uout = up.post(kw["x"], kw["residual"], kw["post"], kw["comb"])
     kind = {"eager": "tilelang (Sinkhorn, post) + eager torch",
@@ -126,22 +129,22 @@ def test_gpu_matches_upstream(n, record_property):
     assert unorm is False and onorm is False
     post_ref = R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"])
     for name, (y, post, comb) in (("ours", (oy, opost, ocomb)), ("upstream", (uy, upost, ucomb))):
-        res = B.check_pre(y, post, comb, ref, plain, TOL)
+        res = C.check_pre(y, post, comb, ref, plain, TOL)
         assert res["ok"], (name, res)
-    assert B.check_streams(oout, post_ref, TOL)["ok"] and B.check_streams(uout, post_ref, TOL)["ok"]
+    assert C.check_streams(oout, post_ref, TOL)["ok"] and C.check_streams(uout, post_ref, TOL)["ok"]
     assert R.max_rel(oy, uy.double()) <= TOL["bf16"] and R.max_rel(oout, uout.double()) <= TOL["bf16"]
     assert R.max_abs(opost, upost) <= TOL["mix"] and R.max_abs(ocomb, ucomb) <= TOL["mix"]
     # The fused boundary against upstream's unfused pair: the streams its post writes (a few tie
     # elements may round the other way), and its pre (+ the layer's RMSNorm) of the streams ours wrote.
     cur, fy, fpost, fcomb = _fused(kw)
     ties = int((cur != uout).sum())
-    assert ties <= 4 + B.TIES_FRAC * cur.numel(), ties
+    assert ties <= 4 + C.TIES_FRAC * cur.numel(), ties
     py, ppost, pcomb, _ = up.pre(cur, kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     assert R.max_abs(fpost, ppost) <= TOL["mix"] and R.max_abs(fcomb, pcomb) <= TOL["mix"]
     assert R.max_rel(fy, R.layer_input_ref(py.double(), kw["norm_weight"], P.norm_eps)) <= TOL["bf16"]
     if up.kind == "eager" and n == 1:  # one token: one set of TileLang JIT compiles
         # The gated-off TileLang fused kernel (tf32 GEMM): against the same fp64 boundary, looser.
-        ucur, upost2, ucomb2, uli = B.upstream_tilelang_fused().mhc_fused_post_pre(
+        ucur, upost2, ucomb2, uli = U.upstream_tilelang_fused().mhc_fused_post_pre(
             kw["x"], kw["residual"], kw["post"].unsqueeze(-1), kw["comb"], kw["hc_fn"], kw["hc_scale"],
             kw["hc_base"], P.rms_eps, P.pre_eps, P.sinkhorn_eps, P.post_mult, P.iters,
             norm_weight=kw["norm_weight"], norm_eps=P.norm_eps)

@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from v4flash_kernels.kit.compare import rel_err
 from v4flash_kernels.moe import kernel, op_v2, repack
 from v4flash_kernels.moe import op as moe
 from v4flash_kernels.moe.reference import (
@@ -22,7 +23,6 @@ from v4flash_kernels.moe.reference import (
     e2m1_values,
     make_inputs,
     ref_of,
-    rel_err,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -337,7 +337,7 @@ def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
 def test_v2_split_k_leaves_counters_zero_and_repeats_exactly():
     """The last split to arrive reduces and zeroes its counter: a second call (as a graph replay
     would) sees clean counters and gives the same bits."""
-    from v4flash_kernels.attention.op import arrival_counters
+    from v4flash_kernels.kit.device import arrival_counters
 
     kw = make_inputs(MoeCase(tokens=1, clamp_limit=0.4, routed_scaling_factor=1.5))
     plan = V2_PLANS["inline_splitk4"]
@@ -526,7 +526,7 @@ def test_pair_split_words_refuse_other_gemm_bodies():
 def test_bench_sweep_candidates_and_tables():
     """The GPU bench's pure parts: every swept plan is one the kernels accept, the planner's own plan
     comes first, and both tables format a row (synthetic numbers, no GPU)."""
-    from v4flash_kernels.moe import bench
+    import v4flash_bench.moe as bench
 
     for m in (1, 2, 16, 64, 256, 1024, 4096):
         plans = bench.v2_candidates(bench.Shape(4, m))
@@ -550,7 +550,7 @@ def test_bench_prefill_candidates_and_verdict():
     """`bench --prefill`'s pure parts: the planner's plan first, every repacked candidate one the
     kernels accept (v1 plans on PAIR_SPLIT words: dot bodies, no split-K), the v2/v1 crossover
     covered from both sides, and the verdict compares the planner with v1 (synthetic numbers)."""
-    from v4flash_kernels.moe import bench
+    import v4flash_bench.moe as bench
 
     for m in (256, 1024, 4096):
         plans = bench.prefill_candidates(bench.Shape(4, m))

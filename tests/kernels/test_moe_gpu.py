@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.moe.reference import MoeCase, make_routing, ref_of, rel_err
+from v4flash_kernels.kit.compare import rel_err
+from v4flash_kernels.moe.reference import MoeCase, make_routing, ref_of
 
 pytestmark = pytest.mark.gpu
 

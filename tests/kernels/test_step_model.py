@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from v4flash_kernels.step import model as M
-from v4flash_kernels.step import report as R
-from v4flash_kernels.step.__main__ import main
+from v4flash_bench.step import model as M
+from v4flash_bench.step import report as R
+from v4flash_bench.step.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
 K, MIB = 1024, 1 << 20
@@ -203,7 +203,7 @@ def test_report_tables_render():
 
 
 def test_path_times_prefers_ours_and_falls_back():
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -223,7 +223,7 @@ def test_path_times_prefers_ours_and_falls_back():
 
 
 def test_dry_run_prints_the_plan_without_torch():
-    code = ("import sys; from v4flash_kernels.step.__main__ import main; rc = main(['--dry-run']); "
+    code = ("import sys; from v4flash_bench.step.__main__ import main; rc = main(['--dry-run']); "
             "assert 'torch' not in sys.modules, 'dry run imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO / "kernels"), "PATH": "/usr/bin:/bin"})
@@ -273,7 +273,7 @@ def test_launcher_bench_step_passes_options_through(capsys):
 
 
 def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     import json
 
     specs = M.decode_specs([1], [128 * K], 8 * K, 64)
@@ -295,7 +295,7 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
     assert float(line[2]) > float(line[3])
     assert main(["--batches", "16", "--contexts", "128K", "--prefill", "", "--from-json", str(run)]) == 2
     assert "no measurement" in capsys.readouterr().err
-    code = ("import sys; from v4flash_kernels.step.__main__ import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from v4flash_bench.step.__main__ import main; rc = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 're-rendering imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO / "kernels"), "PATH": "/usr/bin:/bin"})
@@ -303,7 +303,7 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
 
 
 def _cpu_ops(monkeypatch):
-    ops = pytest.importorskip("v4flash_kernels.step.ops")
+    ops = pytest.importorskip("v4flash_bench.step.ops")
     monkeypatch.setattr(ops, "DEVICE", "cpu")
     return ops
 
@@ -322,7 +322,7 @@ def _small_indexer_op():
 
 def test_indexer_check_passes_for_upstream_and_catches_a_wrong_kernel(monkeypatch):
     ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     _wheel_or_skip()
     op = _small_indexer_op()
     assert ops.build(op, "upstream", 1 << 20, 3).check().ok  # the wheel's torch function vs our fp64 reference
@@ -339,7 +339,7 @@ def test_indexer_check_passes_for_upstream_and_catches_a_wrong_kernel(monkeypatc
 
 def test_missing_patch_is_no_patch_yet_not_a_failure(monkeypatch):
     ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     monkeypatch.setitem(ops.PATCHES, "indexer", ("v4flash_kernels.no_such_module", "fn"))
     m = runner.measure_one(_small_indexer_op(), "ours", 1 << 20, 3)
     assert m.ok and m.error == "no patch yet" and m.us != m.us
@@ -423,7 +423,7 @@ def test_patched_path_runs_the_models_fused_mhc_structure(spec):
     for path in ("upstream", "patched"):
         names = [o.name for o in M.ops_for_path(ops, path)]
         assert len(names) == len(set(names))
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     uniq = M.unique_ops([spec])
     assert runner.impls_for(uniq[f"mhc-fused:{spec.rows}:patched"]) == ["ours"]
     assert runner.impls_for(uniq[f"mhc-pre:{spec.rows}"]) == ["upstream", "ours"]
@@ -432,7 +432,7 @@ def test_patched_path_runs_the_models_fused_mhc_structure(spec):
 
 
 def test_fused_mhc_row_composes_and_renders():
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -476,7 +476,7 @@ def test_fused_mhc_builder_checks_on_cpu(monkeypatch):
 
 
 def test_untimed_op_falls_back_to_its_labelled_estimate():
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -528,7 +528,7 @@ def test_mhc_references_from_the_definition(monkeypatch):
 
 def test_mhc_without_tilelang_is_unavailable_not_failed(monkeypatch):
     ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     _wheel_or_skip()
     monkeypatch.setitem(ops._loaded, "mhc", ops.Unavailable("TileLang mHC unavailable here: test"))
     op = M.mhc_ops(1)[0]
@@ -640,7 +640,7 @@ def test_tp2_shapes_bytes_and_floors():
 
 
 def test_tp_option_and_table(capsys):
-    from v4flash_kernels.step.__main__ import specs_from
+    from v4flash_bench.step.__main__ import specs_from
 
     class A:
         batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,16", "128K,1M", "8K", "1K", "4,2", "", None
@@ -737,17 +737,17 @@ def test_verify_attention_and_indexer_inputs_share_a_request_cache(monkeypatch):
 
 
 def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
-    runner = pytest.importorskip("v4flash_kernels.step.runner")
+    runner = pytest.importorskip("v4flash_bench.step.runner")
     import json
 
     args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",
             "--verify-batches", "1"]
-    from v4flash_kernels.step.__main__ import main as step_main
+    from v4flash_bench.step.__main__ import main as step_main
 
     class A:
         batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1", "128K", "8K", "", "4,2", "1", "1"
 
-    from v4flash_kernels.step.__main__ import specs_from
+    from v4flash_bench.step.__main__ import specs_from
 
     specs = specs_from(A)
     assert [s.label for s in specs] == ["decode B=1 C=128K L=8K", "verify k=1 B=1 C=128K L=8K",

@@ -275,7 +275,7 @@ def test_shipped_configs_fit_sm120(tmp_path):
 
 def test_bench_shapes_and_one_row_under_the_interpreter(upstream):
     """The benchmark's shapes (SGLang's c4 widths and lengths) and one checked row, timer stubbed."""
-    from v4flash_kernels.topk import bench
+    import v4flash_bench.topk as bench
 
     labels = [s.label for s in bench.shapes_for([1, 64], ["128K"], ["8K", "full"], ["8K"])]
     assert labels == ["B=1 ctx=128K actual=8K", "B=1 ctx=128K actual=full", "B=64 ctx=128K actual=8K",

@@ -45,7 +45,8 @@ import torch
 import verify_rows as V
 
 from v4flash_kernels.attention import op as decode
-from v4flash_kernels.attention.reference import rel_err, sparse_mla_decode_ref
+from v4flash_kernels.attention.reference import sparse_mla_decode_ref
+from v4flash_kernels.kit.compare import rel_err
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernel tests run under the Triton interpreter"
@@ -408,14 +409,9 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
     """The public drop-in on a [rows, K] activation (SGLang's call) against fp64 and the wheel's GEMM
     on the definition's quantized activation (the same function, to rounding)."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import (
-        excess_error,
-        linear_ref,
-        make_activation,
-        make_weight,
-        quantize_activation_ref,
-    )
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
     from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
+    from v4flash_kernels.kit.fp8 import quantize_activation_ref
 
     g = torch.Generator().manual_seed(70 + rows)
     x = make_activation(rows, 1024, g)
@@ -464,10 +460,10 @@ def _rows_layout(rows: int, seed: int) -> V.Layout:
 def test_moe_every_verify_plan(version):
     """v1 (the drop-in) and v2 (repacked layers): the plan of every verify row class at TP4, on verify
     rows of small-dim experts, against fp64."""
+    from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe import op_v2 as v2
     from v4flash_kernels.moe.reference import ref_of
-    from v4flash_kernels.moe.reference import rel_err as moe_err
     from v4flash_kernels.moe.repack import repack_experts
 
     for rows, label in _class_rows(MOE[version]):
@@ -491,10 +487,10 @@ def test_moe_every_verify_plan(version):
 def test_moe_matches_upstream_on_verify_rows():
     """2 requests x 2 rows (k = 1): v1, v2 and the wheel's `mxfp4_moe_forward_triton` (under the
     interpreter, one autotune config) against fp64 and each other."""
+    from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe.op_v2 import moe_forward_repacked
     from v4flash_kernels.moe.reference import ref_of
-    from v4flash_kernels.moe.reference import rel_err as moe_err
     from v4flash_kernels.moe.repack import repack_experts
     from v4flash_kernels.upstream import MOE_PATH, load_module
 
@@ -521,9 +517,10 @@ def test_mhc_every_verify_plan_and_the_wheels_torch_path():
     launches, tokens per block, warps; the hidden split scaled to this hidden size), against fp64; the
     drop-ins against the wheel's sm_120 torch path (its TileLang Sinkhorn stood in by the reference split,
     as in test_mhc_cpu)."""
-    from v4flash_kernels.mhc import bench as B
+    from v4flash_kernels.mhc import checks as C
     from v4flash_kernels.mhc import op as mh
     from v4flash_kernels.mhc import reference as R
+    from v4flash_kernels.mhc import upstream as U
 
     p = R.MhcParams()
     hidden = 256
@@ -535,24 +532,24 @@ def test_mhc_every_verify_plan_and_the_wheels_torch_path():
         kw = R.make_inputs(R.MhcCase(tokens=rows, hidden=hidden), seed=rows)
         ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
         y, post, comb = mh.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **common, plan=plan)
-        res = B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), B.TOL)
+        res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), C.TOL)
         assert res["ok"], (rows, label, res)
         full = R.post_pre_ref(kw, p)
         cur, y, post, comb = mh.mhc_post_pre(kw["x"], kw["residual"], kw["post"], kw["comb"], kw["hc_fn"],
                                              kw["hc_scale"], kw["hc_base"], **common,
                                              norm_weight=kw["norm_weight"], norm_eps=p.norm_eps, plan=plan)
-        assert B.check_streams(cur, full["residual"], B.TOL)["ok"], (rows, label)
-        assert B.check_pre(y, post, comb, full, full["layer_input"], B.TOL)["ok"], (rows, label)
+        assert C.check_streams(cur, full["residual"], C.TOL)["ok"], (rows, label)
+        assert C.check_pre(y, post, comb, full, full["layer_input"], C.TOL)["ok"], (rows, label)
         out = mh.mhc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
-        assert B.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), B.TOL)["ok"]
+        assert C.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), C.TOL)["ok"]
     layer = SimpleNamespace(hc_mult=4, hc_sinkhorn_iters=p.iters, hc_eps=p.pre_eps, rms_norm_eps=p.rms_eps)
-    up = B.UpstreamSm120(p, kind="torch")
+    up = U.UpstreamSm120(p, kind="torch")
     kw = R.make_inputs(R.MhcCase(tokens=12, hidden=hidden), seed=5)
     uy, upost, ucomb, _ = up.pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     oy, opost, ocomb, onorm = mh.hc_pre(layer, kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"])
     assert onorm is False
-    assert R.max_rel(oy, uy.double()) <= B.TOL["bf16"]
-    assert R.max_abs(opost, upost) <= B.TOL["mix"] and R.max_abs(ocomb, ucomb) <= B.TOL["mix"]
+    assert R.max_rel(oy, uy.double()) <= C.TOL["bf16"]
+    assert R.max_abs(opost, upost) <= C.TOL["mix"] and R.max_abs(ocomb, ucomb) <= C.TOL["mix"]
     uout = up.post(kw["x"], kw["residual"], kw["post"], kw["comb"])
     oout = mh.hc_post(layer, kw["x"], kw["residual"], kw["post"], kw["comb"])
-    assert R.max_rel(oout, uout.double()) <= B.TOL["bf16"]
+    assert R.max_rel(oout, uout.double()) <= C.TOL["bf16"]

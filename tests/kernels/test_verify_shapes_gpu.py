@@ -119,8 +119,9 @@ ATTN_CASES = [pytest.param(kind, *p.values, id=f"{kind}-{p.id}") for kind in ("s
 @pytest.mark.parametrize("kind,bs,k,label", ATTN_CASES)
 def test_gpu_attention_verify_graph(kind, bs, k, label):
     from v4flash_kernels.attention import op as decode
-    from v4flash_kernels.attention.reference import rel_err, sparse_mla_decode_ref
+    from v4flash_kernels.attention.reference import sparse_mla_decode_ref
     from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
+    from v4flash_kernels.kit.compare import rel_err
 
     fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: AttnTp(1, 4))
     lay_a, lay_b = _batches(bs, k, seed=bs * 10 + k)
@@ -245,9 +246,10 @@ MOE_CASES = [pytest.param(v, *p.values, id=f"{v}-{p.id}") for v in ("v1", "v2")
 
 @pytest.mark.parametrize("version,bs,k,label", MOE_CASES)
 def test_gpu_moe_verify_graph(tp4_experts, version, bs, k, label):
+    from v4flash_kernels.kit.compare import rel_err
     from v4flash_kernels.moe import op as v1
     from v4flash_kernels.moe.op_v2 import moe_forward_repacked
-    from v4flash_kernels.moe.reference import ref_of, rel_err
+    from v4flash_kernels.moe.reference import ref_of
 
     scaling, clamp = 1.5, 10.0
     lay_a, lay_b = _batches(bs, k, seed=400 + bs * 10 + k)
@@ -282,7 +284,7 @@ def test_gpu_moe_verify_graph(tp4_experts, version, bs, k, label):
 def test_gpu_mhc_verify_graph(bs, k, label):
     from types import SimpleNamespace
 
-    from v4flash_kernels.mhc import bench as B
+    from v4flash_kernels.mhc import checks as C
     from v4flash_kernels.mhc import op as mh
     from v4flash_kernels.mhc import reference as R
 
@@ -309,9 +311,9 @@ def test_gpu_mhc_verify_graph(bs, k, label):
     (y, post, comb, _), streams, (cur, fpost, fcomb, li) = _replay(call, static, fresh, poison)
     f = fresh
     ref = R.pre_ref(f["residual"], f["hc_fn"], f["hc_scale"], f["hc_base"], p)
-    res = B.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), B.TOL)
+    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], None, p.norm_eps), C.TOL)
     assert res["ok"], (label, res)
-    assert B.check_streams(streams, R.post_ref(f["x"], f["residual"], f["post"], f["comb"]), B.TOL)["ok"], label
+    assert C.check_streams(streams, R.post_ref(f["x"], f["residual"], f["post"], f["comb"]), C.TOL)["ok"], label
     # the fused pre against the fp64 pre of exactly the bf16 streams it wrote (the unfused pair's input)
-    res = B.check_post_pre(cur, li, fpost.view(rows, 4), fcomb, f, p, B.TOL)
+    res = C.check_post_pre(cur, li, fpost.view(rows, 4), fcomb, f, p, C.TOL)
     assert res["ok"], (label, res)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from v4flash_kernels.step import model as step
+from v4flash_bench.step import model as step
 from v4flash_pd import memory as M
 from v4flash_pd.config.load import load_config
 from v4flash_pd.doctor import memory as dmemory

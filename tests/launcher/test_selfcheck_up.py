@@ -216,7 +216,7 @@ def test_the_auto_allreduce_is_off_in_the_plan_and_on_once_its_check_passed(box,
     run = latest(box)
     s = json.loads((run / "selfcheck.json").read_text())
     assert sorted(s["patches"]) == sorted(SWITCHES)
-    assert {n: p["status"] for n, p in s["patches"].items()} == {n: "pass" for n in SWITCHES}
+    assert {n: p["status"] for n, p in s["patches"].items()} == dict.fromkeys(SWITCHES, "pass")
     assert s["switched_on"] == ["allreduce"] and s["kept_off"] == []
     plan = json.loads((run / "plan.json").read_text())
     assert dict(map(tuple, plan["patches"]))["allreduce"] is True

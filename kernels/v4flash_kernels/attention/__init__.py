@@ -1,1 +1,4 @@
-"""Sparse-MLA decode attention (sm_120 drop-in): Triton kernels, host-side op, fp64 reference, bench."""
+"""Sparse-MLA decode attention (sm_120 drop-in): Triton kernels, host-side op, fp64 reference.
+
+Its bench is `v4flash_bench.attention`.
+"""

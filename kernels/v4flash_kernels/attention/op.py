@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from v4flash_kernels.attention import kernel as _k
+from v4flash_kernels.kit.device import arrival_counters
 
 LOG2E = 1.4426950408889634
 
@@ -413,26 +414,6 @@ MERGE_COLS = 32  # columns per slice of the cooperative merge (a c4 B=1 row: 16 
 def merge_splits_per_load(cfg: KernelConfig) -> int:
     """Splits one merge step loads: [block_h, n, MERGE_COLS] fp32 stays at 64 registers a thread."""
     return max(1, (64 * 32 * cfg.num_warps) // (cfg.block_h * MERGE_COLS))
-
-
-# Counters of the cooperative merge, two int32 (arrivals, departures) per (batch row, head block),
-# per device and stream. Zeroed once when allocated; every call leaves them at zero again (the
-# last program of a row to leave resets both), so CUDA graphs replay with no reset kernel. Buffers
-# are never freed: a captured graph keeps the pointer it was captured with.
-_COUNTERS: Dict[tuple, torch.Tensor] = {}
-_OLD_COUNTERS: List[torch.Tensor] = []
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OLD_COUNTERS.append(buf)
-        buf = torch.zeros(max(1024, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
 
 
 def sparse_mla_decode(

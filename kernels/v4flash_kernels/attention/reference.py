@@ -96,13 +96,6 @@ def sparse_mla_decode_ref(
     return out.unsqueeze(1), lse.unsqueeze(-1)
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius error ||out - ref|| / ||ref|| in float64 (NaN if out has NaN)."""
-    o = out.to(torch.float64)
-    r = ref.to(torch.float64)
-    den = torch.linalg.vector_norm(r).item()
-    num = torch.linalg.vector_norm(o - r).item()
-    return num / den if den > 0 else num
 
 
 # ---------------------------------------------------------------- random real-layout inputs

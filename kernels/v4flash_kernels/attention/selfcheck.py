@@ -199,7 +199,7 @@ def _reference(kw: Inputs) -> Tuple[Any, Any]:
 def _compare(out: Any, ref: Tuple[Any, Any], kw: Inputs) -> Comparison:
     import torch
 
-    from v4flash_kernels.attention.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     o, lse = out
     rows, (h0, h1) = kw["_rows"], kw["_heads"]

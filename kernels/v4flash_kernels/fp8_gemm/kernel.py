@@ -4,7 +4,7 @@ Format: the weight `B [N, K]` is e4m3 with one fp32 scale per 128x128 block (`BS
 ceil(K/128)]`); the activation `A [M, K]` is e4m3 with one fp32 scale per row and 128-column group
 (`AS [M, ceil(K/128)]`). `C = sum_g (A_g . B_g^T) * AS[:, g] * BS[n // 128, g]` in fp32, cast once.
 
-Only what `op`'s plan launches is here (the experiments the plan was chosen from are in `candidates`):
+Only what `op`'s plan launches is here (the experiments the plan was chosen from are in `v4flash_bench.fp8_candidates`):
 
 * ``gemv_kernel`` (1-4 rows, the linear only): no tensor cores. Each program issues ONE load of its
   whole weight tile `[BLOCK_N, K]` (all its bytes in flight at once: what a latency-bound decode

@@ -36,6 +36,7 @@ import torch
 
 from v4flash_kernels.fp8_gemm import kernel as _k
 from v4flash_kernels.hook.patches import FP8_GEMM
+from v4flash_kernels.kit.device import Counters, num_sms
 
 FP8 = torch.float8_e4m3fn
 GROUP = int(_k.GROUP)
@@ -339,37 +340,14 @@ def launchable_reduce() -> Tuple[int, ...]:
     return tuple(sorted(sps))
 
 
-_SMS: Dict[int, int] = {}
 
-
-def num_sms(device: torch.device) -> int:
-    """SM count, cached per device; host-only (no sync), so safe during CUDA-graph capture."""
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
-
-
-# Split-K tickets, one int32 per output tile, per device and stream. Zeroed once when allocated;
-# every call leaves them at zero again (the reducing program resets its tile's), so CUDA graphs
-# replay with no reset kernel. Never freed: a captured graph keeps the pointer it was captured with.
-_TICKETS: Dict[tuple, torch.Tensor] = {}
-_OLD_TICKETS: List[torch.Tensor] = []
+# Split-K tickets, one int32 per output tile (the reducing program resets its tile's); a pool of their own.
+_TICKETS = Counters()
 
 
 def tickets(device: torch.device, n: int) -> torch.Tensor:
     """At least `n` zeroed split-K tickets for the current stream (two streams never share one)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _TICKETS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OLD_TICKETS.append(buf)
-        buf = torch.zeros(max(1024, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
-        _TICKETS[key] = buf
-    return buf
+    return _TICKETS.get(device, n)
 
 
 # ----------------------------------------------------------------------------- launches

@@ -1,14 +1,7 @@
-"""fp64 reference of the 128x128 block-scaled FP8 GEMM / linear, written from the format, and test inputs.
+"""fp64 reference of the 128x128 block-scaled FP8 GEMM / linear, and test inputs.
 
-The format: a weight `W [N, K]` of e4m3 codes with one fp32 scale per 128x128 block, `W_deq[n, k] =
-W[n, k] * Ws[n // 128, k // 128]`; an activation of e4m3 codes with one fp32 scale per row and
-128-column group, `A_deq[m, k] = A[m, k] * As[m, k // 128]`; the product is `A_deq @ W_deq^T`,
-evaluated here in fp64 (the kernels accumulate in fp32 and round once to the output dtype).
-
-The linear's activation quant (per row and 128-column group) is a discrete function, stated here in
-the fp32 arithmetic it is defined in (sgl-kernel's `per_token_group_quant_8bit`, which the pinned
-SGLang runs on CUDA): `amax = max(1e-10, max |x|)`, stored scale `amax * fp32(1/448)`, codes
-`e4m3_rn(clamp(x * (448 / amax), -448, 448))` (IEEE fp32 ops, round-to-nearest-even cast).
+The format and the activation quant are `kit.fp8`; the product is `A_deq @ W_deq^T`, evaluated here in
+fp64 (the kernels accumulate in fp32 and round once to the output dtype).
 """
 
 from __future__ import annotations
@@ -18,31 +11,7 @@ from typing import Tuple
 
 import torch
 
-FP8 = torch.float8_e4m3fn
-GROUP = 128
-FP8_MAX = 448.0
-
-
-def quantize_activation_ref(x: torch.Tensor, group: int = GROUP) -> Tuple[torch.Tensor, torch.Tensor]:
-    """[.., K] (K % group == 0) -> (e4m3 codes [.., K], fp32 scales [.., K / group]), bit for bit."""
-    shape = x.shape
-    xf = x.float().reshape(*shape[:-1], shape[-1] // group, group)
-    amax = xf.abs().amax(-1).clamp(min=torch.tensor(1e-10, dtype=torch.float32).item())
-    mult = torch.full_like(amax, FP8_MAX) / amax
-    q = (xf * mult.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8).reshape(shape)
-    scale = amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
-    return q, scale
-
-
-def dequant_weight(w: torch.Tensor, ws: torch.Tensor, block: Tuple[int, int] = (GROUP, GROUP)) -> torch.Tensor:
-    n, k = w.shape
-    s = ws.double().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
-    return w.double() * s
-
-
-def dequant_activation(a: torch.Tensor, a_s: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    k = a.shape[-1]
-    return a.double() * a_s.double().repeat_interleave(group, -1)[..., :k]
+from v4flash_kernels.kit.fp8 import FP8, GROUP, dequant_activation, dequant_weight, quantize_activation_ref
 
 
 def matmul_ref(a: torch.Tensor, w: torch.Tensor, a_s: torch.Tensor, ws: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -73,13 +42,6 @@ def excess_error(out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rtol: 
         return float("inf")
     bound = rtol * ref.abs() + atol_mag * mag + 1e-30
     return ((o - ref).abs() / bound).max().item() if o.numel() else 0.0
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o = out.double()
-    den = torch.linalg.vector_norm(ref).item()
-    num = torch.linalg.vector_norm(o - ref).item()
-    return num / den if den > 0 else num
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -1,5 +1,7 @@
-"""Upstream's block-FP8 linear from the pinned wheel: what the fp8_gemm patch replaces, for the
-self-check and the benches (read at run time, never committed)."""
+"""Upstream's block-FP8 linear on sm_120, loaded from the pinned sglang wheel at run time (the baseline of
+the self-check, the bench and the tests): `triton_w8a8_block_fp8_linear` over its Triton activation quant
+and `w8a8_block_fp8_matmul_triton`.
+"""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import torch
 import triton
 
 from v4flash_kernels.indexer import kernel as _k
+from v4flash_kernels.kit.device import num_sms
 
 PAGE = int(_k.PAGE)
 HEAD_DIM = int(_k.HEAD_DIM)
@@ -80,18 +81,6 @@ def programs_per_row(batch: int, max_pages: int, num_sms: int, cfg: IndexerConfi
     per_sm = cfg.ctas_per_sm_big if cfg.ctas_per_sm_big and batch >= BIG_BATCH else cfg.ctas_per_sm
     return max(1, min(tiles, math.ceil(num_sms * per_sm / max(1, batch))))
 
-
-_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    """SM count, cached per device; host-only (no sync), so safe during CUDA-graph capture."""
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -152,7 +141,7 @@ def run(
 
     cfg = config or DEFAULT
     if nprog is None:
-        nprog = programs_per_row(batch, max_pages, _num_sms(dev), cfg)
+        nprog = programs_per_row(batch, max_pages, num_sms(dev), cfg)
     block_h = max(16, triton.next_power_of_2(num_heads))
     _k.indexer_logits_kernel[(nprog, batch)](
         q, q.stride(0), q.stride(2),

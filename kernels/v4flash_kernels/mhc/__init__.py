@@ -1,1 +1,4 @@
-"""DeepSeek-V4 hyper-connection (mHC) pre/post (sm_120 drop-in): Triton kernels, host-side op, fp64 reference, bench."""
+"""DeepSeek-V4 hyper-connection (mHC) pre/post (sm_120 drop-in): Triton kernels, host-side op, fp64 reference.
+
+Its bench is `v4flash_bench.mhc`.
+"""

@@ -31,7 +31,7 @@ from typing import Any, Tuple
 import torch
 import triton
 
-from v4flash_kernels.attention.op import arrival_counters
+from v4flash_kernels.kit.device import arrival_counters, num_sms
 from v4flash_kernels.mhc import kernel as _k
 
 HC = 4
@@ -142,18 +142,6 @@ def launchable_splits(hidden: int = 4096) -> Tuple[int, ...]:
                          if not (p := plan_for(n, hidden, sms)).one_launch} | {1, MAX_SPLITS}))
 
 
-_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    """SM count, cached per device; host-only (no sync), so safe during CUDA-graph capture."""
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
-
 
 def _check(cond: bool, msg: str) -> None:
     # Upstream's asserts, raised even under `python -O` (same exception type as upstream).
@@ -209,7 +197,7 @@ def _pre_launch(
     n, _, hidden = streams.shape
     dev = streams.device
     if plan is None:
-        plan = plan_for(n, hidden, _num_sms(dev))
+        plan = plan_for(n, hidden, num_sms(dev))
     fn = _contig(fn)
     scale = _contig(scale.reshape(3))
     base = _contig(base.reshape(MIX))

@@ -81,7 +81,7 @@ def _fused_ours(kw: Inputs) -> Any:
 
 def _fused_ref(kw: Inputs) -> Any:
     """The checked rows' inputs: the fp64 post and the pre of the streams ours wrote are both computed
-    in the comparison (`bench.check_post_pre`), since the second depends on ours' result."""
+    in the comparison (`checks.check_post_pre`), since the second depends on ours' result."""
     x, res, post, comb = _sub(kw, "x", "residual", "post", "comb")
     return dict(kw, x=x, residual=res, post=post, comb=comb)
 
@@ -90,7 +90,7 @@ def _fused_compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
     """Streams vs the fp64 post; post, comb and the layer input vs the fp64 pre of the very streams
     ours wrote (what the unfused pair computes), so a pre that mixed anything else fails."""
     from v4flash_kernels.mhc import reference as R
-    from v4flash_kernels.mhc.bench import TOL, check_post_pre
+    from v4flash_kernels.mhc.checks import TOL, check_post_pre
 
     cur, post, comb, y = out
     n, hidden = kw["x"].shape
@@ -129,7 +129,7 @@ def _pre_ref(kw: Inputs) -> Any:
 
 
 def _pre_compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
-    from v4flash_kernels.mhc.bench import TOL, check_pre
+    from v4flash_kernels.mhc.checks import TOL, check_pre
 
     y, post, comb, norm_fused = out
     r = kw["_rows"]
@@ -158,7 +158,7 @@ def _post_ref(kw: Inputs) -> Any:
 
 
 def _post_compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
-    from v4flash_kernels.mhc.bench import TOL, check_streams
+    from v4flash_kernels.mhc.checks import TOL, check_streams
 
     res = check_streams(out[kw["_rows"]], ref, TOL)
     nan = _nan((out,))
@@ -181,12 +181,12 @@ _UP: Dict[str, Any] = {}
 
 def _upstream_or_none(target: Target) -> Any:
     """The pinned sm_120 `hc_pre`/`hc_post` (eager torch + TileLang), once, or None without tilelang/CUDA."""
-    from v4flash_kernels.mhc import bench
+    from v4flash_kernels.mhc import upstream
 
-    if not target.is_cuda or not bench.tilelang_available():
+    if not target.is_cuda or not upstream.tilelang_available():
         return None
     if "up" not in _UP:
-        _UP["up"] = bench.UpstreamSm120(kind="eager")
+        _UP["up"] = upstream.UpstreamSm120(kind="eager")
     return _UP["up"]
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4flash_kernels.attention.op import arrival_counters
+from v4flash_kernels.kit.device import arrival_counters
 from v4flash_kernels.moe import kernel as _k
 from v4flash_kernels.moe import kernel_v2 as _k2
 from v4flash_kernels.moe import op as _v1
@@ -66,7 +66,7 @@ Plan = PlanV2 | _v1.Plan  # a v1 Plan runs v1's GEMMs with the fast scale decode
 # Config table. 16 W rows per warp (the MMA's M); shared memory at 3-4 stages stays far below
 # sm_120's 99 KB (check_sm120 proves each entry). Chosen from the generated code (no spills, the
 # FP4 decode in the MMA fragments) before any GPU run; `bench --quick` sweeps the alternatives
-# (bench.v2_candidates) so the table can follow the measurement.
+# (v4flash_bench.moe.v2_candidates) so the table can follow the measurement.
 G1_T8 = MmaConfig(8, 64, 256, 4, 3)
 G1_T8_SK4 = MmaConfig(8, 64, 256, 4, 3, split_k=4)  # M=1: 6 experts x 16 row blocks is 96 programs; x4
 G2_T8 = MmaConfig(8, 64, 256, 4, 3)

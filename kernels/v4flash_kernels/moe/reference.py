@@ -84,12 +84,6 @@ def moe_ref(
     return out
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius error ||out - ref|| / ||ref|| in float64 (NaN if out has NaN)."""
-    o, r = out.to(torch.float64), ref.to(torch.float64)
-    den = torch.linalg.vector_norm(r).item()
-    num = torch.linalg.vector_norm(o - r).item()
-    return num / den if den > 0 else num
 
 
 # ---------------------------------------------------------------- random real-layout inputs

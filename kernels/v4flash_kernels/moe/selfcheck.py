@@ -155,7 +155,7 @@ def _reference(kw: Inputs) -> Any:
 def _compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
     import torch
 
-    from v4flash_kernels.moe.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     x = kw["hidden_states"]
     problems = []

@@ -44,6 +44,7 @@ from typing import Tuple
 
 import torch
 
+from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.topk import kernel as _k
 
 TOPKS = (512, 1024)
@@ -104,18 +105,6 @@ def programs(batch: int, num_sms: int, cfg: TopkConfig) -> int:
     """Persistent programs: one per row up to `ctas_per_sm` per SM (from shapes only: graph-safe)."""
     return max(1, min(batch, num_sms * cfg.ctas_per_sm))
 
-
-_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    """SM count, cached per device; host-only (no sync), so safe during CUDA-graph capture."""
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def _interpreting() -> bool:
@@ -200,7 +189,7 @@ def run(
         raise ValueError(f"config {cfg.name}: cap must be a power of two below 65536")
     dev = scores.device
     if nprog is None:
-        nprog = programs(B, _num_sms(dev), cfg)
+        nprog = programs(B, num_sms(dev), cfg)
     W = scores.shape[1]
     ws = torch.empty((nprog, cap + 1), dtype=torch.int64, device=dev)
     aux = torch.empty((nprog, aux_words(W, k)), dtype=torch.int32, device=dev)

@@ -40,11 +40,11 @@ from v4flash_pd.routerauth import auth_headers
               help="Environment variable holding the router's API key.")
 @click.option("--step", is_flag=True,
               help="Instead of HTTP: time one decode step / prefill chunk op by op on this machine's GPU "
-                   "(python -m v4flash_kernels.step), upstream sm_120 path vs our kernels.")
+                   "(python -m v4flash_bench.step), upstream sm_120 path vs our kernels.")
 @click.option("--step-args", default="", help="Options passed on to the step bench, e.g. \"--batches 1,16 --json s.json\".")
 @click.option("--allreduce", is_flag=True,
               help="Instead of HTTP: check and time the IPC all-reduce against NCCL on this box's GPUs, one process "
-                   "per GPU, 2..N ranks (python -m v4flash_kernels.allreduce.bench); run it with the workers stopped.")
+                   "per GPU, 2..N ranks (python -m v4flash_bench.allreduce); run it with the workers stopped.")
 @click.option("--allreduce-args", default="",
               help="Options passed on to the all-reduce bench, e.g. \"--worlds 4 --sizes 16384,65536 --json ar.json\".")
 def command(url: str, concurrency: str, n_requests: int | None, input_len: int, output_len: int,
@@ -89,7 +89,7 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
 
 
 def _run_step_bench(step_args: str) -> None:
-    """Run `python -m v4flash_kernels.step` in this interpreter where an NVIDIA GPU is visible."""
+    """Run `python -m v4flash_bench.step` in this interpreter where an NVIDIA GPU is visible."""
     import importlib.util
 
     try:
@@ -97,9 +97,10 @@ def _run_step_bench(step_args: str) -> None:
     except ValueError as exc:
         raise UserError(f"--step-args {step_args!r}: {exc}",
                         "quote it as one shell word, e.g. --step-args '--batches 1,16'") from None
-    if importlib.util.find_spec("v4flash_kernels") is None:
-        raise UserError("the kernel package v4flash_kernels is not importable in this environment",
-                        "run from the built environment (`make venv`, or the image), where the kernels are installed")
+    if importlib.util.find_spec("v4flash_bench") is None:
+        raise UserError("the bench package v4flash_bench is not importable in this environment",
+                        "run from the built environment (`make venv`, or the image), where the kernels and their "
+                        "benches are installed")
     if "--dry-run" not in extra:
         smi = shutil.which("nvidia-smi")
         probe = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) if smi else None
@@ -108,17 +109,17 @@ def _run_step_bench(step_args: str) -> None:
                                  "times kernels on a GPU",
                                  "run it on a GPU host (check the driver and CUDA_VISIBLE_DEVICES), or pass "
                                  "--step-args --dry-run to print the plan of ops only")
-    rc = subprocess.call([sys.executable, "-m", "v4flash_kernels.step", *extra])
+    rc = subprocess.call([sys.executable, "-m", "v4flash_bench.step", *extra])
     if rc == 2:
         raise UserError(f"the step bench refused --step-args {step_args!r} (its error is above)",
-                        "fix the option it names; `python -m v4flash_kernels.step --help` lists them")
+                        "fix the option it names; `python -m v4flash_bench.step --help` lists them")
     if rc != 0:
         raise RuntimeFailure(f"the step bench exited with status {rc}",
                              "read the FAILED lines above: an op disagreed with its reference or raised")
 
 
 def _run_allreduce_bench(args_text: str) -> None:
-    """Run `python -m v4flash_kernels.allreduce.bench` in this interpreter on this box's GPUs."""
+    """Run `python -m v4flash_bench.allreduce` in this interpreter on this box's GPUs."""
     import importlib.util
 
     try:
@@ -126,19 +127,20 @@ def _run_allreduce_bench(args_text: str) -> None:
     except ValueError as exc:
         raise UserError(f"--allreduce-args {args_text!r}: {exc}",
                         "quote it as one shell word, e.g. --allreduce-args '--worlds 4'") from None
-    if importlib.util.find_spec("v4flash_kernels") is None:
-        raise UserError("the kernel package v4flash_kernels is not importable in this environment",
-                        "run from the built environment (`make venv`, or the image), where the kernels are installed")
+    if importlib.util.find_spec("v4flash_bench") is None:
+        raise UserError("the bench package v4flash_bench is not importable in this environment",
+                        "run from the built environment (`make venv`, or the image), where the kernels and their "
+                        "benches are installed")
     smi = shutil.which("nvidia-smi")
     probe = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30) if smi else None
     gpus = probe.stdout.count("GPU ") if probe is not None and probe.returncode == 0 else 0
     if gpus < 2:
         raise RuntimeFailure(f"the all-reduce bench needs at least 2 NVIDIA GPUs; `nvidia-smi -L` lists {gpus}",
                              "run it on the GPU box (check the driver and CUDA_VISIBLE_DEVICES)")
-    rc = subprocess.call([sys.executable, "-m", "v4flash_kernels.allreduce.bench", *extra])
+    rc = subprocess.call([sys.executable, "-m", "v4flash_bench.allreduce", *extra])
     if rc == 2:
         raise UserError(f"the all-reduce bench refused --allreduce-args {args_text!r} (its error is above)",
-                        "`python -m v4flash_kernels.allreduce.bench --help` lists its options")
+                        "`python -m v4flash_bench.allreduce --help` lists its options")
     if rc != 0:
         raise RuntimeFailure(f"the all-reduce bench exited with status {rc}",
                              "a size disagreed with NCCL or a rank failed: see the table above; "

@@ -18,7 +18,7 @@ from v4flash_pd.errors import UserError
 from v4flash_pd.plan import Plan, ProcessSpec
 from v4flash_pd.selfcheck.jobs import interpreter_of
 
-STEP_MODULE = "v4flash_kernels.step"
+STEP_MODULE = "v4flash_bench.step"
 TIMEOUT = 3600.0
 
 

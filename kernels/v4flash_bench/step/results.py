@@ -1,7 +1,7 @@
 """What one measurement is, and how measurements become per-path times (pure: no torch).
 
 Kept apart from `runner` (which needs torch and a GPU) so a finished run's JSON can be re-rendered
-anywhere (`python -m v4flash_kernels.step --from-json`).
+anywhere (`python -m v4flash_bench.step --from-json`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Tuple
 
-from v4flash_kernels.step import model as M
+from v4flash_bench.step import model as M
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Benchmark of the mHC boundary: check against fp64 (and upstream), then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.mhc.bench [--json out.json] [--tokens 1,16,64,1024,8192]
+    python -m v4flash_bench.mhc [--json out.json] [--tokens 1,16,64,1024,8192]
         [--no-upstream] [--upstream-fused] [--sweep] [--seed N]
 
 Per token count it draws DeepSeek-V4-Flash-shaped inputs (4 streams x 4096, `hc_fn` [24, 16384]),
@@ -19,257 +19,31 @@ at run time; with `--upstream-fused` also the gated-off TileLang `mhc_fused_post
 TileLang JIT compiles: minutes). `--sweep` times alternative plans at the decode sizes (one launch:
 tokens per ticketed block x hidden splits; the two-launch plan).
 
-This module also holds the run-time loaders of upstream's mHC code that the tests share.
+Upstream's code is loaded by `v4flash_kernels.mhc.upstream`, the checks are `v4flash_kernels.mhc.checks`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import json
 import sys
 import time
 import types
-from typing import Callable, Dict, Iterator, List, TypedDict
+from typing import Callable, Dict, List, TypedDict
 
 import torch
 
-from v4flash_kernels import upstream as _up
+from v4flash_kernels.kit.device import num_sms
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.mhc import reference as R
+from v4flash_kernels.mhc.checks import TOL, check_against_pair, check_post_pre, check_pre, check_streams
+from v4flash_kernels.mhc.upstream import UpstreamSm120, tilelang_available, upstream_tilelang_fused
 from v4flash_kernels.provenance import measured_commit
 
-MODEL_PATH = "sglang/srt/models/deepseek_v4.py"
-MHC_PATH = "sglang/srt/layers/mhc.py"
-MHC_MODULE = "sglang.srt.layers.mhc"
 BW_H200 = 4.3e12
 TOKENS = (1, 16, 64, 1024, 8192)
 
-# --------------------------------------------------------------------------- upstream, at run time
-
-_LAYER_PRELUDE = '''
-from typing import Optional
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-_is_hip = False
-_MHC_POST_MULT_VALUE = 2.0
-
-
-def compile_in_capture_mode(fn):  # eager: what SGLang runs outside CUDA-graph capture
-    return fn
-
-
-class _Flag:
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
-
-
-class envs:  # the switches as server_args leaves them on sm_120
-    SGLANG_OPT_USE_TILELANG_MHC_PRE = _Flag(False)
-    SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
-    SGLANG_OPT_USE_AITER_MHC_PRE = _Flag(False)
-    SGLANG_OPT_USE_AITER_MHC_POST = _Flag(False)
-    SGLANG_OPT_USE_TILELANG_MHC_POST = _Flag({tilelang_post})
-'''
-
-# The gated-off fused path additionally reads DeepGEMM's switch (off on sm_120).
-_FUSED_PRELUDE = _up.MHC_PRELUDE + '''
-
-class _Flag:
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
-
-
-class envs:  # sm_120: no DeepGEMM prenorm GEMM
-    SGLANG_OPT_DEEPGEMM_HC_PRENORM = _Flag(False)
-'''
-_FUSED_DEFS = (
-    "pass_configs", "FP8", "BF16", "FP32", "INT32", "mhc_pre_big_fuse_tilelang", "mhc_pre_gemm_sqrsum_tilelang",
-    "_compute_num_split_for_mhc_pre", "mhc_pre_big_fuse_with_norm_tilelang", "mhc_post_tilelang",
-    "mhc_fused_post_pre_fma_tilelang", "mhc_fused_post_pre",
-)
-
-
-def upstream_layer(tilelang_post: bool) -> type:
-    """A class carrying upstream's `DeepseekV4DecoderLayer.hc_pre` / `hc_post`, verbatim from the wheel.
-
-    Instances need `hc_mult`, `hc_sinkhorn_iters`, `hc_eps`, `rms_norm_eps` (see `make_layer`).
-    The methods import `sglang.srt.layers.mhc` when called: wrap calls in `mhc_module(...)`.
-    """
-    text, origin = _up.source_of(MODEL_PATH)
-    src = _LAYER_PRELUDE.format(tilelang_post=tilelang_post) + "\n\n" + _up.extract_methods(
-        text, "DeepseekV4DecoderLayer", ("hc_pre", "hc_post"))
-    mod = types.ModuleType(f"_v4flash_upstream_dsv4_layer_{int(tilelang_post)}")
-    exec(compile(src, f"{origin} (DeepseekV4DecoderLayer.hc_pre, hc_post)", "exec"), mod.__dict__)
-    return type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post, "origin": origin})
-
-
-def make_layer(cls: type, p: R.MhcParams = R.MhcParams()):
-    layer = cls()
-    layer.hc_mult = R.HC
-    layer.hc_sinkhorn_iters = p.iters
-    layer.hc_eps = p.pre_eps
-    layer.rms_norm_eps = p.rms_eps
-    return layer
-
-
-def sinkhorn_standin(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, hc_mult: int = 4,
-                     sinkhorn_iters: int = 20, eps: float = 1e-6):
-    """`hc_split_sinkhorn`'s contract from the fp64 reference (TileLang cannot run on CPU); fp32 out."""
-    b, s, _ = mixes.shape
-    p = R.MhcParams(pre_eps=eps, sinkhorn_eps=eps, iters=sinkhorn_iters, post_mult=2.0)
-    pre, post, comb = R.split_mixes(mixes.reshape(b * s, -1), hc_scale, hc_base, p)
-    return (pre.float().view(b, s, hc_mult), post.float().view(b, s, hc_mult),
-            comb.float().view(b, s, hc_mult, hc_mult))
-
-
-@contextlib.contextmanager
-def mhc_module(**functions: Callable) -> Iterator[None]:
-    """Make `sglang.srt.layers.mhc` importable with these functions (unless a real one is loaded)."""
-    if MHC_MODULE in sys.modules:
-        yield
-        return
-    mod = types.ModuleType(MHC_MODULE)
-    mod.__dict__.update(functions)
-    sys.modules[MHC_MODULE] = mod
-    try:
-        yield
-    finally:
-        sys.modules.pop(MHC_MODULE, None)
-
-
-def tilelang_available() -> bool:
-    return importlib.util.find_spec("tilelang") is not None
-
-
-def upstream_tilelang_fused() -> types.ModuleType:
-    """Upstream's gated-off TileLang `mhc_fused_post_pre` and its kernels (`layers/mhc.py`), verbatim."""
-    return _up.load_defs(MHC_PATH, _FUSED_DEFS, _FUSED_PRELUDE)
-
-
-class UpstreamSm120:
-    """The pinned sm_120 boundary: `hc_pre` (torch GEMV + RMS, Sinkhorn split, torch combine), `hc_post`.
-
-    kind "compiled": TileLang Sinkhorn and post, the torch parts `torch.compile`d as SGLang runs them
-    under CUDA-graph capture (`upstream.load_dsv4_mhc_methods`, the step bench's loader); "eager":
-    the same, eager; "torch" (no tilelang, e.g. a CPU): the reference split stands in for the TileLang
-    Sinkhorn and `hc_post` takes its own torch branch.
-    """
-
-    def __init__(self, p: R.MhcParams = R.MhcParams(), kind: str = "eager"):
-        self.kind = kind
-        if kind == "torch":
-            self.functions = {"hc_split_sinkhorn": sinkhorn_standin}
-            cls = upstream_layer(tilelang_post=False)
-        else:
-            tl = _up.load_mhc()
-            self.functions = {"hc_split_sinkhorn": tl.hc_split_sinkhorn, "mhc_post": tl.mhc_post}
-            if kind == "compiled":
-                mod = _up.load_dsv4_mhc_methods()
-                cls = type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post})
-            else:
-                cls = upstream_layer(tilelang_post=True)
-        self.layer = make_layer(cls, p)
-
-    def pre(self, x, fn, scale, base):
-        with mhc_module(**self.functions):
-            return self.layer.hc_pre(x, fn, scale, base)
-
-    def post(self, x, residual, post, comb):
-        with mhc_module(**self.functions):
-            return self.layer.hc_post(x, residual, post, comb)
-
-
-# --------------------------------------------------------------------------- checks
-
-
-# bf16 outputs: max |err| / max |ref| (one rounding to nearest is <= 2^-9 relative to the element);
-# post/comb: absolute (an fp32 GEMV over 16K terms, then 20 Sinkhorn rounds). The kernels round to
-# nearest under the interpreter too (kernel._bf16), so CPU and GPU share these.
-TOL = {"bf16": 5e-3, "mix": 1e-4}
-
-
-def check_pre(y, post, comb, ref: Dict, layer_input: torch.Tensor, tol: Dict[str, float]) -> Dict:
-    e = {"y": R.max_rel(y, layer_input), "post": R.max_abs(post, ref["post"]), "comb": R.max_abs(comb, ref["comb"])}
-    shapes = (tuple(post.shape) == tuple(ref["post"].shape) and tuple(comb.shape) == tuple(ref["comb"].shape)
-              and tuple(y.shape) == tuple(layer_input.shape))
-    finite = bool(torch.isfinite(y.float()).all() and torch.isfinite(post).all() and torch.isfinite(comb).all())
-    ok = shapes and finite and e["y"] <= tol["bf16"] and e["post"] <= tol["mix"] and e["comb"] <= tol["mix"]
-    return {"ok": ok, "err": e}
-
-
-def check_streams(out, ref, tol: Dict[str, float]) -> Dict:
-    e = R.max_rel(out, ref)
-    ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == torch.bfloat16 and e <= tol["bf16"]
-    return {"ok": ok, "err": {"streams": e}}
-
-
-# A correct fp32 post rounds ~1e-4 of its elements the other way from the fp64 value (they sit within
-# fp32 error of a bf16 tie); a wrong rounding mode (truncation) moves about half of them.
-TIES_FRAC = 1e-3
-
-
-def check_post_pre(cur, y, post, comb, inputs: Dict, p: R.MhcParams, tol: Dict[str, float]) -> Dict:
-    """A fused boundary's results against what the unfused pair computes on the same inputs.
-
-    The streams `cur` against the fp64 post (bf16 tolerance, and few elements rounded the other way
-    from it: `ties`); post, comb and the layer input against the fp64 pre of exactly `cur`, the bf16
-    streams the unfused pair's pre would read (reference.py says why not of the fp64 post rounded).
-    A pre that mixed anything else (the unrounded fp32 streams, the old residual) is off by >= 1e-3.
-    `inputs` holds the rows checked (x, residual, post, comb, hc_fn, hc_scale, hc_base, norm_weight).
-    """
-    full = R.post_ref(inputs["x"], inputs["residual"], inputs["post"], inputs["comb"])
-    s = check_streams(cur, full, tol)
-    own = R.pre_of_streams(cur, inputs, p)
-    c = check_pre(y, post, comb, own, own["layer_input"], tol)
-    ties = int((cur != full.to(torch.bfloat16)).sum()) if cur.shape == full.shape else cur.numel()
-    ties_ok = ties <= 4 + TIES_FRAC * cur.numel()
-    return {"ok": c["ok"] and s["ok"] and ties_ok, "err": {**c["err"], **s["err"], "ties": ties}}
-
-
-PAIR_TOL = 1e-6  # post / comb of the fused op vs the unfused pair when both wrote the same streams
-
-
-def check_against_pair(out, pair, tol: Dict[str, float], inputs: Dict | None = None,
-                       p: R.MhcParams | None = None) -> Dict:
-    """The fused op's (streams, y, post, comb) against the unfused pair's on the same inputs (post,
-    then pre of the streams it wrote). Same streams: the pre must agree to fp32 noise. Else (two fp32
-    posts may round a tie differently) the two pres read different streams, so each may sit its own
-    tolerance from the fp64 pre of its streams, and those two fp64 pres differ by what the differing
-    elements move (computed from `inputs`/`p` when given: the bound is derived, not a constant)."""
-    cur, y, post, comb = out
-    pcur, py, ppost, pcomb = pair
-    diff = int((cur != pcur).sum())
-    e = {"pair_stream_elems": diff, "pair_post": R.max_abs(post, ppost), "pair_comb": R.max_abs(comb, pcomb),
-         "pair_y": R.max_rel(y, py.double())}
-    mix_tol, y_tol = (PAIR_TOL, tol["bf16"]) if diff == 0 else (tol["mix"], tol["bf16"])
-    if diff and inputs is not None and p is not None:
-        a, b = R.pre_of_streams(cur, inputs, p), R.pre_of_streams(pcur, inputs, p)
-        moved = max(R.max_abs(a["post"], b["post"]), R.max_abs(a["comb"], b["comb"]))
-        mix_tol = 2 * tol["mix"] + moved
-        y_tol = 2 * tol["bf16"] + R.max_rel(a["layer_input"], b["layer_input"])
-        e["pair_moved_by_streams"] = moved
-    ok = (diff <= 4 + TIES_FRAC * cur.numel() and e["pair_post"] <= mix_tol and e["pair_comb"] <= mix_tol
-          and e["pair_y"] <= y_tol)
-    return {"ok": ok, "err": e}
-
-
 # --------------------------------------------------------------------------- bench
-
-
-def _time(fn: Callable) -> float:
-    from v4flash_kernels.timing import time_graph
-
-    return time_graph(fn)
 
 
 def bytes_floor(n: int, hidden: int = 4096) -> Dict[str, int]:
@@ -331,7 +105,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     """One token count: every variant checked against fp64, then timed (`timer`, default CUDA-graph replay)."""
     from v4flash_kernels.mhc import op
 
-    _time_fn = timer or _time
+    _time_fn = timer or time_graph
     case = R.MhcCase(tokens=n, hidden=hidden)
     p = case.params
     kw = R.make_inputs(case, device=device, seed=seed)
@@ -339,7 +113,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     x, res, post_in, comb_in = kw["x"], kw["residual"], kw["post"], kw["comb"]
     fn, sc, ba, w = kw["hc_fn"], kw["hc_scale"], kw["hc_base"], kw["norm_weight"]
     common = PreScalars(rms_eps=p.rms_eps, hc_eps=p.pre_eps, sinkhorn_iters=p.iters)
-    plan = op.plan_for(n, case.hidden, op._num_sms(x.device))
+    plan = op.plan_for(n, case.hidden, num_sms(x.device))
     floor = bytes_floor(n, hidden)
     row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
                      "variants": {}}
@@ -436,7 +210,7 @@ def format_table(rows: List[Dict]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.mhc.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.mhc", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--upstream-fused", action="store_true", help="also TileLang mhc_fused_post_pre (slow JIT)")

@@ -1,9 +1,9 @@
 """Benchmark of the MXFP4 MoE: ours v1 (drop-in) vs ours v2 (repacked experts) vs upstream.
 
-    python -m v4flash_kernels.moe.bench [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
+    python -m v4flash_bench.moe [--json out.json] [--md out.md] [--sizes 1,2,...] [--tp 4]
                                         [--no-adversarial] [--no-upstream] [--copies 4] [--prewarm 16]
-    python -m v4flash_kernels.moe.bench --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
-    python -m v4flash_kernels.moe.bench --prefill [--prefill-sizes 256,1024,4096] [--json prefill.json]
+    python -m v4flash_bench.moe --quick [--quick-sizes 1,16,64,256,1024] [--json sweep.json]
+    python -m v4flash_bench.moe --prefill [--prefill-sizes 256,1024,4096] [--json prefill.json]
 
 Per TP (DeepSeek-V4-Flash routed experts per GPU: E=256, top-6, hidden 4096, intermediate 512 at
 TP4 / 1024 at TP2 / 2048 at TP1) it draws `--copies` independent sets of expert weights once (int8
@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s)
@@ -284,7 +285,7 @@ def prefill_verdict(row: dict) -> str:
 def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
     import torch
 
-    from v4flash_kernels.moe.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     extra = {"out": torch.full_like(kw["hidden_states"], float("nan"))} if poison else {}
     out = fn(**kw, **extra)
@@ -302,22 +303,11 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     def seq():
         for kw in kws:
             fn(**kw)
-    seq()  # compile outside the capture
-    torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            seq()
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            seq()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-        del g
-    else:
-        ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
+        return time_graph(seq) / len(kws)
+    seq()  # compile outside the timing
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
     return ms * 1e3 / len(kws)
 
 
@@ -515,14 +505,14 @@ def prewarm(shapes: List[Shape], quick: Any, procs: int) -> None:
             if key not in seen:
                 seen.add(key)
                 jobs.append((sh, quick, name))
-    from v4flash_kernels.moe import bench as importable  # picklable by name when run with -m
+    import v4flash_bench.moe as importable  # picklable by name when run with -m
 
     with mp.get_context("spawn").Pool(max(1, min(procs, len(jobs)))) as pool:
         pool.map(importable._warm_worker, jobs, chunksize=1)
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.moe.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.moe", description=__doc__.split("\n")[0])
     ap.add_argument("--tp", default="4")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help="tokens per call (M)")
     ap.add_argument("--no-adversarial", action="store_true", help="skip the hot / dup / -1 routings")

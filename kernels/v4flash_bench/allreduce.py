@@ -1,8 +1,8 @@
 """Check and time the IPC all-reduce against NCCL: one process per GPU (no torchrun), or one GPU simulated.
 
-    python -m v4flash_kernels.allreduce.bench [--json out.json] [--worlds 2,4] [--sizes 2,16384,65536,...]
+    python -m v4flash_bench.allreduce [--json out.json] [--worlds 2,4] [--sizes 2,16384,65536,...]
         [--dtype bf16] [--calls 20] [--reps 7]
-    python -m v4flash_kernels.allreduce.bench --simulate [--json out.json]      # one GPU, N ranks on N streams
+    python -m v4flash_bench.allreduce --simulate [--json out.json]      # one GPU, N ranks on N streams
 
 Multi-GPU (the default where >= 2 GPUs are visible; with one GPU it runs `--simulate` and says so):
 for each world size (default 2..GPUs) it spawns one process per GPU, sets up torch.distributed
@@ -340,7 +340,7 @@ def _ints(text: str) -> List[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.allreduce.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.allreduce", description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--worlds", default="", help="rank counts (default: 2..the GPUs here)")
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="message bytes")

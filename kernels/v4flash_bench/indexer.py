@@ -1,6 +1,6 @@
 """Benchmark of the indexer logits: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.indexer.bench [--json out.json] [--md out.md] [--batches 1,4,16,64]
+    python -m v4flash_bench.indexer [--json out.json] [--md out.md] [--batches 1,4,16,64]
         [--contexts 128K,1M] [--actual 4K,64K,128K,full] [--sweep] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash decode calls of one c4 layer: a configured context C tokens gives a
@@ -25,8 +25,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List
 
+from v4flash_kernels.kit.device import num_sms
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.timing import time_graph
 
 REL_TOL = 1e-3  # max |err| over valid positions / max |logit| of the call
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), as in bench.py
@@ -116,7 +117,7 @@ def _measure_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str, 
     ref = reference_for(kw)
     B, msl = shape.batch, kw["max_seq_len"]
     nbytes = bytes_moved(shape)
-    sms = indexer._num_sms(kw["q_fp8"].device)
+    sms = num_sms(kw["q_fp8"].device)
     row = dict(asdict(shape), c4_len=shape.c4_len, max_seq_len=msl, bytes=nbytes,
                floor_h200_us=nbytes / BW_H200 * 1e6, config=cfg_main.name,
                nprog=indexer.programs_per_row(B, shape.width, sms, cfg_main), variants={})
@@ -227,7 +228,7 @@ def format_markdown(rows: List[dict]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.indexer.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.indexer", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--contexts", default="128K,1M")
     ap.add_argument("--actual", default="4K,64K,128K,full")

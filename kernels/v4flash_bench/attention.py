@@ -1,6 +1,6 @@
 """Benchmark: check every variant against the fp64 reference, then time it under CUDA-graph replay.
 
-    python -m v4flash_kernels.attention.bench [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
+    python -m v4flash_bench.attention [--json out.json] [--kinds swa,c4,...] [--batches 1,4,16,64]
                                     [--modes tp4,full64,h16] [--rank 1] [--sweep] [--no-upstream]
 
 Per shape (DeepSeek-V4-Flash decode: SWA-only, c4 = 128 SWA + 512 c4, c128 at 128K / 256K) it
@@ -29,8 +29,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from v4flash_kernels.kit.measure import time_graph
+from v4flash_kernels.kit.table import variant_summary
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.timing import time_graph, variant_summary  # also imported from here by other benches
 
 BW_H200 = 4.3e12  # measured D2D copy bandwidth (bytes/s), reference doc §4
 BW_RTX6000 = 1.792e12  # GDDR7 datasheet
@@ -102,7 +103,7 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: sl
     """
     import torch
 
-    from v4flash_kernels.attention.reference import rel_err
+    from v4flash_kernels.kit.compare import rel_err
 
     extra = {}
     B, _, H, D = kw["q"].shape
@@ -323,7 +324,7 @@ def step_time_us(rows: List[dict], variant: str = "ours") -> float | None:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.attention.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.attention", description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--modes", default="tp4,full64,h16", help=f"any of {','.join(MODES)}")

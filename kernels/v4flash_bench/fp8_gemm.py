@@ -1,6 +1,6 @@
 """Benchmark of the block-FP8 linear: check against fp64 and upstream, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.fp8_gemm.bench [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
+    python -m v4flash_bench.fp8_gemm [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
         [--shapes wqkv_a,...] [--sweep [--budget-s 135]] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash's six block-FP8 linears at TP4 (N x K; the indexer's wq_b has the
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, List, Tuple
 
-from v4flash_kernels.fp8_gemm.upstream import FP8_UTILS_PATH, upstream_fp8_kernel, upstream_fp8_linear  # noqa: F401
+from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
+from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.provenance import measured_commit
 
 # The issue's row counts, plus 2 and 32: where `op.plan` changes config between measured points.
@@ -80,7 +81,8 @@ ATOL_MAG = {"ours": 2.0 ** -12, "upstream": 2.0 ** -8}
 
 
 def check_one(out, x, w, ws, who: str = "ours") -> dict:
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, rel_err
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref
+    from v4flash_kernels.kit.compare import rel_err
 
     ref, mag = linear_ref(x, w, ws)
     ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(who, ATOL_MAG["ours"]))
@@ -93,7 +95,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
 
     from v4flash_kernels.fp8_gemm import op
     from v4flash_kernels.fp8_gemm.reference import make_activation, make_weight
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
@@ -101,7 +103,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
     r = rotations(n * k + m * k * 2, l2)
     x = make_activation(m, k, g, device="cuda")
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
-    p = op.plan(m, n, k, op.num_sms(x.device))
+    p = op.plan(m, n, k, num_sms(x.device))
     variants: Dict[str, dict] = {}
     floor_h200 = nbytes / bw_h200 * 1e6
     row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
@@ -198,10 +200,10 @@ def format_markdown(rows: List[dict], ms: List[int]) -> str:
 
 def _copy_bandwidth() -> Tuple[float, str]:
     try:
-        from v4flash_kernels.step.runner import copy_bandwidth
+        from v4flash_kernels.kit.measure import copy_bandwidth
 
-        return copy_bandwidth(), "measured D2D copy (step.runner.copy_bandwidth)"
-    except Exception as exc:  # the step package moved: say so in the JSON, use the documented figure
+        return copy_bandwidth(), "measured D2D copy (kit.measure.copy_bandwidth)"
+    except Exception as exc:  # no measurement: say so in the JSON, use the documented figure
         return BW_H200_FALLBACK, f"constant {BW_H200_FALLBACK:.2e} ({type(exc).__name__}: {exc})"
 
 
@@ -221,7 +223,7 @@ def process_start() -> float:
 
 def main(argv: List[str] | None = None) -> int:
     t_start = process_start()
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.fp8_gemm.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.fp8_gemm", description=__doc__.split("\n")[0])
     ap.add_argument("--m", default=None, help=f"default {','.join(str(m) for m in M_LIST)} (sweep: 1,64,4,16)")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES if s.name != "indexer_wq_b"))
     ap.add_argument("--sweep", action="store_true", help="the small-M design sweep (fp8_gemm.sweep) instead")
@@ -241,7 +243,7 @@ def main(argv: List[str] | None = None) -> int:
         return 2
     args.m_given = args.m is not None
     if args.sweep:
-        from v4flash_kernels.fp8_gemm import sweep
+        import v4flash_bench.fp8_sweep as sweep
 
         return sweep.main(args, t_start)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence, Tuple
 
-from v4flash_kernels.step import model as M
+from v4flash_bench.step import model as M
+from v4flash_kernels.kit.table import table
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -113,7 +114,7 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
         t_lo, t_hi = pa.rtx_tok_s_range()
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
                      f"{_f(t_lo, 0)} - {_f(t_hi, 0)}", "", "", "", ""])
-    return _table(head, body, md)
+    return table(head, body, md)
 
 
 def _range(lo: float, hi: float) -> str:
@@ -135,22 +136,7 @@ def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool
         body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
                      _f(tps_u, 1), _f(tps_p, 1), rtx,
                      f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
-    return _table(head, body, md)
-
-
-def _table(head: List[str], body: List[List[str]], md: bool) -> str:
-    if md:
-        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        out += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(out)
-    widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
-    widths[-1] = min(widths[-1], 70)
-
-    def fmt(r: List[str]) -> str:
-        return "  ".join(str(c)[:70].ljust(widths[i]) if i == 0 or i == len(r) - 1 else str(c).rjust(widths[i])
-                         for i, c in enumerate(r))
-
-    return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])
+    return table(head, body, md)
 
 
 def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
@@ -171,7 +157,7 @@ def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> 
         body.append([str(b), f"{M.fmt_ctx(c)} L={M.fmt_ctx(a)}", _f(p4.total_ms, 1), _f(g4, 1), _f(p2.total_ms, 1),
                      _f(g2, 1), _f(g2 / g4, 2) + "x", f"{_f(1e3 / p4.total_ms, 1)} / {_f(1e3 / p2.total_ms, 1)}",
                      f"{_f(r4[0], 0)} - {_f(r4[1], 0)} | {_f(r2[0], 0)} - {_f(r2[1], 0)}"])
-    return _table(head, body, md) if body else ""
+    return table(head, body, md) if body else ""
 
 
 def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
@@ -196,4 +182,4 @@ def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -
             per, agg = M.spec_tok_s(pa.total_ms, s.batch, a, s.k)
             row.append("-" if per != per else f"{_f(per, 1)} / {_f(agg, 0)} ({_f(per * p_ms / 1e3, 2)}x)")
         body.append(row)
-    return _table(head, body, md) if body else ""
+    return table(head, body, md) if body else ""

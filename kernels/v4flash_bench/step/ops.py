@@ -22,8 +22,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from v4flash_bench.step import model as M
 from v4flash_kernels import upstream as _up
-from v4flash_kernels.step import model as M
+from v4flash_kernels.kit.compare import rel_err
 
 FP8 = torch.float8_e4m3fn
 # Everything runs on "cuda"; CPU tests set "cpu" to run the builders' checks under the Triton interpreter.
@@ -188,14 +189,6 @@ def patch_function(kind: str) -> Tuple[Callable | None, str]:
 # ---------------------------------------------------------------- helpers
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o = out.double()
-    r = ref.double()
-    if torch.isnan(o).any():
-        return float("nan")
-    den = torch.linalg.vector_norm(r).item()
-    num = torch.linalg.vector_norm(o - r).item()
-    return num / den if den > 0 else num
 
 
 def check_of(err: float, detail: str = "", tol: float = REL_TOL) -> Check:

@@ -1,6 +1,6 @@
-"""python -m v4flash_kernels.step: one DeepSeek-V4-Flash decode step (and prefill chunk) of one TP4 GPU, op by op.
+"""python -m v4flash_bench.step: one DeepSeek-V4-Flash decode step (and prefill chunk) of one TP4 GPU, op by op.
 
-    python -m v4flash_kernels.step [--dry-run] [--json out.json] [--md out.md]
+    python -m v4flash_bench.step [--dry-run] [--json out.json] [--md out.md]
         [--batches 1,16,32,64] [--contexts 128K,1M] [--actual-context 8K] [--prefill 1K,8K]
 
 Upstream's sm_120 code is loaded from the pinned sglang wheel at run time; ours wherever a patch
@@ -18,9 +18,9 @@ import sys
 import time
 from typing import List
 
+from v4flash_bench.step import model as M
+from v4flash_bench.step import report as R
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.step import model as M
-from v4flash_kernels.step import report as R
 
 DEFAULT_TP = "4,2"
 DEFAULT_MTP = "1,2,3"
@@ -98,7 +98,7 @@ def specs_from(args) -> List[M.StepSpec]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.step", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.step", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,16,32,64", help="decode requests per GPU")
     ap.add_argument("--contexts", default="128K,1M", help="configured --context-length values")
     ap.add_argument("--actual-context", default="8K", help="tokens already in each decoding request")
@@ -140,13 +140,14 @@ def main(argv: List[str] | None = None) -> int:
         return 2
     import triton
 
-    from v4flash_kernels.step import runner
+    from v4flash_bench.step import runner
+    from v4flash_kernels.kit.measure import copy_bandwidth, graph_overhead_us
 
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     props = torch.cuda.get_device_properties(0)
-    bw = runner.copy_bandwidth()
+    bw = copy_bandwidth()
     gpu = M.machine_for(props.name, bw)
-    overhead = runner.graph_overhead_us()
+    overhead = graph_overhead_us()
     print(f"GPU {props.name}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB, "
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
     t0 = time.time()
@@ -166,7 +167,7 @@ def main(argv: List[str] | None = None) -> int:
 
 def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) -> int:
     """Compose every spec from the measurements, print the tables, write JSON / markdown; 1 on a failed op."""
-    from v4flash_kernels.step import results as runner
+    from v4flash_bench.step import results as runner
 
     pairs = []
     for s in specs:
@@ -222,7 +223,7 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
 
 def from_json(path: str, args) -> int:
     """Re-compose and re-render a finished run's measurements (no GPU, no torch): same specs, new tables."""
-    from v4flash_kernels.step import results as runner
+    from v4flash_bench.step import results as runner
 
     try:
         with open(path) as f:

@@ -1,6 +1,6 @@
-"""The time-bounded small-M design sweep behind `python -m v4flash_kernels.fp8_gemm.bench --sweep`.
+"""The time-bounded small-M design sweep behind `python -m v4flash_bench.fp8_gemm --sweep`.
 
-    python -m v4flash_kernels.fp8_gemm.bench --sweep [--json X] [--budget-s 135] [--m 1,64,4,16] [--shapes ...]
+    python -m v4flash_bench.fp8_gemm --sweep [--json X] [--budget-s 135] [--m 1,64,4,16] [--shapes ...]
 
 Per (M, shape), M in priority order (1, 64, 4, 16: the B=1 step first), it times under the main
 bench's method (CUDA graph of `r` calls, weights rotated past 3x L2, L2 flushed between replays):
@@ -30,7 +30,7 @@ WARMUP_MS, REP_MS = 5, 20
 
 def _time(fn: Callable, ws: list) -> float:
     """µs per call: a CUDA graph of one call per rotated weight, median replay / r."""
-    from v4flash_kernels.timing import time_graph
+    from v4flash_kernels.kit.measure import time_graph
 
     def many() -> None:
         for w, s in ws:
@@ -51,14 +51,16 @@ def _context_alive() -> bool:
 def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float, calibrate: bool) -> dict:
     import torch
 
-    from v4flash_kernels.fp8_gemm import candidates as cand
+    import v4flash_bench.fp8_candidates as cand
+    from v4flash_bench.fp8_gemm import ATOL_MAG, BW_RTX6000, bytes_moved, rotations
     from v4flash_kernels.fp8_gemm import op
-    from v4flash_kernels.fp8_gemm.bench import ATOL_MAG, BW_RTX6000, bytes_moved, rotations
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight, rel_err
+    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.kit.device import num_sms
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
-    sms = op.num_sms(torch.device("cuda"))
+    sms = num_sms(torch.device("cuda"))
     nbytes = bytes_moved(m, n, k)
     r = rotations(n * k + m * k * 2, l2)
     x = make_activation(m, k, g, device="cuda")
@@ -161,7 +163,7 @@ def main(args, t_start: float) -> int:
     import torch
     import triton
 
-    from v4flash_kernels.fp8_gemm import bench
+    import v4flash_bench.fp8_gemm as bench
     from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
     from v4flash_kernels.provenance import measured_commit
 

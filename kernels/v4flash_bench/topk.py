@@ -1,6 +1,6 @@
 """Benchmark of the top-512 transform: check against the exact reference, then time under CUDA-graph replay.
 
-    python -m v4flash_kernels.topk.bench [--json out.json] [--batches 1,16,64] [--contexts 128K,1M]
+    python -m v4flash_bench.topk [--json out.json] [--batches 1,16,64] [--contexts 128K,1M]
         [--actual 8K,32K,full] [--prefill 1K,8K] [--sweep]
 
 Shapes are one c4 layer's call as SGLang makes it: decode rows of a configured context C tokens
@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List
 
+from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
-from v4flash_kernels.timing import time_graph
 
 K = 512
 PAGE = 64
@@ -191,7 +191,7 @@ def format_table(rows: List[dict]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.topk.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.topk", description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--contexts", default="128K,1M")
     ap.add_argument("--actual", default="8K,32K,full")
