@@ -102,6 +102,10 @@ SWITCHES: Tuple[Switch, ...] = (
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
            "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
+    Switch("qnorm_rope", "q norm + RoPE fusion",
+           "DeepSeek-V4's q path after wq_b (block-FP8 GEMM, per-head RMSNorm, RoPE) as one Triton kernel at decode "
+           "rows in SGLang workers, where wq_b runs our block-FP8 linear (on), or upstream's two kernels (off).",
+           selfcheck="v4flash_kernels.qnorm_rope.selfcheck"),
     Switch("allreduce", "IPC all-reduce",
            "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL "
            "(off); by default on only once its self-check passed across the TP group's GPUs in `up`.",
@@ -210,6 +214,20 @@ TOPK = PatchSpec(
     ours_attr="topk_transform_512",
 )
 
+# DeepSeek-V4's q path after wq_a: `MQALayer._compute_q_b` runs `self.wq_b(q)` (the block-FP8 linear) and
+# the JIT `fused_q_norm_rope`; the smallest method that encloses both, replaced whole (the fused kernel at
+# decode rows where wq_b is our linear, upstream's method for everything else).
+QNORM_ROPE = PatchSpec(
+    name="qnorm_rope",
+    title="q norm + RoPE fusion",
+    switch="qnorm_rope",
+    target_module=_DSV4,
+    target_attr="MQALayer._compute_q_b",
+    ours_module="v4flash_kernels.qnorm_rope.op",
+    ours_attr="compute_q_b",
+    detail="v4flash_kernels.qnorm_rope.op:status_detail",
+)
+
 # Where SGLang's all-reduce lands when no custom all-reduce takes it (NCCL: PyNccl in graphs,
 # torch.distributed eagerly), found through the class at call time: the in-place method replaced whole.
 ALLREDUCE = PatchSpec(
@@ -223,7 +241,7 @@ ALLREDUCE = PatchSpec(
 )
 
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
-                                  MHC_FUSED, MHC_FUSED_ON, TOPK, ALLREDUCE)
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK, QNORM_ROPE, ALLREDUCE)
 
 
 def by_name(name: str) -> PatchSpec:
