@@ -3,7 +3,7 @@
 Why: `triton.compile` does not fail when a config needs more shared memory than the target has
 (that is only checked when a GPU loads the binary), and a config that fits Hopper's 227 KB can be
 far over sm_120's 99 KB. So CI compiles each config in `decode.SPLIT_CONFIGS` (and the combine
-kernel, the MoE, indexer, block-FP8 GEMM and all-reduce kernels) and fails on more than 101376 B of
+kernel, the MoE, indexer, block-FP8 GEMM, fused q path and all-reduce kernels) and fails on more than 101376 B of
 shared memory per block on sm_120 or any register spill, reading registers and spills from the bundled
 ptxas. The all-reduce kernels' PTX must also carry the memory scopes their flag protocol relies on.
 
@@ -421,6 +421,28 @@ def check_topk(arch: int) -> List[CompileResult]:
     return [compile_topk(cfg, k, spec, ptb, arch) for cfg in CONFIGS for k, spec, ptb in launch_variants()]
 
 
+def compile_qnorm_rope(cfg, arch: int) -> CompileResult:
+    """One fused q-path binary (`qnorm_rope.op.QConfig`) as `qnorm_rope.op.launch` passes it: bf16 in and
+    out, int64 positions (int32 compiles the same code with a narrower load)."""
+    from v4flash_kernels.qnorm_rope import kernel as k
+    from v4flash_kernels.qnorm_rope.op import BM, FUSED_K, HEAD_DIM, ROPE_DIM
+
+    sig = {"X": "*bf16", "B": "*fp8e4nv", "BS": "*fp32", "FREQ": "*fp32", "stride_fp": "i32", "POS": "*i64",
+           "OUT": "*bf16", "stride_om": "i32", "M": "i32", "eps": "fp32"}
+    const = {"K": FUSED_K, "HEAD_DIM": HEAD_DIM, "ROPE": ROPE_DIM, "BM": BM, "BLOCK_K": cfg.block_k}
+    hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_fp", "stride_om"]
+    ck = _compile(k.qnorm_rope_kernel, sig, const, hinted, arch, cfg.num_warps, cfg.num_stages)
+    regs, st, ld = _ptxas_stats(ck.asm["ptx"], arch)
+    return CompileResult("qnorm_rope", cfg.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
+
+
+def check_qnorm_rope(arch: int) -> List[CompileResult]:
+    """Every fused q-path binary: the plan's config and the sweep's candidates (`qnorm_rope.op.launchable`)."""
+    from v4flash_kernels.qnorm_rope.op import launchable
+
+    return [compile_qnorm_rope(cfg, arch) for cfg in launchable()]
+
+
 # What the all-reduce's flag protocol needs from the PTX (kernel.py): flags raised with a release at
 # system scope after the CTA barrier, polled with acquire at system scope (peers write them over
 # PCIe/NVLink), the epoch bookkeeping at GPU scope, received data read through L2 (.cg), and the
@@ -506,6 +528,7 @@ def check(configs: Iterable | None = None, archs: Sequence[int] = (120, 90)) -> 
             results += check_mhc(arch)
             results += check_fp8_gemm(arch)
             results += check_topk(arch)
+            results += check_qnorm_rope(arch)
             results += check_allreduce(arch)
     return results
 
@@ -541,18 +564,21 @@ def format_table(results: Sequence[CompileResult]) -> str:
     return "\n".join(lines)
 
 
+ONLY = {"fp8_gemm": check_fp8_gemm, "qnorm_rope": check_qnorm_rope}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m v4flash_kernels.check_sm120", description=__doc__.split("\n")[0])
     ap.add_argument("--arch", type=int, action="append", help="SM arch (default: 120 and 90)")
     ap.add_argument("--json", help="also write the results as JSON here")
-    ap.add_argument("--only", choices=("fp8_gemm",), help="just this op's kernels (a quick check while editing it)")
+    ap.add_argument("--only", choices=tuple(ONLY), help="just this op's kernels (a quick check while editing it)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="compile the archs in this many processes (default: the CPU count; 1 = in this one)")
     args = ap.parse_args(argv)
     archs = tuple(args.arch or (120, 90))
-    if args.only == "fp8_gemm":
+    if args.only:
         os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="v4flash-triton-"))
-        results = [r for a in archs for r in check_fp8_gemm(a)]
+        results = [r for a in archs for r in ONLY[args.only](a)]
     else:
         results = check_parallel(archs, args.jobs)
     print(format_table(results))

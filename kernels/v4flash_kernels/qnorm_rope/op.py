@@ -18,8 +18,8 @@ When the fused path is taken (`unsupported_layer` and `unsupported` both None), 
   scales bit for bit, the same e4m3 products scaled per 128-group as `(dot * a_scale) * w_scale`, fp32
   accumulation, one bf16 rounding); only the fp32 summation order differs from our GEMV / split
   tiles, as theirs differs from upstream's GEMM.
-- `1 <= T <= MAX_ROWS` rows (decode B x (k+1) up to 16); `q` a contiguous bf16 [T, K] with K a
-  multiple of 128; `head_dim` 512 with a 64-dim RoPE, the weight `n_local_heads * 512` rows;
+- `1 <= T <= MAX_ROWS` rows (decode B x (k+1) up to 16); `q` a contiguous bf16 [T, K] with K =
+  `FUSED_K` (1024, q_lora_rank), the weight and its scales contiguous; `head_dim` 512 with a 64-dim RoPE, the weight `n_local_heads * 512` rows;
   `freqs_cis` contiguous complex64 [positions, 32]; `positions` contiguous int32/int64 [T];
   `q_out` None or bf16 [T, n_local_heads, 512] with upstream's strides (dims contiguous, heads 512
   apart; the row stride free: the padded 64-head q's slice at TP > 1) not overlapping `q`; all on
@@ -49,6 +49,10 @@ HEAD_DIM = 512
 ROPE_DIM = 64
 BM = 16  # the kernel's rows block (the MMA's smallest N)
 MAX_ROWS = BM  # more rows: upstream's method (prefill: the separate GEMM tiles re-use the weight)
+# wq_b's K (DeepSeek-V4's q_lora_rank). The kernel's K is a compile-time constant (the whole activation
+# is quantized into registers up front, and every weight offset is an immediate); other K run upstream's
+# method: their binaries are not cross-compiled.
+FUSED_K = 1024
 GROUP = int(_k.GROUP)
 
 log = logging.getLogger("v4flash_kernels.hook.hook.qnorm_rope")
@@ -56,21 +60,25 @@ log = logging.getLogger("v4flash_kernels.hook.hook.qnorm_rope")
 
 @dataclass(frozen=True)
 class QConfig:
-    """One compiled variant of `qnorm_rope_kernel`: warps, and weight groups requested ahead."""
+    """One compiled variant of `qnorm_rope_kernel`: warps, K per pipelined step, pipeline depth."""
 
     num_warps: int
-    prefetch: int
+    block_k: int
+    num_stages: int
 
     @property
     def name(self) -> str:
-        return f"h{HEAD_DIM}_bm{BM}_w{self.num_warps}_pf{self.prefetch}"
+        return f"h{HEAD_DIM}_bm{BM}_k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
 
 
-# NOT MEASURED: chosen without a GPU (the arithmetic: a 64 KB weight group in flight while the
-# previous one is multiplied; 8 warps hold the [512, 16] fp32 accumulator in 32 registers a thread).
-# The H200 sweep (`launchable_candidates`) decides; check_sm120 proves each fits sm_120.
-CONFIG = QConfig(num_warps=8, prefetch=1)
-CANDIDATES: Tuple[QConfig, ...] = (CONFIG, QConfig(8, 0), QConfig(4, 1), QConfig(16, 2))
+# NOT MEASURED: chosen without a GPU. One program per head streams its 512 x 1024 e4m3 (512 KB) alone,
+# so what sets its time is the bytes it keeps in flight: num_stages - 1 weight tiles of 512 x block_k
+# (three 32 KB tiles here; with the activation's 2 KB stage that is 100352 B of shared memory, what
+# sm_120's 101376 B per block allows). The H200 sweep over `CANDIDATES` decides; check_sm120 compiles
+# each for sm_120 and sm_90 (no spills, within the shared memory).
+CONFIG = QConfig(num_warps=8, block_k=64, num_stages=4)
+CANDIDATES: Tuple[QConfig, ...] = (CONFIG, QConfig(8, 64, 3), QConfig(8, 64, 2), QConfig(8, 32, 7), QConfig(8, 32, 5),
+                                   QConfig(16, 64, 3))
 
 
 def launchable() -> Tuple[QConfig, ...]:
@@ -103,7 +111,10 @@ def unsupported(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
         return f"wq_b: {why}"
     if x.dtype != torch.bfloat16 or x.dim() != 2:
         return f"input {x.dtype} {tuple(x.shape)} (2-d bf16 handled)"
-    m = x.shape[0]
+    m, k = x.shape
+    if k != FUSED_K or not weight_scale.is_contiguous():
+        return f"wq_b K={k} with {'contiguous' if weight_scale.is_contiguous() else 'strided'} scales " \
+               f"(K={FUSED_K}, contiguous fused)"
     if not 1 <= m <= MAX_ROWS:
         return f"{m} rows (1..{MAX_ROWS} fused)"
     if weight.shape[0] != n_heads * HEAD_DIM:
@@ -129,9 +140,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, n_
     """One `qnorm_rope_kernel` launch on a supported call (`freqs_real` = view_as_real(freqs_cis) as [P, 64])."""
     m, k = x.shape
     _k.qnorm_rope_kernel[(n_heads,)](
-        x, x.stride(0), weight, weight.stride(0), weight_scale, weight_scale.stride(0), weight_scale.stride(1),
-        freqs_real, freqs_real.stride(0), positions, out, out.stride(0), out.stride(1), m, k // GROUP, float(eps),
-        HEAD_DIM=HEAD_DIM, ROPE=ROPE_DIM, BM=BM, PREFETCH=config.prefetch, num_warps=config.num_warps, num_stages=1)
+        x, weight, weight_scale, freqs_real, freqs_real.stride(0), positions, out, out.stride(0), m, float(eps),
+        K=k, HEAD_DIM=HEAD_DIM, ROPE=ROPE_DIM, BM=BM, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return out
 
 
