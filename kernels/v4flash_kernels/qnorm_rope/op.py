@@ -19,8 +19,9 @@ When the fused path is taken (`unsupported_layer` and `unsupported` both None), 
   accumulation, one bf16 rounding); only the fp32 summation order differs from our GEMV / split
   tiles, as theirs differs from upstream's GEMM.
 - `1 <= T <= MAX_ROWS` rows (decode B x (k+1) up to 16); `q` a contiguous bf16 [T, K] with K =
-  `FUSED_K` (1024, q_lora_rank), the weight and its scales contiguous; `head_dim` 512 with a 64-dim RoPE, the weight `n_local_heads * 512` rows;
-  `freqs_cis` contiguous complex64 [positions, 32]; `positions` contiguous int32/int64 [T];
+  `FUSED_K` (1024, q_lora_rank), the weight (`n_local_heads * 512` rows) and its scales contiguous;
+  `head_dim` 512 with a 64-dim RoPE; `freqs_cis` contiguous complex64 [positions, 32]; `positions`
+  contiguous int32/int64 [T];
   `q_out` None or bf16 [T, n_local_heads, 512] with upstream's strides (dims contiguous, heads 512
   apart; the row stride free: the padded 64-head q's slice at TP > 1) not overlapping `q`; all on
   the weight's device.
@@ -53,7 +54,7 @@ MAX_ROWS = BM  # more rows: upstream's method (prefill: the separate GEMM tiles 
 # is quantized into registers up front, and every weight offset is an immediate); other K run upstream's
 # method: their binaries are not cross-compiled.
 FUSED_K = 1024
-GROUP = int(_k.GROUP)
+GROUP = fp8.GROUP
 
 log = logging.getLogger("v4flash_kernels.hook.hook.qnorm_rope")
 
@@ -188,14 +189,21 @@ def linear_operands(wq_b: Any) -> Tuple[torch.Tensor, torch.Tensor] | str:
     return weight, scale
 
 
-def unsupported_layer(layer: Any) -> str | None:
-    """None when this MQALayer's q path is the fused op's (our linear, 512-dim heads, 64-dim RoPE)."""
+def layer_operands(layer: Any) -> Tuple[torch.Tensor, torch.Tensor] | str:
+    """wq_b's (weight, weight_scale) when this MQALayer's q path is the fused op's (our linear, 512-dim heads,
+    64-dim RoPE), else why not."""
     ops = linear_operands(getattr(layer, "wq_b", None))
     if isinstance(ops, str):
         return ops
     if getattr(layer, "head_dim", None) != HEAD_DIM or getattr(layer, "qk_rope_head_dim", None) != ROPE_DIM:
         return f"head_dim {getattr(layer, 'head_dim', None)} / rope {getattr(layer, 'qk_rope_head_dim', None)}"
-    return None
+    return ops
+
+
+def unsupported_layer(layer: Any) -> str | None:
+    """None when this MQALayer's q path is the fused op's, else why not (`layer_operands`)."""
+    ops = layer_operands(layer)
+    return ops if isinstance(ops, str) else None
 
 
 def upstream_compute_q_b() -> Callable[..., Any]:
@@ -234,14 +242,13 @@ def compute_q_b(self: Any, q: torch.Tensor, positions: torch.Tensor,
                 q_out: torch.Tensor | None = None) -> torch.Tensor:
     """Drop-in for `MQALayer._compute_q_b(self, q, positions, q_out=None)` (module doc)."""
     global _fused_calls
-    why = unsupported_layer(self)
-    if why is None:
-        weight, scale = linear_operands(self.wq_b)  # type: ignore[misc]  # a tuple once unsupported_layer passed
-        why_call = unsupported(q, weight, scale, self.n_local_heads, self.freqs_cis, positions, q_out)
-        if why_call is None:
+    ops = layer_operands(self)
+    if isinstance(ops, str):
+        _refused(ops)
+    else:
+        weight, scale = ops
+        if unsupported(q, weight, scale, self.n_local_heads, self.freqs_cis, positions, q_out) is None:
             with _lock:
                 _fused_calls += 1
             return qnorm_rope(q, weight, scale, self.n_local_heads, self.eps, self.freqs_cis, positions, q_out)
-    else:
-        _refused(why)
     return upstream_compute_q_b()(self, q, positions, q_out)

@@ -24,9 +24,13 @@ HEAD_DIM = 512
 ROPE_DIM = 64
 NOPE = HEAD_DIM - ROPE_DIM
 
-# fp32 accumulation of the fp8 products relative to the sum of |terms| (fp8_gemm's bound, measured
-# equal for ours and upstream's GEMMs on the H200), and the fp32 steps of the norm and the rotation.
+# fp32 accumulation of the fp8 products relative to the sum of |terms|: on the GPU fp8_gemm's bound (the
+# tensor cores add e4m3 products with fewer bits than fp32; measured equal for ours and upstream's GEMMs
+# on the H200); in IEEE fp32 (the interpreter) a term's path through the sums (a dot of at most 128
+# products, the per-step scaling, at most 16 step partials and 8 split-K partials) rounds fewer than
+# 170 times: < 2^-16 of the |terms|.
 ACC = 2.0 ** -10
+ACC_IEEE = 2.0 ** -16
 F32 = 2.0 ** -24
 RSQRT = 2.0 ** -22  # rsqrt.approx.f32 (CUDA's rsqrtf, Triton's tl.math.rsqrt): < 2 ulp
 BF16_RN = 2.0 ** -8  # round to nearest: half a bf16 ulp, relative
@@ -61,11 +65,13 @@ def qnorm_rope_ref(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, n_heads: 
 
 
 def error_bound(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, n_heads: int, eps: float,
-                freqs_cis: torch.Tensor, positions: torch.Tensor, bf16_unit: float = BF16_RN) -> torch.Tensor:
+                freqs_cis: torch.Tensor, positions: torch.Tensor, bf16_unit: float = BF16_RN,
+                acc: float = ACC) -> torch.Tensor:
     """Per element, how far an fp32 evaluation with upstream's bf16 roundings may be from `qnorm_rope_ref`.
 
-    With u = `bf16_unit`, per (row, head), q_i exact and M_i = sum |a||w| (the GEMM's |terms|):
-    - linear: |q^_i - q_i| <= d_i = u |q_i| + (1 + u) ACC M_i (fp32 accumulation, then bf16);
+    With u = `bf16_unit` and `acc` the accumulation's, per (row, head), q_i exact and M_i = sum |a||w|
+    (the GEMM's |terms|):
+    - linear: |q^_i - q_i| <= d_i = u |q_i| + (1 + u) acc M_i (fp32 accumulation, then bf16);
     - norm factor nf = (||q||^2 / 512 + eps)^-1/2 from the rounded head, summed in fp32 (relative
       512 * 2^-24): the radicand moves by at most t = (2 ||q|| ||d|| + ||d||^2 + 512 F32 (||q|| + ||d||)^2)
       / (||q||^2 + 512 eps), so nf by nu = (1 - t)^-1/2 - 1 + RSQRT;
@@ -77,7 +83,7 @@ def error_bound(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, n_heads: int
     q, mag = linear_ref(x, w, ws)
     q, mag = q.view(m, n_heads, HEAD_DIM), mag.view(m, n_heads, HEAD_DIM)
     u = bf16_unit
-    d = u * q.abs() + (1 + u) * ACC * mag
+    d = u * q.abs() + (1 + u) * acc * mag
     nq = torch.linalg.vector_norm(q, dim=-1, keepdim=True)
     nd = torch.linalg.vector_norm(d, dim=-1, keepdim=True)
     t = (2 * nq * nd + nd * nd + HEAD_DIM * F32 * (nq + nd) ** 2) / (nq * nq + HEAD_DIM * eps)
