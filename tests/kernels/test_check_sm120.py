@@ -64,6 +64,10 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in WORLDS
                   for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
     assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
+    from v4flash_kernels.qnorm_rope.op import launchable as qnorm_launchable
+
+    assert {(r["config"], r["arch"]) for r in rows if r["kernel"] == "qnorm_rope"} == {
+        (c.name, a) for c in qnorm_launchable() for a in (120, 90)}
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:
@@ -84,3 +88,21 @@ def test_check_sm120_rejects_an_oversized_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     shared, ok = proc.stdout.split()[-2:]
     assert int(shared) > 101376 and ok == "False"
+
+
+@pytest.mark.timeout(600)
+def test_check_sm120_only_qnorm_rope(tmp_path):
+    """`--only qnorm_rope`: every fused q-path binary (the plan's and the sweep's) fits both archs."""
+    from v4flash_kernels.qnorm_rope.op import CONFIG, launchable
+
+    out = tmp_path / "q.json"
+    proc = subprocess.run([sys.executable, "-m", "v4flash_kernels.check_sm120", "--only", "qnorm_rope", "--json",
+                           str(out)], env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    assert {(r["kernel"], r["config"], r["arch"]) for r in rows} == {
+        ("qnorm_rope", c.name, a) for c in launchable() for a in (120, 90)}
+    for r in rows:
+        assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
+    shipped = [r for r in rows if r["config"] == CONFIG.name and r["arch"] == 120]
+    assert shipped and shipped[0]["shared_bytes"] <= 101376
