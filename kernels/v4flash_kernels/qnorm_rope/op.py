@@ -15,16 +15,15 @@ When the fused path is taken (`unsupported_layer` and `unsupported` both None), 
   Marlin / MXFP8 / AMX branch, no bias, no output gather. With the `fp8_gemm` switch off, wq_b runs
   upstream's GEMM, and this patch leaves the whole method to upstream: the fusion never changes which
   GEMM arithmetic runs. The fused GEMM is the same function as ours (the same activation codes and
-  scales bit for bit, the same e4m3 products scaled per 128-group as `(dot * a_scale) * w_scale`, fp32
-  accumulation, one bf16 rounding); only the fp32 summation order differs from our GEMV / split
-  tiles, as theirs differs from upstream's GEMM.
+  scales bit for bit, the same e4m3 products, each K step's sum scaled as `(dot * a_scale) * w_scale`,
+  fp32 accumulation, one bf16 rounding); only the fp32 summation order differs from our GEMV / split
+  tiles (as theirs differs from upstream's GEMM), within `reference.error_bound`.
 - `1 <= T <= MAX_ROWS` rows (decode B x (k+1) up to 16); `q` a contiguous bf16 [T, K] with K =
   `FUSED_K` (1024, q_lora_rank), the weight (`n_local_heads * 512` rows) and its scales contiguous;
   `head_dim` 512 with a 64-dim RoPE; `freqs_cis` contiguous complex64 [positions, 32]; `positions`
-  contiguous int32/int64 [T];
-  `q_out` None or bf16 [T, n_local_heads, 512] with upstream's strides (dims contiguous, heads 512
-  apart; the row stride free: the padded 64-head q's slice at TP > 1) not overlapping `q`; all on
-  the weight's device.
+  contiguous int32/int64 [T]; `q_out` None or bf16 [T, n_local_heads, 512] with upstream's strides
+  (dims contiguous, heads 512 apart; the row stride free: the padded 64-head q's slice at TP > 1) not
+  overlapping `q`; all on the weight's device.
 Anything else (prefill chunks, the MTP draft's other shapes, another dtype) goes to upstream's
 `_compute_q_b` as the hook kept it. A layer whose wq_b is not ours is said once per reason in the log.
 
