@@ -97,7 +97,7 @@ def test_default_profile_on_reference_box() -> None:
         assert flag(argv, "--disaggregation-transfer-backend") == "nixl"
         assert flag(argv, "--tp-size") == "4" and "--dp-size" not in argv
         assert flag(argv, "--model-path") == "/models/DeepSeek-V4-Flash"
-    assert flag(d.argv, "--cuda-graph-max-bs") == "32" and "--cuda-graph-max-bs" not in p.argv
+    assert flag(d.argv, "--cuda-graph-max-bs") == "64" and "--cuda-graph-max-bs" not in p.argv
     assert flag(p.argv, "--context-length") == flag(d.argv, "--context-length") == "131072"
     assert flag(p.argv, "--chunked-prefill-size") == "8192" and "--chunked-prefill-size" not in d.argv
     assert flag(p.argv, "--disaggregation-mode") == "prefill" and flag(d.argv, "--disaggregation-mode") == "decode"

@@ -83,7 +83,7 @@ def command(opts: Options, how: RunOptions, out_dir: Path | None, skip: str, var
     # variant is an `up` of this plan with other switches
     r = resolve(opts, "up")
     if "e2e" not in sections:
-        pick(all_variants(r.plan.patches, []), variants)  # names checked up front
+        pick(all_variants(r.plan.patches, [], r.plan.pending_patches), variants)  # names checked up front
     out = _out_dir(out_dir)
     # each variant's `up` gets these, then its own `--<switch> on|off` for every patch
     forward = command_line(opts, how, run_fields=("verify_model",),

@@ -82,7 +82,9 @@ def make_report(plan: Plan, topology: Topology, ready_timeout: float, spec: Repo
     if "e2e" in spec.skip:
         rep["e2e_skipped"] = "--skip e2e"
     else:
-        chosen = variants.pick(variants.all_variants(plan.patches, failed), spec.variants)
+        # an `auto` switch is on in the variants only where this report's self-check passed it, as in `up`
+        vouched = plan.pending_patches if "selfcheck" not in spec.skip else ()
+        chosen = variants.pick(variants.all_variants(plan.patches, failed, vouched), spec.variants)
         shared = variants.E2E(
             out=out, forward=spec.forward, concurrency=spec.concurrency, requests=spec.requests,
             input_len=spec.input_len, output_len=spec.output_len, questions=spec.questions,

@@ -47,8 +47,11 @@ class Variant:
         return ", ".join(f"{n} {'on' if on else 'off'}" for n, on in self.switches)
 
 
-def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str]) -> list[Variant]:
-    base = tuple((n, on and n not in failed) for n, on in patches)
+def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str],
+                 pending: tuple[str, ...] = ()) -> list[Variant]:
+    """`pending`: the plan's `auto` switches, on in a variant once the report's self-check passed them
+    (as `up` would switch them on); every variant then names each switch explicitly."""
+    base = tuple((n, (on or n in pending) and n not in failed) for n, on in patches)
     out = [Variant("on", base)]
     on_names = [n for n, on in base if on]
     for name in on_names:
