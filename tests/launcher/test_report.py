@@ -17,7 +17,8 @@ import pytest
 
 from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.report.facts import p2p_summary, parse_matrix
-from v4flash_pd.report.scrub import redact_env, scrub_tree, secret_name
+from v4flash_pd.report.redact import Redactor, redact_env, secret_name
+from v4flash_pd.report.scrub import scrub_tree
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")]
@@ -168,5 +169,5 @@ def test_secrets_are_found_by_name_and_value(tmp_path):
                                 "X": {"API_KEY": "<redacted>"}}
     (tmp_path / "a.log").write_text(f"key={ROUTER_KEY}\n")
     (tmp_path / "b.log").write_text("clean\n")
-    assert scrub_tree(tmp_path, [ROUTER_KEY]) == ["a.log"]
+    assert scrub_tree(tmp_path, Redactor([ROUTER_KEY])) == ["a.log"]
     assert (tmp_path / "a.log").read_text() == "key=<redacted>\n"
