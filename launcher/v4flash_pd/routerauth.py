@@ -45,7 +45,8 @@ def read_key(kind: str, where: str, env: Mapping[str, str] | None = None) -> str
     body = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
     key = body.strip(" ")
     if not key:
-        raise UserError(f"{what} is empty" if kind == "file" else f"{what} is not set or empty", fix)
+        raise UserError(f"{what} is empty" if kind == "file" else
+                        f"router.api_key_env names ${where}, which is not set or empty", fix)
     lines = len(_LINE_BREAK.split(body))
     if lines > 1:
         raise UserError(f"{what} holds {lines} lines; the key must be exactly one non-empty line", fix)
