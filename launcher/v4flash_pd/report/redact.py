@@ -124,25 +124,38 @@ def collect(env_pairs: Iterable[tuple[str, str]], keys: Iterable[str] = ()) -> t
 
 
 class Redactor:
-    """Finds and replaces every spelling of `secrets` in bytes (utf-8)."""
+    """Finds and replaces every spelling of `secrets` in bytes (utf-8).
+
+    Each secret is looked for through its `_core` first (one fast substring search): every spelling
+    contains it, so the secret's own pattern of spellings runs only over data that may hold one."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self.secrets = tuple(secrets)
-        needles = sorted({n for s in self.secrets for n in spellings(s)}, key=lambda n: (-len(n), n))
-        parts = [_pattern(n) for n in needles if n]
-        self._re: re.Pattern[bytes] | None = re.compile(b"|".join(parts)) if parts else None
+        self.secrets = tuple(sorted(set(secrets), key=lambda s: (-len(s), s)))
+        self._each: list[tuple[bytes, re.Pattern[bytes]]] = []
+        for secret in self.secrets:
+            needles = sorted(spellings(secret), key=lambda n: (-len(n), n))
+            self._each.append((_core(secret), re.compile(b"|".join(_pattern(n) for n in needles))))
 
     def __bool__(self) -> bool:
-        return self._re is not None
+        return bool(self._each)
 
     def find(self, data: bytes) -> bool:
-        return self._re is not None and self._re.search(data) is not None
+        return any(core in data and rx.search(data) is not None for core, rx in self._each)
 
     def redact(self, data: bytes) -> tuple[bytes, int]:
         """`data` with every spelling replaced by REDACTED, and how many were."""
-        if self._re is None:
-            return data, 0
-        return self._re.subn(REDACTED.encode(), data)
+        total = 0
+        for core, rx in self._each:
+            if core in data:
+                data, n = rx.subn(REDACTED.encode(), data)
+                total += n
+        return data, total
+
+
+def _core(secret: str) -> bytes:
+    """The longest run of characters no encoder changes (letters, digits, `_`, `.`, `-`): in every spelling."""
+    runs = re.findall(r"[A-Za-z0-9_.-]+", secret)
+    return max(runs, key=len).encode() if runs else b""
 
 
 def _pattern(needle: str) -> bytes:
