@@ -154,6 +154,9 @@ def run_variant(v: Variant, e: E2E) -> dict[str, Any]:
             if left:
                 e.warn(f"WARNING the trio of [{v.name}] is still running after the stop: {', '.join(left)}; stop it "
                        f"with `v4flash-pd down --run-dir {run_dir}`")
+                res["status"] = "failed"
+                res["error"] = "; ".join(x for x in (res["error"], f"still running after the stop: {', '.join(left)}")
+                                         if x)
             if interrupted is not None:
                 interrupted.trios.append((v.name, left))
                 if not left:
