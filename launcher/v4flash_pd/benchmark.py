@@ -318,8 +318,11 @@ def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: in
         return r
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
         results = list(pool.map(one, prompts))
+    finally:  # interrupted (the report stopping): drop the queued requests rather than send them all first
+        pool.shutdown(wait=False, cancel_futures=True)
     duration = time.perf_counter() - t0
     if progress is not None:
         progress.close()

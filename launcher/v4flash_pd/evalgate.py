@@ -251,6 +251,9 @@ def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
         return g
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
         graded = list(pool.map(ask, problems))
+    finally:  # interrupted (the report stopping): drop the queued questions rather than ask them all first
+        pool.shutdown(wait=False, cancel_futures=True)
     return score(url, graded, min_accuracy, time.monotonic() - t0, seed=seed, shots=shots, baseline=baseline)

@@ -13,7 +13,7 @@ import v4flash_pd
 
 ROOT = Path(v4flash_pd.__file__).resolve().parent
 PKG = "v4flash_pd"
-CONFIG_CHAIN = ("values", "keys", "types", "speculative", "layers", "build", "layout", "load")
+CONFIG_CHAIN = ("flagwords", "values", "keys", "types", "speculative", "extraargs", "layers", "build", "layout", "load")
 
 
 def _module(path: Path) -> str:

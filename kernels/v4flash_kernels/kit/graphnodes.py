@@ -66,7 +66,8 @@ def count_nodes(graph_handle: int) -> NodeCount:
     err = rt.cudaGraphGetNodes(graph, nodes, ctypes.byref(n))
     if err:
         raise RuntimeError(f"cudaGraphGetNodes failed ({err})")
-    kernels, other: Dict[str, int] = 0, {}
+    kernels = 0
+    other: Dict[str, int] = {}
     for i in range(n.value):
         t = ctypes.c_int(-1)
         if rt.cudaGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)):

@@ -11,6 +11,7 @@ import re
 import shlex
 from typing import Any, Callable
 
+from v4flash_pd.config.flagwords import meant
 from v4flash_pd.errors import UserError
 
 Check = Callable[[Any, str], Any]
@@ -267,11 +268,7 @@ def api_key_flag(argv: tuple[str, ...], flag_name: str = "--api-key") -> str:
     argparse expands to it, e.g. `--api-ke`), or ''. sglang-router 0.3.2's parser allows abbreviations,
     and its only other option starting with `--a` is `--assignment-mode`, so every prefix from `--ap`
     on is unambiguous; `--a` is ambiguous there and refused too (it never helps)."""
-    for a in argv:
-        opt = a.split("=", 1)[0]
-        if len(opt) >= 3 and opt.startswith("--") and flag_name.startswith(opt):
-            return a
-    return ""
+    return next((a for a in argv if meant(a, (flag_name,))), "")
 
 
 def arg_value(argv: tuple[str, ...], flag_name: str) -> str | None:
