@@ -189,5 +189,6 @@ def test_help_states_the_trio_starts_a_default_report_makes(tmp_path):
                            str(fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE))], capture_output=True,
                           text=True, env=env, timeout=60)
     assert plan.returncode == 0, plan.stderr
-    picked = all_variants(tuple((n, on) for n, on in json.loads(plan.stdout)["patches"]), [])
+    doc = json.loads(plan.stdout)
+    picked = all_variants(tuple((n, on) for n, on in doc["patches"]), [], tuple(doc["pending_patches"]))
     assert int(said.group(1)) == len(picked) and said.group(2).split(", ") == [v.name for v in picked]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from v4flash_pd.config.keys import KEY, PATCH_SWITCHES
+from v4flash_pd.config.values import AUTO
 from v4flash_pd.errors import UserError
 from v4flash_pd.report import trio
 from v4flash_pd.report.interrupt import Interrupted, shielded
@@ -67,7 +68,9 @@ def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str],
 
 def default_variants() -> list[Variant]:
     """The configurations a report runs with every patch at its default (what `--help` counts)."""
-    return all_variants(tuple((name, bool(KEY[f"patches.{name}"].default)) for name, _ in PATCH_SWITCHES), [])
+    defaults = {name: KEY[f"patches.{name}"].default for name, _ in PATCH_SWITCHES}
+    return all_variants(tuple((n, d is True) for n, d in defaults.items()), [],
+                        tuple(n for n, d in defaults.items() if d == AUTO))
 
 
 def pick(variants: list[Variant], choice: str) -> list[Variant]:
