@@ -20,7 +20,7 @@ job_t_fp8() { pyt tests/kernels/test_fp8_gemm_gpu.py; }
 job_t_mhc() { pyt tests/kernels/test_mhc_gpu.py; }
 job_t_topk() { pyt tests/kernels/test_topk_gpu.py; }
 job_t_moe() { pyt tests/kernels/test_moe_gpu.py; }
-job_t_attn() { pyt tests/kernels/test_decode_gpu.py tests/kernels/test_indexer_gpu.py; }
+job_t_attn() { pyt tests/kernels/test_attention_gpu.py tests/kernels/test_indexer_gpu.py; }
 job_t_allreduce() { pyt tests/kernels/test_allreduce_gpu.py; }
 job_t_verify() { pyt tests/kernels/test_verify_shapes_gpu.py; }
 job_t_selfcheck() { V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/kernels/test_selfcheck_gpu.py; }
