@@ -49,10 +49,10 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     from v4flash_kernels.moe import op as moe
 
     e_p2 = triton.next_power_of_2(256)
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     bms = sorted({c.block_m for c, _, inline in moe.launchable() if not inline}
-                 | {c.block_t for c, _, inline in op_v2.launchable() if not inline})  # v2 sorts into BLOCK_T rows
+                 | {c.block_t for c, _, inline in repacked_op.launchable() if not inline})  # v2 sorts into BLOCK_T rows
     jobs = [("moe_hist", k.hist_kernel, {"IDS": "*i32", "HIST": "*i32", "RANK": "*i32", "S": "i32", "E": "i32"},
              {"CHUNK": moe.PREP_CHUNK, "E_P2": e_p2}, 8, "")]
     for bm in bms:
@@ -80,9 +80,9 @@ def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
     import triton
     import triton.language as tl
 
-    from v4flash_kernels.moe import kernel_v2 as k
+    from v4flash_kernels.moe import repacked_kernel as k
     from v4flash_kernels.moe.kernel import SCALE_FAST
-    from v4flash_kernels.moe.op_v2 import INLINE_MAX_SLOTS
+    from v4flash_kernels.moe.repacked_op import INLINE_MAX_SLOTS
 
     split = gated and cfg.split_k > 1
     const = {"GATED": gated, "HAS_CLAMP": True, "INLINE": inline,
@@ -107,13 +107,13 @@ def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
 def binaries(arch: int) -> List[CompileResult]:
     """Every MoE binary the planners can launch plus the helper kernels: v1 in the drop-in's scale
     modes, v1's prefill tiles and the v2 GEMMs on the repacked layers (fast scales, PAIR_SPLIT)."""
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
     from v4flash_kernels.moe.kernel import SCALE_E8M0, SCALE_F32, SCALE_FAST
     from v4flash_kernels.moe.op import launchable
 
     results = [compile_moe_gemm(cfg, gated, inline, mode, arch)
                for cfg, gated, inline in launchable() for mode in (SCALE_F32, SCALE_E8M0)]
     results += [compile_moe_gemm(cfg, gated, inline, SCALE_FAST, arch, nibbles=1)
-                for cfg, gated, inline in op_v2.launchable_v1()]
-    results += [compile_moe_v2(cfg, gated, inline, arch) for cfg, gated, inline in op_v2.launchable()]
+                for cfg, gated, inline in repacked_op.launchable_v1()]
+    results += [compile_moe_v2(cfg, gated, inline, arch) for cfg, gated, inline in repacked_op.launchable()]
     return results + compile_moe_aux(arch)

@@ -113,10 +113,10 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         src = why
         repacked = _moe_repacked(tp)
         if repacked is not None:  # what the moe switch serves: experts repacked at load time, decode v2
-            from v4flash_kernels.moe.op_v2 import moe_forward_repacked
+            from v4flash_kernels.moe.repacked_op import moe_forward_repacked
 
             fn = functools.partial(_moe_v2_call, moe_forward_repacked, repacked)
-            src = "ours: v4flash_kernels.moe.op_v2.moe_forward_repacked on experts repacked at load time"
+            src = "ours: v4flash_kernels.moe.repacked_op.moe_forward_repacked on experts repacked at load time"
 
     def one(ids, wts):
         return fn(hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2, topk_ids=ids,
