@@ -221,3 +221,19 @@ def load(path: Path | str) -> Topology:
 
 def save(topology: Topology, path: Path | str) -> None:
     Path(path).write_text(json.dumps(topology.to_dict(), indent=2) + "\n")
+
+
+def parse_matrix(text: str) -> dict[str, Any]:
+    """An `nvidia-smi topo -m` / `-p2p X` matrix: {"columns": [...], "rows": {"GPU0": [...]}} (GPU rows only)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if re.match(r"^\s*GPU0\b", ln.strip()) and "\t" in ln), None)
+    if header is None:
+        return {"columns": [], "rows": {}}
+    columns = [c.strip() for c in header.split("\t") if c.strip()]
+    rows = {}
+    for ln in lines:
+        cells = [c.strip() for c in ln.split("\t")]
+        cells = [c for c in cells if c != ""]
+        if cells and re.fullmatch(r"GPU\d+", cells[0]) and ln is not header:
+            rows[cells[0]] = cells[1:]
+    return {"columns": columns, "rows": rows}

@@ -3,6 +3,7 @@ composition arithmetic, the report with stand-in timings, and the CLI's --dry-ru
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from v4flash_bench.step import model as M
+from v4flash_bench.step import ops as O
 from v4flash_bench.step import report as R
+from v4flash_bench.step import runner
 from v4flash_bench.step.__main__ import main
+from v4flash_bench.step.ops import attention as ops_attention
+from v4flash_bench.step.ops import common
+from v4flash_bench.step.ops import indexer as ops_indexer
+from v4flash_bench.step.ops import mhc as ops_mhc
+from v4flash_bench.step.ops import moe as ops_moe
+from v4flash_kernels.hook import patches
 
 REPO = Path(__file__).resolve().parents[2]
 K, MIB = 1024, 1 << 20
@@ -193,7 +202,7 @@ def test_report_tables_render():
     pairs = []
     for spec in (M.StepSpec("decode", 1, MIB, 8 * K), M.StepSpec("prefill", 1024, 1024, 1024)):
         ops = M.step_ops(spec)
-        us, src = _fake_times(spec, ours_for=("moe", "indexer", "attention"))
+        us, src = _fake_times(spec, ours_for=("moe", "indexer", "sparse_decode"))
         pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
     text = R.summary_table(pairs, md=False)
     assert "decode B=1 C=1M L=8K" in text and "prefill T=1024" in text
@@ -203,7 +212,6 @@ def test_report_tables_render():
 
 
 def test_path_times_prefers_ours_and_falls_back():
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -253,7 +261,6 @@ def _pd(argv, capsys):
 
 
 def test_launcher_bench_step_without_gpu_is_an_error_with_a_fix(monkeypatch, capsys):
-    pytest.importorskip("v4flash_pd")
     from v4flash_pd.cli import cmd_bench
 
     monkeypatch.setattr(cmd_bench.shutil, "which", lambda name: None)  # as on a host without a driver
@@ -262,7 +269,6 @@ def test_launcher_bench_step_without_gpu_is_an_error_with_a_fix(monkeypatch, cap
 
 
 def test_launcher_bench_step_passes_options_through(capsys):
-    pytest.importorskip("v4flash_pd")
     code, text = _pd(["bench", "--step", "--step-args", "--dry-run --batches 1,x"], capsys)
     assert code == 2 and "refused" in text and "'x' is not a number" not in text  # the child printed that
     ok = subprocess.run([sys.executable, "-c", "from v4flash_pd.cli.main import main; main()", "bench", "--step",
@@ -273,7 +279,6 @@ def test_launcher_bench_step_passes_options_through(capsys):
 
 
 def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     import json
 
     specs = M.decode_specs([1], [128 * K], 8 * K, 64)
@@ -303,9 +308,8 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
 
 
 def _cpu_ops(monkeypatch):
-    ops = pytest.importorskip("v4flash_bench.step.ops")
-    monkeypatch.setattr(ops, "DEVICE", "cpu")
-    return ops
+    monkeypatch.setattr(common, "DEVICE", "cpu")
+    return O
 
 
 def _wheel_or_skip():
@@ -322,25 +326,24 @@ def _small_indexer_op():
 
 def test_indexer_check_passes_for_upstream_and_catches_a_wrong_kernel(monkeypatch):
     ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     _wheel_or_skip()
     op = _small_indexer_op()
     assert ops.build(op, "upstream", 1 << 20, 3).check().ok  # the wheel's torch function vs our fp64 reference
-    up = ops.upstream_indexer().fp8_paged_mqa_logits_torch_sm120
+    up = ops_indexer.upstream_indexer().fp8_paged_mqa_logits_torch_sm120
 
     def off_by_5pct(*args):
         return up(*args) * 1.05
 
-    monkeypatch.setattr(ops, "patch_function", lambda kind: (off_by_5pct, "ours: broken"))
+    monkeypatch.setattr(common, "patch_function", lambda kind: (off_by_5pct, "ours: broken"))
     m = runner.measure_one(op, "ours", 1 << 20, 3)  # a mismatch is reported before any timing (no GPU needed)
     assert not m.ok and m.error.startswith("MISMATCH") and m.us != m.us
     assert not runner.all_ok({(op.key, "ours"): m})
 
 
 def test_missing_patch_is_no_patch_yet_not_a_failure(monkeypatch):
-    ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_bench.step.runner")
-    monkeypatch.setitem(ops.PATCHES, "indexer", ("v4flash_kernels.no_such_module", "fn"))
+    _cpu_ops(monkeypatch)
+    gone = dataclasses.replace(patches.INDEXER, ours_module="v4flash_kernels.no_such_module")
+    monkeypatch.setattr(patches, "PATCHES", tuple(gone if p is patches.INDEXER else p for p in patches.PATCHES))
     m = runner.measure_one(_small_indexer_op(), "ours", 1 << 20, 3)
     assert m.ok and m.error == "no patch yet" and m.us != m.us
 
@@ -352,16 +355,16 @@ def test_gemm_and_topk_checks_on_cpu(monkeypatch):
                M.topk_op(3, 256, 1, 256)):
         prep = ops.build(op, "upstream", 1 << 20, 5)
         assert prep.check().ok, op.key
-    assert ops.rotations(8 << 20, 60 << 20) == 16 and ops.rotations(300 << 20, 60 << 20) == 1
+    assert common.rotations(8 << 20, 60 << 20) == 16 and common.rotations(300 << 20, 60 << 20) == 1
 
 
 def test_moe_reference_matches_a_hand_dequant(monkeypatch):
-    ops = _cpu_ops(monkeypatch)
+    _cpu_ops(monkeypatch)
     import torch
 
     # one byte 0x2F: low nibble 0xF = -6.0 (even k), high nibble 0x2 = 1.0 (odd k); scale 2^-1 per 32
     packed = torch.full((1, 16), 0x2F, dtype=torch.uint8).view(torch.int8)
-    deq = ops.mxfp4_dequant(packed, torch.full((1, 1), 0.5))
+    deq = ops_moe.mxfp4_dequant(packed, torch.full((1, 1), 0.5))
     assert deq.shape == (1, 32) and deq[0, 0].item() == -3.0 and deq[0, 1].item() == 0.5
 
 
@@ -423,7 +426,6 @@ def test_patched_path_runs_the_models_fused_mhc_structure(spec):
     for path in ("upstream", "patched"):
         names = [o.name for o in M.ops_for_path(ops, path)]
         assert len(names) == len(set(names))
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     uniq = M.unique_ops([spec])
     assert runner.impls_for(uniq[f"mhc-fused:{spec.rows}:patched"]) == ["ours"]
     assert runner.impls_for(uniq[f"mhc-pre:{spec.rows}"]) == ["upstream", "ours"]
@@ -432,7 +434,6 @@ def test_patched_path_runs_the_models_fused_mhc_structure(spec):
 
 
 def test_fused_mhc_row_composes_and_renders():
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -467,7 +468,7 @@ def test_fused_mhc_builder_checks_on_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     ops = _cpu_ops(monkeypatch)
     op = _by_name(M.mhc_ops(1, n_layers=1), M.MHC_FUSED_NAME)
-    with pytest.raises(ops.Unavailable, match="gated off"):
+    with pytest.raises(common.Unavailable, match="gated off"):
         ops.build(op, "upstream", 1 << 20, 5)
     prep = ops.build(op, "ours", 1 << 20, 5)
     chk = prep.check()
@@ -476,7 +477,6 @@ def test_fused_mhc_builder_checks_on_cpu(monkeypatch):
 
 
 def test_untimed_op_falls_back_to_its_labelled_estimate():
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     meas = {}
@@ -503,13 +503,13 @@ def test_untimed_op_falls_back_to_its_labelled_estimate():
 
 
 def test_mhc_references_from_the_definition(monkeypatch):
-    ops = _cpu_ops(monkeypatch)
+    _cpu_ops(monkeypatch)
     import torch
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn((2, 4, 4096), generator=g).to(torch.bfloat16)
-    fn, scale, base = ops.mhc_params(g)
-    y, post, comb = ops.mhc_pre_ref(x, fn, scale, base)
+    fn, scale, base = ops_mhc.mhc_params(g)
+    y, post, comb = ops_mhc.mhc_pre_ref(x, fn, scale, base)
     assert y.shape == (2, 4096) and post.shape == (2, 4) and comb.shape == (2, 4, 4)
     # Sinkhorn ends on a column normalisation: columns sum to ~1, rows close to 1, all positive
     assert torch.allclose(comb.sum(1), torch.ones(2, 4, dtype=torch.float64), atol=1e-5)
@@ -520,22 +520,21 @@ def test_mhc_references_from_the_definition(monkeypatch):
     mix = (xf @ fn.double().t()) * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)
     pre = torch.sigmoid(mix[:, :4] * scale[0].double() + base[:4].double()) + 1e-6
     assert torch.allclose(y, (pre[:, :, None] * x.double()).sum(1))
-    out = ops.mhc_post_ref(y.float().to(torch.bfloat16), x, post, comb)
+    out = ops_mhc.mhc_post_ref(y.float().to(torch.bfloat16), x, post, comb)
     j = 2
     want = post[:, j, None] * y.to(torch.bfloat16).double() + sum(comb[:, k, j, None] * x[:, k].double() for k in range(4))
     assert torch.allclose(out[:, j], want)
 
 
 def test_mhc_without_tilelang_is_unavailable_not_failed(monkeypatch):
-    ops = _cpu_ops(monkeypatch)
-    runner = pytest.importorskip("v4flash_bench.step.runner")
+    _cpu_ops(monkeypatch)
     _wheel_or_skip()
-    monkeypatch.setitem(ops._loaded, "mhc", ops.Unavailable("TileLang mHC unavailable here: test"))
+    monkeypatch.setitem(common.loaded, "mhc", common.Unavailable("TileLang mHC unavailable here: test"))
     op = M.mhc_ops(1)[0]
     m = runner.measure_one(op, "upstream", 1 << 20, 3)
     assert m.ok and m.us != m.us and "TileLang mHC unavailable" in m.error
     # Ours does not need TileLang: the mhc patch is found (timing it needs the GPU).
-    fn, why = ops.patch_function("mhc_pre")
+    fn, why = common.patch_function("mhc_pre")
     assert fn is not None and why == "ours: v4flash_kernels.mhc.op.hc_pre"
 
 
@@ -722,22 +721,21 @@ def test_spec_tok_s_and_table():
 
 
 def test_verify_attention_and_indexer_inputs_share_a_request_cache(monkeypatch):
-    ops = _cpu_ops(monkeypatch)
+    _cpu_ops(monkeypatch)
     spec = M.StepSpec("verify", 2, 4096, 1024, heads_patched=16, k=2)
     op = _by_name(M.decode_ops(spec), "sparse-MLA attention (c128)", "upstream")
-    kw = ops.decode_attention_inputs(op.p, 3)
+    kw = ops_attention.decode_attention_inputs(op.p, 3)
     assert kw["q"].shape[0] == 6 and kw["indices"].shape[0] == 6
     import torch
 
     assert torch.equal(kw["extra_indices"][0], kw["extra_indices"][2])  # rows of one request: one cache
     idx = _by_name(M.decode_ops(spec), "indexer logits (c4)")
-    ki = ops.indexer_inputs(idx.p, 3)
+    ki = ops_indexer.indexer_inputs(idx.p, 3)
     assert ki["q_fp8"].shape[0] == 6 and torch.equal(ki["page_table"][0], ki["page_table"][1])
     assert ki["seq_lens"].view(-1).tolist() == [256, 256, 256, 256, 256, 256]  # (1024 + j) // 4 for j < 3
 
 
 def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
-    runner = pytest.importorskip("v4flash_bench.step.runner")
     import json
 
     args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",

@@ -462,7 +462,7 @@ def test_moe_every_verify_plan(version):
     rows of small-dim experts, against fp64."""
     from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2 as v2
+    from v4flash_kernels.moe import repacked_op as v2
     from v4flash_kernels.moe.reference import ref_of
     from v4flash_kernels.moe.repack import repack_experts
 
@@ -489,9 +489,9 @@ def test_moe_matches_upstream_on_verify_rows():
     interpreter, one autotune config) against fp64 and each other."""
     from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
     from v4flash_kernels.moe.reference import ref_of
     from v4flash_kernels.moe.repack import repack_experts
+    from v4flash_kernels.moe.repacked_op import moe_forward_repacked
     from v4flash_kernels.upstream import MOE_PATH, load_module
 
     up = load_module(MOE_PATH)

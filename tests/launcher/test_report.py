@@ -17,9 +17,10 @@ import fakebox
 import pytest
 
 from v4flash_kernels.hook.patches import SWITCHES
-from v4flash_pd.report.facts import p2p_summary, parse_matrix
+from v4flash_pd.report.facts import p2p_summary
 from v4flash_pd.report.redact import Redactor, redact_env, secret_name
 from v4flash_pd.report.scrub import scrub_tree
+from v4flash_pd.topology import parse_matrix
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")]

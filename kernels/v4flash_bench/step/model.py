@@ -113,7 +113,7 @@ class Op:
     bytes: int
     flops: int
     params: Tuple[Tuple[str, object], ...] = ()
-    patch: str | None = None  # which of our kernels replaces it in the patched path
+    patch: str | None = None  # the registry patch (hook.patches.PatchSpec name) that replaces it in the patched path
     # An estimate (µs per call, source) used only when the op cannot be timed here (e.g. TileLang
     # missing on the GPU machine); such a line is counted with the estimates, never as timed.
     fallback: Tuple[float, str] | None = None
@@ -275,7 +275,7 @@ def attention_op(kind: str, rows: int, heads_needed: int, total_tokens: int, cou
     distinct = total_tokens if distinct_tokens is None else distinct_tokens
     nbytes = distinct * KV_TOKEN_BYTES + 4 * total_tokens + 2 * rows * heads_needed * HEAD_DIM * 2
     flops = 2 * 2 * heads_needed * total_tokens * HEAD_DIM
-    return Op(f"sparse-MLA attention ({kind})", "attention", key, count, nbytes, flops, params, patch="attention")
+    return Op(f"sparse-MLA attention ({kind})", "attention", key, count, nbytes, flops, params, patch="sparse_decode")
 
 
 def indexer_op(rows: int, configured_c4: int, actual_c4_per_row: float, count: int, key: str,

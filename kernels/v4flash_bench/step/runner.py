@@ -14,6 +14,7 @@ import torch
 
 from v4flash_bench.step import model as M
 from v4flash_bench.step import ops as O
+from v4flash_bench.step.ops.common import Unavailable
 from v4flash_bench.step.results import Measurement, all_ok, impls_for, path_times, to_json
 from v4flash_kernels.kit.measure import time_replay
 
@@ -24,7 +25,7 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
     base = {"key": op.key, "impl": impl, "name": op.name}
     try:
         prep = O.build(op, impl, l2, seed)
-    except O.Unavailable as exc:
+    except Unavailable as exc:
         return Measurement(**base, us=float("nan"), calls_per_replay=0, reps=0, ok=True, rel_err=float("nan"),
                            detail="", source=str(exc), error=str(exc))
     except Exception as exc:
