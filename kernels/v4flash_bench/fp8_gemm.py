@@ -82,8 +82,8 @@ ATOL_MAG = {"ours": 2.0 ** -12, "upstream": 2.0 ** -8}
 
 
 def check_one(out, x, w, ws, who: str = "ours") -> dict:
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref
-    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.fp8_gemm.reference import linear_ref
+    from v4flash_kernels.kit.compare import excess_error, rel_err
 
     ref, mag = linear_ref(x, w, ws)
     ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(who, ATOL_MAG["ours"]))

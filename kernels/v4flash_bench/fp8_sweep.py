@@ -56,8 +56,8 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
 
     import v4flash_bench.fp8_candidates as cand
     from v4flash_kernels.fp8_gemm import op
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
-    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error, rel_err
     from v4flash_kernels.kit.device import num_sms
 
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -385,7 +385,8 @@ def test_fp8_every_verify_plan_matches_reference():
     """Every TP4 shape's plan of each verify row class, at that class's fewest captured rows, on the real
     K (groups, splits) and a 256-row slice of N; within the bound of one bf16 rounding of fp64."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error
 
     g = torch.Generator().manual_seed(60)
     seen = set()
@@ -409,8 +410,9 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
     """The public drop-in on a [rows, K] activation (SGLang's call) against fp64 and the wheel's GEMM
     on the definition's quantized activation (the same function, to rounding)."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
     from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
+    from v4flash_kernels.kit.compare import excess_error
     from v4flash_kernels.kit.fp8 import quantize_activation_ref
 
     g = torch.Generator().manual_seed(70 + rows)

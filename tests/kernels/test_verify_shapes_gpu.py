@@ -189,7 +189,8 @@ FP8_CASES = [pytest.param(shape, *p.values, id=f"{shape}-{p.id}")
 @pytest.mark.parametrize("shape,bs,k,label", FP8_CASES)
 def test_gpu_fp8_linear_verify_graph(shape, bs, k, label):
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error
 
     n, kd = V.FP8_SHAPES[shape]
     rows = bs * (k + 1)

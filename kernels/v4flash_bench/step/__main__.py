@@ -22,6 +22,7 @@ from v4flash_bench.step import model as M
 from v4flash_bench.step import report as R
 from v4flash_kernels.provenance import measured_commit
 
+DEFAULT_SEED = 20261202  # fixed: two runs draw the same inputs unless --seed says otherwise
 DEFAULT_TP = "4,2"
 DEFAULT_MTP = "1,2,3"
 DEFAULT_VERIFY_BATCHES = "1,16,64"
@@ -113,7 +114,9 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                    help=f"every op's inputs derive from it and the op's key (default {DEFAULT_SEED}); a verdict "
+                    "must not depend on it")
     ap.add_argument("--from-json", default=None, help="re-render a finished run's --json (no GPU needed)")
     args = ap.parse_args(argv)
     try:
@@ -143,13 +146,14 @@ def main(argv: List[str] | None = None) -> int:
     from v4flash_bench.step import runner
     from v4flash_kernels.kit.measure import copy_bandwidth, graph_overhead_us
 
-    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    seed = args.seed
     props = torch.cuda.get_device_properties(0)
     bw = copy_bandwidth()
     gpu = M.machine_for(props.name, bw)
     overhead = graph_overhead_us()
     print(f"GPU {props.name}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB, "
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
+    print(f"seed {seed} (--seed): every op's inputs derive from it and the op's key", flush=True)
     t0 = time.time()
     ops, meas = runner.run(specs, seed, log=lambda s: print(s, flush=True))
     meta = {
@@ -200,6 +204,8 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
                     "upstream_timed_ms": up.timed_ms, "patched_timed_ms": pa.timed_ms,
                     "estimate_ms": up.estimate_ms, "floor_rtx6000_ms": pa.floor_rtx_ms, "floor_gpu_ms": pa.floor_gpu_ms,
                     "upstream_tok_s": up.tok_s(), "patched_tok_s": pa.tok_s(),
+                    "complete": not (up.failed or pa.failed), "failed": {"upstream": list(up.failed),
+                                                                         "patched": list(pa.failed)},
                     "lines": [dict(path=c.path, **ln.__dict__) for c in (up, pa) for ln in c.lines],
                 } for up, pa in pairs],
             }, f, indent=1, default=str)

@@ -660,6 +660,11 @@ class OpLine:
     rtx_lo_ms: float = float("nan")  # the RTX PRO 6000 range of this op per step (see `rtx_range_us`)
     rtx_hi_ms: float = float("nan")
 
+    @property
+    def failed(self) -> bool:
+        """Its implementation failed its check (`results.FAILED`): no time, the step is incomplete."""
+        return self.source.startswith("FAILED")
+
 
 @dataclass(frozen=True)
 class Composition:
@@ -668,6 +673,11 @@ class Composition:
     lines: Tuple[OpLine, ...]
     estimates: Tuple[Estimate, ...]
     tokens_per_step: int
+
+    @property
+    def failed(self) -> Tuple[str, ...]:
+        """The ops that failed their check: while any did, every total of this step is incomplete (NaN)."""
+        return tuple(ln.name for ln in self.lines if ln.failed)
 
     @property
     def timed_ms(self) -> float:

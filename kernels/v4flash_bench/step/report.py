@@ -81,10 +81,16 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
         name = one.name + (" (estimate)" if any(x is not None and x.estimated for x in (ln, p)) else "")
         calls = str(one.count) if ln is None or p is None or ln.count == p.count else f"{ln.count} / {p.count}"
         us_up, ms_up = (_sig(ln.us_call), _sig(ln.ms_step / div)) if ln is not None else ("-", "-")
+        if ln is not None and ln.failed:
+            us_up, ms_up = "FAILED", "FAILED"
         if p is None:
             body.append([name, calls, us_up, "-", ms_up, "-", "-", "-", "-", "-", "(upstream path only)"])
             continue
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
+        if p.failed:
+            body.append([name, calls, us_up, "FAILED", ms_up, "FAILED", "-", _sig(p.floor_rtx_ms / div),
+                         _sig(p.floor_gpu_ms / div), "-", p.source])
+            continue
         body.append([name, calls, us_up, _sig(p.us_call), ms_up, _sig(p.ms_step / div),
                      _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
                      _sig(p.floor_gpu_ms / div), _sig(ratio) + "x", p.source])
@@ -99,8 +105,8 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
                      _sig(v), _sig(v), "", "", "", e.source])
     tot = "**total**" if md else "total"
     lo, hi = pa.rtx_range_ms
-    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), _range(lo / div, hi / div),
-                 "", "", "", ""])
+    body.append([tot, "", "", "", _total(up, up.total_ms / div), _total(pa, pa.total_ms / div),
+                 _range(lo / div, hi / div), "", "", "", ""])
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
                      f"{_f(lo / 1e3, 3)} - {_f(hi / 1e3, 3)}", "", "", "", ""])
@@ -115,6 +121,13 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
                      f"{_f(t_lo, 0)} - {_f(t_hi, 0)}", "", "", "", ""])
     return table(head, body, md)
+
+
+def _total(c: M.Composition, value: float, nd: int | None = None) -> str:
+    """A total of a step, or "incomplete" when an op of it failed its check (no time replaces it)."""
+    if c.failed:
+        return "incomplete (FAILED: " + ", ".join(c.failed) + ")"
+    return _sig(value) if nd is None else _f(value, nd)
 
 
 def _range(lo: float, hi: float) -> str:
@@ -133,7 +146,8 @@ def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool
         lo, hi = pa.rtx_range_ms
         t_lo, t_hi = pa.rtx_tok_s_range()
         rtx = f"{_f(lo, 1)} - {_f(hi, 1)}" + (f" / {_f(t_lo, 0)} - {_f(t_hi, 0)}" if dec else "")
-        body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
+        body.append([s.label, _total(up, up.total_ms, 1), _total(pa, pa.total_ms, 1),
+                     _f(up.total_ms / pa.total_ms, 2) + "x",
                      _f(tps_u, 1), _f(tps_p, 1), rtx,
                      f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
     return table(head, body, md)

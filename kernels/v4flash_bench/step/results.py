@@ -37,8 +37,12 @@ def impls_for(op: M.Op) -> List[str]:
     return ["upstream"]
 
 
+FAILED = "FAILED"  # the source of a line whose implementation failed its check (model.OpLine.failed)
+
+
 def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
-    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed."""
+    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed, and
+    NaN with a FAILED source where the implementation failed: its time is not replaced by another's."""
     us: Dict[Tuple[str, str], float] = {}
     src: Dict[Tuple[str, str], str] = {}
     for op in ops:
@@ -51,11 +55,15 @@ def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
                 m = meas.get((op.key, "upstream"))
                 if path == "patched" and (op.key, "ours") in meas:
                     mine = meas[(op.key, "ours")]
-                    if mine.error is None:
+                    if mine.error is None or not mine.ok:  # measured, or failed: never upstream's time instead
                         m = mine
-                    else:
+                    else:  # no patch here (not a failure): the patched path runs upstream's
                         src[(op.key, path)] = f"{mine.error} -> upstream"
             if m is None:
+                continue
+            if not m.ok:  # a failed check or build: no time stands in for it, the step is incomplete
+                us[(op.key, path)] = float("nan")
+                src[(op.key, path)] = f"{FAILED}: {m.error}"
                 continue
             if m.us != m.us and op.fallback is not None:  # not timed here: the op's labelled estimate
                 us[(op.key, path)] = op.fallback[0]

@@ -14,7 +14,7 @@ import torch
 
 from v4flash_bench.step import model as M
 from v4flash_bench.step import ops as O
-from v4flash_bench.step.ops.common import Unavailable
+from v4flash_bench.step.ops.common import Unavailable, op_seed
 from v4flash_bench.step.results import Measurement, all_ok, impls_for, path_times, to_json
 from v4flash_kernels.kit.measure import time_replay
 
@@ -54,9 +54,9 @@ def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, s
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     out: Dict[Tuple[str, str], Measurement] = {}
     t0 = time.time()
-    for i, (key, op) in enumerate(ops.items()):
+    for key, op in ops.items():
         for impl in impls_for(op):
-            m = measure_one(op, impl, l2, seed + i)
+            m = measure_one(op, impl, l2, op_seed(seed, key))
             out[(key, impl)] = m
             state = (f"{m.us:10.1f} us  err {m.rel_err:.1e}" if m.error is None else f"  -- {m.error}")
             log(f"[{time.time() - t0:6.1f}s] {impl:8s} {key:45s}{state}")
