@@ -651,17 +651,37 @@ def test_tp_option_and_table(capsys):
     assert main(["--tp", "3", "--dry-run"]) == 2 and "fix:" in capsys.readouterr().err
     gpu = M.machine_for("NVIDIA H200", 4.2e12)
     pairs = []
-    for tp in (4, 2):
-        spec = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=64 // tp, tp=tp)
+    # equal total streams on the same 4 GPUs: one TP4 worker at B = S, two TP2 workers at B = S/2 each
+    for tp, b in ((4, 32), (2, 16), (4, 128), (2, 64)):
+        spec = M.StepSpec("decode", b, 128 * K, 8 * K, heads_patched=64 // tp, tp=tp)
         ops = M.step_ops(spec)
         us, src = _fake_times(spec)
         pairs.append((M.compose(spec, "upstream", ops, us, src, gpu), M.compose(spec, "patched", ops, us, src, gpu)))
     text = R.tp_table(pairs, md=True)
-    row = [r for r in text.splitlines() if r.startswith("| 16 |")][0].split("|")
+    row = [r for r in text.splitlines() if r.startswith("| 32 |")][0].split("|")
     p4, p2 = pairs[0][1], pairs[1][1]
-    assert float(row[4]) == pytest.approx(round(16 / (p4.total_ms / 1e3) / 4, 1), abs=0.06)
-    assert float(row[6]) == pytest.approx(round(16 / (p2.total_ms / 1e3) / 2, 1), abs=0.06)
+    assert float(row[4]) == pytest.approx(round(32 / (p4.total_ms / 1e3) / 4, 1), abs=0.06)
+    assert float(row[6]) == pytest.approx(round(2 * 16 / (p2.total_ms / 1e3) / 4, 1), abs=0.06)
+    # 64 streams per TP2 worker do not fit its KV pool (32 8K-token streams): no 128-stream row
+    assert not M.streams_fit(2, 64) and M.streams_fit(2, 32) and M.streams_fit(4, 128)
+    assert not [r for r in text.splitlines() if r.startswith("| 128 |")]
     assert R.tp_table(pairs[:1], md=True) == ""
+
+
+def test_kv_pool_constants_are_the_launchers_arithmetic():
+    """The step bench's KV pools (which TP rows exist) are what `plan` computes for the profiles."""
+    from v4flash_pd.memory import REPACKED_SCALE_BYTES, fit
+
+    for tp, frac in ((4, 0.70), (2, 0.85)):
+        f = fit("decode-0", "decode", 0, tp, 97887, frac, 131072, True, scale_bytes=REPACKED_SCALE_BYTES)
+        assert f.kv_tokens == M.KV_POOL_TOKENS[tp], (tp, f.kv_tokens)
+
+
+def test_accept_lengths_are_a_cited_range_per_draft_depth():
+    for k, acc in M.ACCEPT.items():
+        assert 1.0 < acc.low < acc.mid < acc.high <= k + 1 and acc.source
+    assert (M.ACCEPT[2].low, M.ACCEPT[2].high) == (2.2, 2.76)  # docs/speculative.md's sources
+    assert M.accept_range(5).high <= 6 and M.accept_range(5).low == M.ACCEPT[3].low
 
 
 # ---------------------------------------------------------------- speculative verify (step 5)
@@ -738,18 +758,19 @@ def test_verify_attention_and_indexer_inputs_share_a_request_cache(monkeypatch):
 def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
     import json
 
-    args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",
+    args = ["--batches", "1,2", "--contexts", "128K", "--prefill", "", "--tp", "4,2", "--mtp", "1",
             "--verify-batches", "1"]
     from v4flash_bench.step.__main__ import main as step_main
 
     class A:
-        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1", "128K", "8K", "", "4,2", "1", "1"
+        batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,2", "128K", "8K", "", "4,2", "1", "1"
 
     from v4flash_bench.step.__main__ import specs_from
 
     specs = specs_from(A)
-    assert [s.label for s in specs] == ["decode B=1 C=128K L=8K", "verify k=1 B=1 C=128K L=8K",
-                                        "decode TP2 B=1 C=128K L=8K"]
+    assert [s.label for s in specs] == ["decode B=1 C=128K L=8K", "decode B=2 C=128K L=8K",
+                                        "verify k=1 B=1 C=128K L=8K", "decode TP2 B=1 C=128K L=8K",
+                                        "decode TP2 B=2 C=128K L=8K"]
     meas = []
     for key, op in M.unique_ops(specs).items():
         for impl in runner.impls_for(op):
@@ -758,7 +779,7 @@ def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
     run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 16, "tp": "4,2",
                                         "mtp": "1", "verify_batches": "1"}, "measurements": meas}))
     md = tmp_path / "out.md"
-    assert step_main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run),
+    assert step_main(["--batches", "1,2", "--contexts", "128K", "--prefill", "", "--from-json", str(run),
                       "--md", str(md)]) == 0
     text = md.read_text()
     assert "## TP4 vs 2x TP2" in text and "## Speculative decoding" in text and "verify k=1 B=1" in text

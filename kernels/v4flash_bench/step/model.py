@@ -765,7 +765,54 @@ def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> Li
     return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
 
 
-ACCEPT_LENGTHS = (1.5, 2.0, 2.5, 3.1)  # mean tokens emitted per verify (incl. the bonus token)
+@dataclass(frozen=True)
+class AcceptRange:
+    """Mean tokens emitted per verify cycle (the bonus token included) at k draft steps: a cited range,
+    never one favourable constant. `mid` is the middle of low and high."""
+
+    k: int
+    low: float
+    high: float
+    source: str
+
+    @property
+    def mid(self) -> float:
+        return (self.low + self.high) / 2
+
+    def points(self) -> Tuple[Tuple[str, float], ...]:
+        return (("low", self.low), ("mid", self.mid), ("high", self.high))
+
+
+# Public figures for DeepSeek-V4-Flash's MTP layer (the sources are listed in docs/speculative.md):
+# SGLang's CI floors (accept length >= 1.6 at 1 step, >= 2.8 at 3 steps), 2-step draft acceptance 88 %
+# (accept length 2.76, an NVFP4 requant), 2.77 at 3 steps (Ascend) and 3.1 at 3 steps (a GPU reference).
+# The 2-step low end is interpolated between the two CI floors (derived, not measured).
+ACCEPT = {
+    1: AcceptRange(1, 1.6, 1.88, "low: SGLang CI floor at 1 step; high: 1 + 0.88 (88 % per-draft acceptance)"),
+    2: AcceptRange(2, 2.2, 2.76, "low: derived between SGLang's CI floors (1.6 at 1 step, 2.8 at 3); "
+                                 "high: 88 % per-draft acceptance at 2 steps (2.76)"),
+    3: AcceptRange(3, 2.77, 3.1, "low: 2.77 at 3 steps (Ascend report); high: 3.1 at 3 steps (GPU reference)"),
+}
+
+
+def accept_range(k: int) -> AcceptRange:
+    """The cited range at k draft steps; beyond the cited k the last one's, capped at k + 1."""
+    if k in ACCEPT:
+        return ACCEPT[k]
+    last = ACCEPT[max(ACCEPT)]
+    return AcceptRange(k, min(last.low, k + 1.0), min(last.high, k + 1.0), last.source + " (k outside the sources)")
+
+
+# KV pool per GPU at the built-in profiles (launcher memory.py: mem_fraction_static 0.70 at TP4, 0.85 at
+# TP2, the moe switch's e8m0 expert scales, MTP on, 95.6 GiB card), in 8K-token streams: a TP-B row
+# exists only where B streams fit (tests/kernels/test_step_model.py holds these to the launcher's arithmetic).
+KV_POOL_TOKENS = {4: 1_181_732, 2: 267_210}
+STREAM_TOKENS = 8192
+
+
+def streams_fit(tp: int, streams: int) -> bool:
+    pool = KV_POOL_TOKENS.get(tp)
+    return pool is not None and streams * STREAM_TOKENS <= pool
 
 
 def verify_specs(batches: Iterable[int], ks: Iterable[int], context: int, actual_ctx: int, heads_patched: int,

@@ -25,6 +25,7 @@ class Measurement:
     detail: str
     source: str
     error: str | None = None  # why there is no time (no patch yet, mismatch, exception)
+    kernels: float = float("nan")  # kernel nodes one call puts in a CUDA graph (NaN: not counted)
 
 
 def impls_for(op: M.Op) -> List[str]:
@@ -72,6 +73,22 @@ def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
             us[(op.key, path)] = m.us
             src.setdefault((op.key, path), m.source if m.error is None else m.error)
     return us, src
+
+
+def kernels_per_step(ops: Iterable[M.Op], path: str, meas: Dict[Tuple[str, str], Measurement]) -> float:
+    """Kernels one step of `path` launches: calls per step x kernel nodes per call of the implementation
+    the path runs (as `path_times` picks it); NaN when any op's count is missing."""
+    total = 0.0
+    for op in M.ops_for_path(ops, path):
+        variant = op.p.get("variant")
+        if variant is not None:
+            m = meas.get((op.key, "upstream" if variant == "upstream" else "ours"))
+        else:
+            mine = meas.get((op.key, "ours"))
+            use_ours = path == "patched" and mine is not None and mine.error is None and mine.ok
+            m = mine if use_ours else meas.get((op.key, "upstream"))
+        total += op.count * (m.kernels if m is not None else float("nan"))
+    return total
 
 
 def all_ok(meas: Dict[Tuple[str, str], Measurement]) -> bool:

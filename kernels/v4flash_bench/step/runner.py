@@ -8,7 +8,7 @@ measurement each. Repetitions are capped by count and by time.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -22,7 +22,7 @@ __all__ = ["Measurement", "all_ok", "impls_for", "path_times", "to_json", "measu
 
 
 def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
-    base = {"key": op.key, "impl": impl, "name": op.name}
+    base: Dict[str, Any] = {"key": op.key, "impl": impl, "name": op.name}
     try:
         prep = O.build(op, impl, l2, seed)
     except Unavailable as exc:
@@ -37,9 +37,10 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
             return Measurement(**base, us=float("nan"), calls_per_replay=prep.calls, reps=0, ok=False,
                                rel_err=chk.rel_err, detail=chk.detail, source=prep.source,
                                error=f"MISMATCH vs reference: rel err {chk.rel_err:.3e} {chk.detail}")
+        kernels = count_kernels(prep)
         us, reps = time_replay(prep.run, prep.calls)
         return Measurement(**base, us=us, calls_per_replay=prep.calls, reps=reps, ok=True, rel_err=chk.rel_err,
-                           detail=chk.detail, source=prep.source)
+                           detail=chk.detail, source=prep.source, kernels=kernels)
     except Exception as exc:  # reported per op; the run goes on and exits non-zero
         return Measurement(**base, us=float("nan"), calls_per_replay=0, reps=0, ok=False, rel_err=float("nan"),
                            detail="", source=prep.source, error=f"{type(exc).__name__}: {exc}")
@@ -48,6 +49,17 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+
+
+def count_kernels(prep) -> float:
+    """Kernel nodes per call: one capture of `run()` (its `calls` calls), counted (NaN where this torch
+    cannot keep a captured graph: the counts are then missing, never guessed)."""
+    from v4flash_kernels.kit.graphnodes import kernels_in
+
+    try:
+        return kernels_in(prep.run).kernels / prep.calls
+    except Exception:
+        return float("nan")
 
 
 def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, str], Measurement]:

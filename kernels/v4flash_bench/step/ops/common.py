@@ -43,10 +43,21 @@ class Check:
 
 @dataclass
 class Prepared:
+    """`run()` makes `calls` calls, one per rotated input set; `one(i)` makes call i alone (input set
+    i mod `calls`), so the step graph can put one call of every op of a layer in order. Builders
+    with one input set (calls = 1) leave `one` None: the call is `run()`."""
+
     run: Callable[[], None]
     calls: int
     check: Callable[[], Check]
     source: str
+    one: Callable[[int], None] | None = None
+
+    def call(self, i: int) -> None:
+        if self.one is None:
+            self.run()
+        else:
+            self.one(i)
 
 
 class Unavailable(Exception):

@@ -121,6 +121,9 @@ def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         for fn, scale, base in params:
             call(fn, scale, base)
 
+    def one(i: int) -> None:
+        call(*params[i % len(params)])
+
     def check() -> Check:
         cur, post, comb, y = call(fn0, scale0, base0)
         C.sync()
@@ -130,7 +133,7 @@ def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
                 rel_err(comb.reshape(rc.shape), rc))
         return C.check_of(max(errs), "streams {:.1e}, y {:.1e}, post {:.1e}, comb {:.1e}".format(*errs))
 
-    return Prepared(run, r, check, why)
+    return Prepared(run, r, check, why, one)
 
 
 def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -158,10 +161,14 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     post_in, comb_in = post_ref.float(), comb_ref.float()
     sub = C.randn((rows, M.HIDDEN), g)
 
+    one = None
     if kind == "pre":
         def run() -> None:
             for fn, scale, base in params:
                 fn_impl(layer, x, fn, scale, base)
+
+        def one(i: int) -> None:
+            fn_impl(layer, x, *params[i % len(params)])
 
         def check() -> Check:
             y, post, comb, _ = fn_impl(layer, x, fn0, scale0, base0)
@@ -178,4 +185,4 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             C.sync()
             return C.check_of(rel_err(out, mhc_post_ref(sub, x, post_in, comb_in)))
 
-    return Prepared(run, r, check, src)
+    return Prepared(run, r, check, src, one)
