@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from v4flash_pd.config.flagwords import meant
@@ -63,13 +64,26 @@ def flag(value: Any, key: str) -> bool:
     return bool(want(value, bool, key, "true or false"))
 
 
-def integer(what: str, minimum: int) -> Check:
-    def check(value: Any, key: str) -> int:
-        want(value, int, key, what)
-        if value < minimum:
-            raise BadValue(f"config key {key} = {value} must be >= {minimum}", key, what)
+@dataclass(frozen=True)
+class Integer:
+    """An integer in [low, high] (high None: unbounded). The range is declared here once: a key's flag
+    takes it too (`cli/options.py`), so `--set`, a config file and the flag refuse the same values."""
+
+    what: str
+    low: int
+    high: int | None = None
+
+    def __call__(self, value: Any, key: str) -> int:
+        want(value, int, key, self.what)
+        if value < self.low:
+            raise BadValue(f"config key {key} = {value} must be >= {self.low}", key, self.what)
+        if self.high is not None and value > self.high:
+            raise BadValue(f"config key {key} = {value} must be <= {self.high}", key, self.what)
         return int(value)
-    return check
+
+
+def integer(what: str, minimum: int, maximum: int | None = None) -> Integer:
+    return Integer(what, minimum, maximum)
 
 
 def seconds(strict: bool) -> Check:
