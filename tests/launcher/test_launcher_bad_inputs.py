@@ -71,6 +71,9 @@ CASES: list[tuple[str, Callable[[Path], list[str]], list[str], bool]] = [
     ("topology-numa-node-not-integer", lambda t: ["plan", "--topology", write(t, "t.json", json.dumps(
         {"gpus": [{"index": i, "numa_node": 0.5} for i in range(8)], "nodes": []}))],
      ["numa_node must be an integer", "0.5"], False),
+    ("topology-negative-memory", lambda t: ["plan", "--topology", write(t, "t.json", json.dumps(
+        {"gpus": [{"index": i, "numa_node": i // 4, "memory_mib": -97887} for i in range(8)], "nodes": []}))],
+     ["gpus[0].memory_mib must be >= 0", "-97887"], False),
     ("roles-not-a-list", lambda t: ["plan", "--topology", T8, "--config", write(t, "c.toml", "prefill = 3\n")],
      ["prefill", "list of tables"], False),
     ("set-below-a-scalar", lambda t: ["plan", "--topology", T8, "--set", "router.port.x=1"],
