@@ -25,6 +25,7 @@ from v4flash_pd.doctor.rehearsal import relax
 from v4flash_pd.errors import UserError
 from v4flash_pd.plan import Plan, PlanWarning, WarningCode
 from v4flash_pd.selfcheck.rows import doctor_rows
+from v4flash_pd.topology import probe as probe_topology
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
 COVERED: dict[WarningCode, str] = {
@@ -96,8 +97,9 @@ def command(opts: Options, how: RunOptions, only: str, as_json: bool, gpu_selfch
             checks = run_checks(inp, only=chosen)
         if not families:
             checks = (plan_row(plan.warnings), exposure_row(plan)) + checks
-        if gpu_selfcheck:
-            checks += doctor_rows(plan)
+        if gpu_selfcheck:  # it runs on this machine's GPUs, whatever --topology describes
+            here = host.topology if opts.topology_file is None else probe_topology()
+            checks += doctor_rows(plan, visible=[g.index for g in here.gpus])
     if as_json:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:
