@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from v4flash_kernels.hook.patches import SWITCHES
 from v4flash_pd.config.flagwords import meant
 from v4flash_pd.errors import UserError
 
@@ -34,6 +35,8 @@ _RESERVED_ENV_PREFIXES = ("LD_", "LC_", "PYTHON", "CUDA_", "NCCL_", "UCX_", "HF_
                           "TRANSFORMERS_", "TORCH", "TRITON_", "NVIDIA_", "SLURM_", "KUBERNETES_", "DYLD_",
                           "MALLOC_", "GLIBC_", "BASH_FUNC_")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The kernel switches' variables (V4FLASH_<PATCH>): the plan writes them from [patches], never an env table.
+_SWITCH_OF_ENV = {sw.env: sw for sw in SWITCHES}
 
 
 class BadValue(UserError):
@@ -207,6 +210,13 @@ def env_table(value: Any, key: str) -> tuple[tuple[str, str], ...]:
         if "\0" in str(val):
             raise UserError(f"env value {key}.{name} contains a NUL byte",
                             "remove it: the kernel cannot pass it to a process")
+        sw = _SWITCH_OF_ENV.get(str(name))
+        if sw is not None:
+            raise UserError(f"{key} sets {name}, the {sw.name} kernel switch: the launcher sets it on every worker "
+                            "from [patches] (and runs no kernel in the router), so this value would be overridden or "
+                            "ignored without a word",
+                            f"remove {name} from {key} and use {sw.flag} off (or --set patches.{sw.name}=false, "
+                            f"[patches] {sw.name} = false in a config file)")
         out.append((env_name(str(name), key), str(val)))
     return tuple(out)
 
