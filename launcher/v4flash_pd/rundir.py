@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from v4flash_pd.errors import UserError
-from v4flash_pd.procgroup import Identity, parse_pid_file
+from v4flash_pd.procgroup import Identity, Signaller, parse_pid_file
 from v4flash_pd.textfile import read_json_record, read_record
 
 
@@ -186,6 +186,33 @@ class RunDir:
             else:
                 procs[f.stem] = ident
         return procs, launcher, (f"{problem}; used the .pid files" if problem else ".pid files")
+
+    def live_ports(self) -> set[int]:
+        """The ports this run's processes listen on while they are alive (by their recorded identity, so a
+        reused pid is not this run's): what `doctor` beside a running run tells apart from a stranger's."""
+        try:
+            plan = self.read_json("plan.json")
+        except (OSError, ValueError):
+            return set()
+        procs = plan.get("processes") if isinstance(plan, dict) else None
+        if not isinstance(procs, list):
+            return set()
+        idents, _, _ = self.identities()
+        sig = Signaller()
+        held: set[int] = set()
+        for p in procs:
+            name = p.get("name") if isinstance(p, dict) else None
+            ident = idents.get(name) if isinstance(name, str) else None
+            if ident is not None and sig.alive(ident):
+                held |= {u["port"] for u in p.get("ports") or [] if isinstance(u, dict) and isinstance(u.get("port"), int)}
+        return held
+
+    def is_rehearsal(self) -> bool:
+        try:
+            plan = self.read_json("plan.json")
+        except (OSError, ValueError):
+            return False
+        return isinstance(plan, dict) and plan.get("rehearse") is True
 
     def set_state(self, **fields: Any) -> None:
         st = self.state()
