@@ -44,3 +44,10 @@ def test_make_clean_removes_the_cache_and_says_so() -> None:
     assert {".venv", ".venv-demo", ".cache", "runs", "build", "dist"} <= removed, dry
     help_line = next(line for line in make("help").splitlines() if line.startswith("clean "))
     assert ".cache" in help_line and ".venv" in help_line, help_line
+
+
+def test_the_readmes_developer_targets_are_the_makefiles() -> None:
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("Developer targets: "))
+    listed = re.search(r"`make ([a-z -]+)`", line)
+    assert listed is not None, line
+    assert sorted(listed.group(1).split()) == sorted(t for t in declared_targets() if t != "help"), line
