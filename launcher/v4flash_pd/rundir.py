@@ -241,12 +241,9 @@ class RunDir:
         for p in sorted((self.path / "patch").glob("patch-*.json")):
             try:
                 data = self.read_json(str(p.relative_to(self.path)))
-            except OSError as exc:
-                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {},
-                            "error": f"unreadable: {exc.strerror or exc}"})
-                continue
-            except ValueError as exc:
-                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {}, "error": f"unreadable: {exc}"})
+            except (OSError, ValueError) as exc:
+                why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {}, "error": "unreadable", "why": why})
                 continue
             rec = normalize_patch_status(data)
             if rec["pid"] is None:

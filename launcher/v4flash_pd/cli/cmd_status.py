@@ -156,7 +156,8 @@ def command(run_dir: Path | None, as_json: bool) -> None:
     for rec in info["kernel_patch"]:
         who = f"{rec.get('worker') or '?'} pid {rec.get('pid')}"
         if rec.get("error"):
-            say(f"  kernel patches {who}: {rec['error']} ({rec.get('file')})")
+            say(f"  kernel patches {who}: {rec['error']} ({rec.get('file')}" + (f": {rec['why']})" if rec.get("why")
+                                                                                 else ")"))
         for name, p in sorted(rec.get("patches", {}).items()):
             say(f"  kernel patch {name:<14} {who}: {'active' if p.get('active') else 'inactive'}"
                 + (f" ({p['reason']})" if p.get("reason") else ""))
