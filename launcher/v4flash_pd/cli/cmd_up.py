@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -59,6 +60,10 @@ def check_writable(run: RunDir) -> None:
         probe.write_text("ok\n")
         probe.unlink()
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise UserError(f"cannot write the run dir {run.path}: {exc.strerror}; nothing was started",
+                            f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
+                            "filesystem") from None
         raise UserError(f"run dir {run.path} is not writable: {exc.strerror or exc}",
                         "pass a writable --run-dir, or set V4FLASH_RUNS_ROOT to a writable directory") from None
 
