@@ -5,6 +5,7 @@ facts, and by hand; then what `plan`, `up` and `doctor` do with it."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -114,6 +115,44 @@ def test_error_fix_names_a_fraction_that_fits() -> None:
     # the smallest fraction (in hundredths) whose pool holds one request at the context length
     assert M.fit("decode-1", "decode", 1, 2, 97887, 0.93, 131072, False).kv_tokens >= 131072
     assert M.fit("decode-1", "decode", 1, 2, 97887, 0.92, 131072, False).kv_tokens < 131072
+
+
+CARDS_MIB = (900, 24576, 49152, 97887, 143771)  # a card too small for its own runtime up to an H200
+
+
+@pytest.mark.parametrize("card", CARDS_MIB)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("ctx", [None, 131072, 1048576])
+def test_a_suggested_fraction_is_below_1_above_0_and_works(card: int, tp: int, ctx: int | None) -> None:
+    """Whatever the card, TP and context, a fix names only a mem_fraction_static SGLang takes, and one
+    that fixes what was found (the pool then holds the weights, and one request at the context length)."""
+    for frac in (0.5, 0.7, 0.94):
+        for spec in (False, True):
+            f = M.fit("decode-0", "decode", 0, tp, card, frac, ctx, spec)
+            assert f.status == "ok" or f.fix, f
+            for value in re.findall(r"mem_fraction_static=(\S+)", f.fix):
+                suggested = float(value)
+                assert 0 < suggested < 1, (card, tp, ctx, frac, spec, f.fix)
+                again = M.fit("decode-0", "decode", 0, tp, card, suggested, ctx, spec)
+                assert again.kv_gib > 0 and (again.status != "error"), (f.fix, again.finding)
+                if "and a shorter engine.context_length" not in f.fix:
+                    assert again.kv_tokens >= (ctx or 0), (f.fix, again.finding)
+            for value in re.findall(r"context_length=(\d+)", f.fix):
+                assert 0 < int(value) < (ctx or 0), f.fix
+
+
+def test_weights_that_fit_no_fraction_get_a_fix_that_is_not_a_fraction() -> None:
+    f = M.fit("server-0", "server", 0, 1, 97887, 0.7, None, False)  # TP1: ~170 GiB of weights on a 96 GiB card
+    assert f.status == "error" and "mem_fraction_static=" not in f.fix
+    assert "larger TP" in f.fix and "larger card" in f.fix
+    tiny = M.fit("d", "decode", 0, 4, 900, 0.7, None, False)  # less memory than the runtime takes
+    assert tiny.status == "error" and "mem_fraction_static=" not in tiny.fix, tiny.fix
+
+
+def test_a_context_no_fraction_holds_is_fixed_by_a_shorter_context() -> None:
+    f = M.fit("decode-0", "decode", 0, 2, 97887, 0.94, 1048576, True)
+    assert f.status == "warn" and "less than one request" in f.finding
+    assert "mem_fraction_static=" not in f.fix and f"--set engine.context_length={f.kv_tokens} " in f.fix
 
 
 def test_card_from_topology_or_assumed() -> None:

@@ -126,6 +126,10 @@ REFUSED = [
      "SGLANG_OPT_USE_ONLINE_COMPRESS"),
     (("--mtp", "3", "--set", "decode.0.env.SGLANG_OPT_USE_ONLINE_COMPRESS=true"), "decode.0.env sets",
      "remove SGLANG_OPT_USE_ONLINE_COMPRESS"),
+    (("--mtp", "65"), "65", "--mtp"),
+    # the same bound as --mtp through --set, V4FLASH_SET and a config file (one declaration, keys.py)
+    (("--set", "speculative.num_steps=65"), "speculative.num_steps = 65 must be <= 64", "speculative.num_steps="),
+    (("--set", "speculative.num_steps=100000"), "must be <= 64", "speculative.num_steps="),
 ]
 
 
@@ -163,3 +167,14 @@ def test_refusals_name_the_layer_they_came_from() -> None:
 def test_json_plan_roundtrips_the_table(plan_json) -> None:
     plan = plan_json("--topology", T8, "--mtp", "3")
     assert json.loads(json.dumps(plan["config"]["speculative"]))["num_steps"] == 3
+
+
+def test_a_config_file_and_v4flash_set_take_the_bound_of_mtp(cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[speculative]\nnum_steps = 65\n")
+    for res in (cli("plan", "--topology", T8, "--config", str(cfg)),
+                cli("plan", "--topology", T8, extra_env={"V4FLASH_SET": "speculative.num_steps=65"})):
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith("error: config key speculative.num_steps = 65 must be <= 64"), res.stderr
+        assert "fix: " in res.stderr
+    assert cli("plan", "--topology", T8, "--set", "speculative.num_steps=64").returncode == 0
