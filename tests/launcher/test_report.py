@@ -92,6 +92,9 @@ def test_rehearsal_report_is_complete_marked_and_secret_free(box):
     md = (out / "README.md").read_text()
     assert md.index("> **REHEARSAL.**") < md.index("## Summary") < md.index("## End to end")
     assert "| end to end, c=1, output tok/s | patches on " in md and "*(stand-in)*" in md
+    # speculative decoding is on by default: the accept length the bench measured, per level
+    accept = next(ln for ln in md.splitlines() if ln.startswith("| MTP accept length"))
+    assert "c=1: " in accept and "c=64: " in accept and "*(stand-in)*" in accept
     e2e_rows = [ln for ln in md.splitlines() if ln.startswith("| on |") or ln.startswith("| off")]
     assert len(e2e_rows) == len(names) + 2 and all(ln.count("*(stand-in)*") >= 5 for ln in e2e_rows)
     # the tarball has the same files, and nothing anywhere holds a secret
