@@ -87,5 +87,5 @@ lint: venv ## ruff (the whole tree) + mypy (launcher --strict, kernels), hadolin
 	@if command -v nix-instantiate >/dev/null; then nix-instantiate --parse flake.nix >/dev/null && echo "flake.nix parses"; \
 	 else echo "nix-instantiate not installed: flake.nix not parsed"; fi
 
-clean:
-	rm -rf $(VENV) $(DEMO_VENV) build dist *.egg-info runs
+clean: ## remove .venv, .venv-demo, .cache (the pinned sglang wheel and its builds, ~0.5-1.5 GB), build outputs and runs/
+	rm -rf $(VENV) $(DEMO_VENV) .cache build dist *.egg-info runs

@@ -1,4 +1,4 @@
-"""Experiment-only kernels and launches for the small-M sweep (`bench --sweep`); none of this ships.
+"""Experiment-only kernels and launches for the small-M sweep (`python -m v4flash_bench.fp8_sweep`); none of this ships.
 
 Why they exist: the sweep measures the design space around the shipped kernels on the GPU before
 the plan table changes: the data picks, and only then does a candidate move into `kernel.py`/`op.py`

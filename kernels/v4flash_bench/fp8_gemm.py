@@ -1,7 +1,7 @@
 """Benchmark of the block-FP8 linear: check against fp64 and upstream, then time under CUDA-graph replay.
 
     python -m v4flash_bench.fp8_gemm [--json out.json] [--md out.md] [--m 1,2,4,16,32,64,256,1024,8192]
-        [--shapes wqkv_a,...] [--sweep [--budget-s 135]] [--no-upstream]
+        [--shapes wqkv_a,...] [--no-upstream]
 
 Shapes are DeepSeek-V4-Flash's six block-FP8 linears at TP4 (N x K; the indexer's wq_b has the
 attention wq_b's shape and shares its measurement). Per (shape, M) it draws bf16 activations and
@@ -18,7 +18,7 @@ call, GB/s and TFLOP/s, % of the H200 bytes floor (measured copy bandwidth) and 
 floor (1.792 TB/s) beside them. Upstream is the baseline: always timed, its error against the
 reference reported (`excess`, `within_bound`) but never a reason to refuse it (its Triton quant
 rounds a few codes differently from the definition); ours is strictly checked and a failure fails the
-run. `--sweep`: the small-M design sweep of `fp8_gemm.sweep` (time-bounded by `--budget-s`).
+run. The small-M design sweep is `python -m v4flash_bench.fp8_sweep` (time-bounded by `--budget-s`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ SHAPES = (
     Shape("shared_gate_up", 1024, 4096, 43),
     Shape("shared_down", 4096, 512, 43),
 )
+SHAPE_NAMES = ",".join(s.name for s in SHAPES if s.name != "indexer_wq_b")  # the indexer's wq_b = wq_b
 
 
 # ----------------------------------------------------------------------------- one shape
@@ -81,8 +82,8 @@ ATOL_MAG = {"ours": 2.0 ** -12, "upstream": 2.0 ** -8}
 
 
 def check_one(out, x, w, ws, who: str = "ours") -> dict:
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref
-    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.fp8_gemm.reference import linear_ref
+    from v4flash_kernels.kit.compare import excess_error, rel_err
 
     ref, mag = linear_ref(x, w, ws)
     ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(who, ATOL_MAG["ours"]))
@@ -198,7 +199,7 @@ def format_markdown(rows: List[dict], ms: List[int]) -> str:
     return "\n".join(lines)
 
 
-def _copy_bandwidth() -> Tuple[float, str]:
+def copy_bandwidth_or_fallback() -> Tuple[float, str]:
     try:
         from v4flash_kernels.kit.measure import copy_bandwidth
 
@@ -222,13 +223,9 @@ def process_start() -> float:
 
 
 def main(argv: List[str] | None = None) -> int:
-    t_start = process_start()
     ap = argparse.ArgumentParser(prog="python -m v4flash_bench.fp8_gemm", description=__doc__.split("\n")[0])
-    ap.add_argument("--m", default=None, help=f"default {','.join(str(m) for m in M_LIST)} (sweep: 1,64,4,16)")
-    ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES if s.name != "indexer_wq_b"))
-    ap.add_argument("--sweep", action="store_true", help="the small-M design sweep (fp8_gemm.sweep) instead")
-    ap.add_argument("--budget-s", type=float, default=135.0,
-                    help="sweep: stop cleanly this many seconds after the process started")
+    ap.add_argument("--m", default=None, help=f"default {','.join(str(m) for m in M_LIST)}")
+    ap.add_argument("--shapes", default=SHAPE_NAMES)
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="also write the markdown table (for kernels/BENCH.md)")
@@ -241,18 +238,12 @@ def main(argv: List[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("fp8_gemm.bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    args.m_given = args.m is not None
-    if args.sweep:
-        import v4flash_bench.fp8_sweep as sweep
-
-        return sweep.main(args, t_start)
-
     up = None if args.no_upstream else upstream_fp8_linear()
     shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
     ms = [int(x) for x in (args.m or ",".join(str(m) for m in M_LIST)).split(",")]
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    bw, bw_src = _copy_bandwidth()
+    bw, bw_src = copy_bandwidth_or_fallback()
     props = torch.cuda.get_device_properties(0)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
             "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,

@@ -1,6 +1,6 @@
-"""The time-bounded small-M design sweep behind `python -m v4flash_bench.fp8_gemm --sweep`.
+"""The time-bounded small-M design sweep of the block-FP8 linear, over `fp8_candidates`.
 
-    python -m v4flash_bench.fp8_gemm --sweep [--json X] [--budget-s 135] [--m 1,64,4,16] [--shapes ...]
+    python -m v4flash_bench.fp8_sweep [--json X] [--budget-s 135] [--m 1,64,4,16] [--shapes ...] [--no-upstream]
 
 Per (M, shape), M in priority order (1, 64, 4, 16: the B=1 step first), it times under the main
 bench's method (CUDA graph of `r` calls, weights rotated past 3x L2, L2 flushed between replays):
@@ -17,11 +17,14 @@ measured and says what it skipped (`meta.skipped`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
 import time
 from typing import Callable, Dict, List, Tuple
+
+import v4flash_bench.fp8_gemm as bench
 
 SWEEP_M = (1, 64, 4, 16)
 MARGIN_S = 4.0  # stop when less than this is left: one more compile + timing could overrun
@@ -52,24 +55,23 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
     import torch
 
     import v4flash_bench.fp8_candidates as cand
-    from v4flash_bench.fp8_gemm import ATOL_MAG, BW_RTX6000, bytes_moved, rotations
     from v4flash_kernels.fp8_gemm import op
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
-    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error, rel_err
     from v4flash_kernels.kit.device import num_sms
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, k = shape.n, shape.k
     sms = num_sms(torch.device("cuda"))
-    nbytes = bytes_moved(m, n, k)
-    r = rotations(n * k + m * k * 2, l2)
+    nbytes = bench.bytes_moved(m, n, k)
+    r = bench.rotations(n * k + m * k * 2, l2)
     x = make_activation(m, k, g, device="cuda")
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
     ref, mag = linear_ref(x, *ws[0])
     floor = nbytes / bw * 1e6
     variants: Dict[str, dict] = {}
     row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
-           "rotations": r, "floor_h200_us": floor, "floor_rtx6000_us": nbytes / BW_RTX6000 * 1e6,
+           "rotations": r, "floor_h200_us": floor, "floor_rtx6000_us": nbytes / bench.BW_RTX6000 * 1e6,
            "plan": op.plan(m, n, k, sms).name, "variants": variants, "cut": False}
 
     todo: List[Tuple[str, Callable, str]] = []
@@ -93,7 +95,7 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
             out = fn(x, *ws[0])
             torch.cuda.synchronize()
             if kind != "calibration":
-                ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=ATOL_MAG.get(kind, ATOL_MAG["ours"]))
+                ex = excess_error(out, ref, mag, rtol=2.0 ** -7, atol_mag=bench.ATOL_MAG.get(kind, bench.ATOL_MAG["ours"]))
                 res.update(excess=ex, rel_err=rel_err(out, ref))
                 if kind == "upstream":
                     res["within_bound"] = bool(ex <= 1.0)  # reported, not a verdict: the baseline is always timed
@@ -159,21 +161,34 @@ def step_table(rows: List[dict], shapes) -> str:
     return "\n".join(lines)
 
 
-def main(args, t_start: float) -> int:
+def main(argv: List[str] | None = None) -> int:
+    t_start = bench.process_start()
+    ap = argparse.ArgumentParser(prog="python -m v4flash_bench.fp8_sweep", description=__doc__.split("\n")[0])
+    ap.add_argument("--m", default=",".join(str(m) for m in SWEEP_M), help="row counts, in priority order")
+    ap.add_argument("--shapes", default=bench.SHAPE_NAMES)
+    ap.add_argument("--budget-s", type=float, default=135.0,
+                    help="stop cleanly this many seconds after the process started")
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs each run")
+    args = ap.parse_args(argv)
+
     import torch
     import triton
 
-    import v4flash_bench.fp8_gemm as bench
     from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
     from v4flash_kernels.provenance import measured_commit
 
+    if not torch.cuda.is_available():
+        print("fp8_sweep needs a CUDA GPU", file=sys.stderr)
+        return 2
     deadline = t_start + args.budget_s - MARGIN_S
     up = None if args.no_upstream else upstream_fp8_linear()
     shapes = [s for s in bench.SHAPES if s.name in args.shapes.split(",")]
-    ms = [int(x) for x in args.m.split(",")] if args.m_given else list(SWEEP_M)
+    ms = [int(x) for x in args.m.split(",")]
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     props = torch.cuda.get_device_properties(0)
-    bw, bw_src = bench._copy_bandwidth()
+    bw, bw_src = bench.copy_bandwidth_or_fallback()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
             "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
             "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "bw_h200": bw, "bw_source": bw_src,
@@ -215,3 +230,7 @@ def main(args, t_start: float) -> int:
         print(f"FATAL: {fatal}")
     dump(False)
     return 1 if fatal or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

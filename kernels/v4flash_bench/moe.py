@@ -17,7 +17,7 @@ before each replay, median / copies); larger sizes the same way without a graph.
 M=256 on is timed with one call (~40-620 ms each).
 
 Variants: `v1` = `op.mxfp4_moe_forward` on the loader's fp32 scales (what the `moe` patch runs
-without the repack), `v2` = `op_v2.moe_forward_repacked` on the repacked experts (what a repacked
+without the repack), `v2` = `repacked_op.moe_forward_repacked` on the repacked experts (what a repacked
 layer runs), `upstream` = the pinned `mxfp4_moe_forward_triton` from the sglang wheel.
 
 `--quick` instead sweeps candidate v2 plans (one GEMM varied at a time around the planner's) and,
@@ -134,10 +134,10 @@ def v1_fn(plan=None) -> Callable:
 
 def v2_fn(plan=None) -> Callable:
     """`fn(out=None, **call)` running the repacked-experts forward (planner's plan, or `plan`)."""
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     def call(out=None, **kw):
-        return op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+        return repacked_op.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                                   kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
     return call
 
@@ -156,7 +156,7 @@ def default_variants(shape: Shape, upstream) -> Dict[str, Callable]:
 
 
 def _mma(bt, bn, bk, w, s, sk=1):
-    from v4flash_kernels.moe.op_v2 import MmaConfig
+    from v4flash_kernels.moe.repacked_op import MmaConfig
 
     return MmaConfig(bt, bn, bk, w, s, sk)
 
@@ -164,12 +164,12 @@ def _mma(bt, bn, bk, w, s, sk=1):
 def v2_candidates(shape: Shape) -> Dict[str, Any]:
     """Plans to sweep at this size: one GEMM varied at a time around the planner's plan."""
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     inter = INTER[shape.tp]
-    base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    base = repacked_op.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
     plans: List[Any] = [base]
-    if isinstance(base, op_v2.PlanV2):
+    if isinstance(base, repacked_op.PlanV2):
         t = base.gemm1.block_t
         g1s = [_mma(t, 64, 256, 4, 3), _mma(t, 64, 128, 4, 4), _mma(t, 64, 512, 4, 2), _mma(t, 32, 256, 2, 4),
                _mma(t, 128, 256, 8, 3), _mma(t, 64, 256, 4, 4)]
@@ -185,13 +185,13 @@ def v2_candidates(shape: Shape) -> Dict[str, Any]:
             if shape.tokens >= 256:
                 g1s += [_mma(32, 64, 256, 4, 3)]
                 g2s += [_mma(32, 64, 256, 4, 3)]
-        plans += [op_v2.PlanV2(base.inline, g, base.gemm2) for g in g1s]
-        plans += [op_v2.PlanV2(base.inline, base.gemm1, g) for g in g2s]
+        plans += [repacked_op.PlanV2(base.inline, g, base.gemm2) for g in g1s]
+        plans += [repacked_op.PlanV2(base.inline, base.gemm1, g) for g in g2s]
         if not base.inline and shape.tokens >= 128:
             plans.append(v1.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter))  # v1 tiles, fast scales
     else:  # a v1 plan (fast scales): the v2 tiles with the most tokens per MMA against it
         for t in (16, 32):
-            plans.append(op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)))
+            plans.append(repacked_op.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)))
     out: Dict[str, Any] = {}
     for p in plans:
         out.setdefault(p.name, p)
@@ -227,29 +227,30 @@ def sweep_variants(shape: Shape) -> Dict[str, Callable]:
 
 def prefill_candidates(shape: Shape) -> Dict[str, Any]:
     """Plans on the repacked experts at a prefill size, the planner's first: v1's row-block GEMM on the
-    PAIR_SPLIT words around `op_v2.prefill_plan` (GEMM1 tiles of half to twice its rows and a 4-warp
+    PAIR_SPLIT words around `repacked_op.prefill_plan` (GEMM1 tiles of half to twice its rows and a 4-warp
     128-row tile, GEMM2 tiles of 64 and 128 rows, each in both operand orders, the other GEMM kept),
     plus the v2 plans with 16- and 32-token tiles up to M=1024."""
     from dataclasses import replace
 
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     inter = INTER[shape.tp]
-    base = op_v2.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
-    pf = op_v2.prefill_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    base = repacked_op.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
+    pf = repacked_op.prefill_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, inter)
     plans: List[Any] = [base, pf]
     bm = pf.gemm1.block_m
-    g1s = [c for c in (op_v2.PF_G1_SMALL, op_v2.PF_G1, op_v2.PF_G1_LARGE) if bm // 2 <= c.block_m <= 2 * bm]
+    g1s = [c for c in (repacked_op.PF_G1_SMALL, repacked_op.PF_G1, repacked_op.PF_G1_LARGE)
+           if bm // 2 <= c.block_m <= 2 * bm]
     if bm >= 64:
         g1s.append(v1.GemmConfig(128, 32, 64, 4, 3, mode=1))  # 4 warps: several programs per SM
-    g2s = [op_v2.PF_G2, v1.GemmConfig(128, 64, 64, 8, 3, mode=1)]
+    g2s = [repacked_op.PF_G2, v1.GemmConfig(128, 64, 64, 8, 3, mode=1)]
     plans.append(v1.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode)))
     for mode in (1, 0):
         plans += [v1.Plan(False, replace(g, mode=mode), pf.gemm2) for g in g1s]
         plans += [v1.Plan(False, pf.gemm1, replace(g, mode=mode)) for g in g2s]
     if shape.tokens <= 1024:
-        plans += [op_v2.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)) for t in (16, 32)]
+        plans += [repacked_op.PlanV2(False, _mma(t, 64, 256, 4, 3), _mma(t, 64, 256, 4, 3)) for t in (16, 32)]
     out: Dict[str, Any] = {}
     for p in plans:
         out.setdefault(p.name, p)
@@ -490,13 +491,13 @@ def prewarm(shapes: List[Shape], quick: Any, procs: int) -> None:
     import multiprocessing as mp
 
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     jobs, seen = [], set()
     for sh in shapes:
         names = _variants(sh, quick, None)
         v1_plan = v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
-        v2_plan = op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
+        v2_plan = repacked_op.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
         plans = {"v1": v1_plan, "v2": v2_plan, V1_BASELINE: v1_plan, PLANNER: v2_plan,
                  LOADER_FAST: "fast/" + v1_plan}
         for name in names:
@@ -538,7 +539,7 @@ def main(argv: List[str] | None = None) -> int:
         print("moe.bench needs a CUDA GPU", file=sys.stderr)
         return 2
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     def ints(s: str) -> List[int]:
         return [int(x) for x in s.split(",") if x]
@@ -570,7 +571,7 @@ def main(argv: List[str] | None = None) -> int:
         variants = _variants(sh, quick, upstream)
         r = run_shape(sh, weights[sh.tp], variants, seed + 1 + i, breakdown=args.quick or args.breakdown)
         r["plan_v1"] = v1.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
-        r["plan_v2"] = op_v2.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
+        r["plan_v2"] = repacked_op.make_plan(sh.tokens, TOPK, EXPERTS, HIDDEN, INTER[sh.tp]).name
         rows.append(r)
         if args.json:
             with open(args.json, "w") as f:

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
+from v4flash_pd.rehearsal import STANDIN_LABEL, is_standin_reply
 from v4flash_pd.table import Progress, format_table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -82,6 +83,7 @@ class RequestResult:
     latency_s: float = 0.0
     error: str = ""
     spec_verify_ct: int | None = None  # verify steps, where the server decodes speculatively
+    standin: bool = False  # the rehearsal's stand-in engine answered (meta_info "rehearsal": true)
 
 
 def timings_from_events(start: float, events: Sequence[tuple[float, int]], end: float) -> RequestResult:
@@ -156,6 +158,7 @@ class LevelStats:
     # The served accept length: tokens per verify step over the level's speculative requests (SGLang's
     # per-request spec_accept_length = completion_tokens / spec_verify_ct, pooled); None without speculation.
     accept_length: float | None = None
+    standin: bool = False  # every number above came from the rehearsal's stand-in engines
 
 
 def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: float) -> LevelStats:
@@ -184,6 +187,7 @@ def summarize(concurrency: int, results: Sequence[RequestResult], duration_s: fl
         latency_ms=Dist.of_seconds([r.latency_s for r in ok]),
         error_samples=tuple(samples[:3]),
         accept_length=sum(r.output_tokens for r in spec) / verifies if verifies else None,
+        standin=any(r.standin for r in ok),
     )
 
 
@@ -236,6 +240,8 @@ def render_table(levels: Iterable[LevelStats]) -> str:
     for s in levels:
         for e in s.error_samples:
             out += f"\n  c={s.concurrency} error: {e}"
+    if any(s.standin for s in levels):
+        out += f"\n{STANDIN_LABEL} these times are the launcher's path to a stand-in, not a GPU box's"
     return out
 
 
@@ -265,6 +271,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
     start = clock()
     events: list[tuple[float, int]] = []
     verify: int | None = None
+    standin = False
     conn = conn_cls(host, port, timeout=timeout)
     try:
         conn.request("POST", base + "/generate", body=body,
@@ -295,6 +302,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
             if n is not None:
                 events.append((now, n))
             verify = spec_verify_ct(ev) or verify
+            standin = standin or is_standin_reply(ev.get("meta_info"))
         end = clock()
     except (OSError, http.client.HTTPException) as exc:
         return RequestResult(ok=False, latency_s=clock() - start, error=f"{type(exc).__name__}: {exc}")
@@ -303,7 +311,7 @@ def stream_generate(url: str, payload: dict[str, Any], timeout: float = 600.0,
     result = timings_from_events(start, events, end)
     if result.ok and not done:
         return RequestResult(ok=False, latency_s=end - start, error="stream ended without [DONE]")
-    return replace(result, spec_verify_ct=verify) if verify else result
+    return replace(result, spec_verify_ct=verify, standin=standin)
 
 
 def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: int,
@@ -318,8 +326,11 @@ def run_level(url: str, concurrency: int, prompts: Sequence[str], output_len: in
         return r
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
         results = list(pool.map(one, prompts))
+    finally:  # interrupted (the report stopping): drop the queued requests rather than send them all first
+        pool.shutdown(wait=False, cancel_futures=True)
     duration = time.perf_counter() - t0
     if progress is not None:
         progress.close()
@@ -348,8 +359,12 @@ class BenchReport:
     meta: dict[str, Any]
     levels: tuple[LevelStats, ...]
 
+    @property
+    def standin(self) -> bool:
+        return any(s.standin for s in self.levels)
+
     def to_dict(self) -> dict[str, Any]:
-        return report_dict(self.meta, self.levels)
+        return report_dict({**self.meta, "standin": self.standin}, self.levels)
 
 
 def run_bench(spec: BenchSpec, progress_stream: TextIO | None = None) -> BenchReport:

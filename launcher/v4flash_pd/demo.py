@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from v4flash_pd.httpclient import request
@@ -21,8 +22,18 @@ from v4flash_pd.httpclient import request
 HINT_SET = re.compile(r"--set [A-Za-z0-9_.]+=\S+")
 
 
+def cli() -> str:
+    """The CLI as this shell reaches it: the console script next to this interpreter (`make demo`'s
+    .venv-demo/bin/v4flash-pd is on nobody's PATH), relative to the working directory when under it."""
+    script = Path(sys.executable).parent / "v4flash-pd"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m v4flash_pd"
+    rel = os.path.relpath(script)
+    return shlex.quote(str(script) if rel.startswith("..") else rel)
+
+
 def step(title: str, argv: list[str], capture_errors: bool = False) -> subprocess.CompletedProcess[str]:
-    print(f"\n$ v4flash-pd {' '.join(argv)}    # {title}", flush=True)
+    print(f"\n$ {cli()} {' '.join(argv)}    # {title}", flush=True)
     res = subprocess.run([sys.executable, "-m", "v4flash_pd", *argv], text=True, timeout=300,
                          stderr=subprocess.PIPE if capture_errors else None)
     if capture_errors and res.stderr:
@@ -75,8 +86,11 @@ def main() -> None:
         step("the decode worker's last lines", ["logs", "decode", "-n", "5"])
     finally:
         step("graceful stop: router, decode, prefill", ["down"])
+    me = cli()
     print("\ndemo OK: this is what `docker run ... v4flash-pd up` does on the GPU box, with SGLang instead of stand-ins."
-          "\nThe OpenAI API is under /v1 as well: README, \"Send a request\".")
+          "\nThe OpenAI API is under /v1 as well: README, \"Send a request\"."
+          f"\nTo keep a rehearsal running and try it yourself: {me} up --rehearse --detach, then {me} status, "
+          f"{me} logs decode, and {me} down to stop it.")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from v4flash_pd import arith
 from v4flash_pd.httpclient import request
+from v4flash_pd.rehearsal import STANDIN_LABEL, is_standin_reply
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_QUESTIONS = 50
@@ -48,6 +49,7 @@ class Graded:
     error: str = ""
     completion_tokens: int = 0
     spec_verify_ct: int = 0  # verify steps, where the server decoded speculatively
+    standin: bool = False  # the rehearsal's stand-in engine answered (meta_info "rehearsal": true)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class EvalResult:
     speculative: bool = False  # the replies carried speculative-decoding metrics
     accept_length: float | None = None  # tokens per verify step over those replies
     baseline: Baseline | None = None
+    standin: bool = False  # the rehearsal's stand-in engines answered: a PASS says nothing of a model
 
     @property
     def failures(self) -> tuple[Graded, ...]:
@@ -132,7 +135,7 @@ def score(url: str, graded: Sequence[Graded], min_accuracy: float, duration_s: f
                       accuracy=acc, min_accuracy=min_accuracy, passed=passed, duration_s=duration_s,
                       graded=tuple(graded), seed=seed, shots=shots, speculative=bool(spec),
                       accept_length=sum(g.completion_tokens for g in spec) / verifies if verifies else None,
-                      baseline=baseline)
+                      baseline=baseline, standin=any(g.standin for g in graded))
 
 
 def load_baseline(path: Path, *, questions: int, seed: int, shots: int, max_drop: float) -> Baseline:
@@ -158,7 +161,8 @@ def load_baseline(path: Path, *, questions: int, seed: int, shots: int, max_drop
 def render(result: EvalResult, show: int = 3) -> str:
     verdict = "PASS" if result.passed else "FAIL"
     lines = [f"eval {verdict}: accuracy {result.accuracy:.3f} ({result.correct}/{result.total}), "
-             f"threshold {result.min_accuracy:.3f}, errors {result.errors}, {result.duration_s:.1f}s"]
+             f"threshold {result.min_accuracy:.3f}, errors {result.errors}, {result.duration_s:.1f}s"
+             + (f"  {STANDIN_LABEL}" if result.standin else "")]
     lines.append("speculative decoding " + (f"on (served accept length {result.accept_length:.2f})"
                                              if result.speculative and result.accept_length else
                                              "off (the replies carry no verify counts)"))
@@ -245,12 +249,15 @@ def run_eval(url: str = DEFAULT_URL, questions: int = DEFAULT_QUESTIONS,
         text, err, meta = post_generate_meta(url, generate_payload(build_prompt(p, shots), max_tokens), timeout,
                                              headers)
         g = replace(grade(p, text, err), completion_tokens=_count(meta, "completion_tokens"),
-                    spec_verify_ct=_count(meta, "spec_verify_ct"))
+                    spec_verify_ct=_count(meta, "spec_verify_ct"), standin=is_standin_reply(meta))
         if on_answer is not None:
             on_answer(g)
         return g
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
         graded = list(pool.map(ask, problems))
+    finally:  # interrupted (the report stopping): drop the queued questions rather than ask them all first
+        pool.shutdown(wait=False, cancel_futures=True)
     return score(url, graded, min_accuracy, time.monotonic() - t0, seed=seed, shots=shots, baseline=baseline)

@@ -29,6 +29,7 @@ class PortState:
     host: str
     port: int
     problem: str  # '' = free now
+    instead: int = 0  # when not free: a port that is, which no role of the config uses (0: none found)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class Host:
 
     def port(self, host: str, port: int) -> str:
         return next((p.problem for p in self.ports if p.host == host and p.port == port), "")
+
+    def port_instead(self, host: str, port: int) -> int:
+        """A free port to move a busy one to (0: none found, or the port is not busy)."""
+        return next((p.instead for p in self.ports if p.host == host and p.port == port), 0)
 
 
 def planned_nodes(cfg: Config, topology: topo.Topology) -> tuple[int, ...]:
@@ -113,6 +118,24 @@ def config_hosts(cfg: Config) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _port_states(cfg: Config, unresolved: set[str]) -> tuple[PortState, ...]:
+    """Each planned port, free or why not; a busy one with a port to move it to that is free now and that
+    neither another role nor another suggestion takes (a fix must not name a busy port)."""
+    uses = cfg.port_uses()
+    taken = {u.port for u in uses}
+    states = []
+    for u in uses:
+        problem = "" if u.host in unresolved else port_problem(u.host, u.port)
+        instead = 0
+        if problem:
+            start = u.port + 1 if u.port >= 1024 else u.port + 8000  # 80 -> 8080: no privilege needed
+            instead = next((p for p in range(start, min(start + 100, 65536))
+                            if p not in taken and not port_problem(u.host, p)), 0)
+            taken.add(instead)
+        states.append(PortState(u.host, u.port, problem, instead))
+    return tuple(states)
+
+
 def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
                topology: topo.Topology | None = None) -> Host:
     """Probe this machine for everything `build_plan` needs to plan `cfg` here."""
@@ -136,8 +159,7 @@ def probe_host(cfg: Config, env: Mapping[str, str] | None = None,
             router = False
     addresses = tuple((h, _addresses(h)) for h in config_hosts(cfg))
     unresolved = {h for h, a in addresses if not a}
-    ports = tuple(PortState(u.host, u.port, "" if u.host in unresolved else port_problem(u.host, u.port))
-                  for u in cfg.port_uses())
+    ports = _port_states(cfg, unresolved)
     return Host(topology=topology, local=True, python=sys.executable, numactl=numactl,
                 allowed_nodes=allowed_mem_nodes(), nodes=nodes, ucx_module_dir=ucx_module_dir(),
                 router_installed=router, python_ok=python_ok, addresses=addresses, ports=ports,

@@ -65,7 +65,7 @@ def eval_gate(questions: int, min_accuracy: float) -> Callable[[Supervisor], Non
 
 def run_launch(launch: Launch, rundir: RunDir, echo: Callable[[str], None]) -> None:
     """Take the run dir (a second `up` on it is refused), record what runs, and run it start to stop."""
-    rundir.lock()  # held until this process exits
+    rundir.lock()  # held until this process exits (`up` took it already: then it is ours)
     for name, doc in (("config.json", launch.config), ("plan.json", launch.plan.to_dict()),
                       ("fingerprint.json", launch.fingerprint)):
         try:  # nothing has started yet: a full or failing disk is refused here, before any process
@@ -80,13 +80,19 @@ def run_launch(launch: Launch, rundir: RunDir, echo: Callable[[str], None]) -> N
                else None).run()
 
 
+USAGE = "python -m v4flash_pd.launch RUN_DIR [--lock-fd FD] (the launch as JSON on stdin)"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The background launcher of `up --detach`: `python -m v4flash_pd.launch RUN_DIR`, the launch on stdin."""
+    """The background launcher of `up --detach`: `python -m v4flash_pd.launch RUN_DIR --lock-fd FD`, the
+    launch on stdin; FD is the run dir's lock, which the detaching `up` took before its self-check."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        if len(args) != 1:
-            raise UserError("usage: python -m v4flash_pd.launch RUN_DIR (the launch as JSON on stdin)",
+        if len(args) not in (1, 3) or (len(args) == 3 and (args[1] != "--lock-fd" or not args[2].isdigit())):
+            raise UserError(f"usage: {USAGE}",
                             "start runs with `v4flash-pd up --detach`; this entry point is its background half")
+        if len(args) == 3:
+            RunDir(Path(args[0])).adopt_lock(int(args[2]))
         try:
             launch = Launch.from_dict(json.loads(sys.stdin.read()))
         except (ValueError, KeyError, TypeError) as exc:

@@ -46,6 +46,9 @@ RUNTIME_GIB = 1.0
 # (server_args.py `_handle_gpu_memory_settings`: at least 10 GiB, + 4 GiB for an EAGLE draft).
 SGLANG_RESERVE_GIB = 10.0
 SGLANG_SPEC_RESERVE_GIB = 4.0
+# The least a suggested mem_fraction_static leaves outside the static pool (CUDA graphs at small
+# batches, activations): an assumption, not measured; the worker log's "avail mem" is the measurement.
+MIN_OUTSIDE_GIB = 2.0
 # deepseek_v4_hook.py sets swa_full_tokens_ratio to 0.1 for DeepSeek-V4 unless given.
 SWA_FULL_TOKENS_RATIO = 0.1
 # The request the README's decode figures are for (the step bench's --actual-context): a decode
@@ -237,6 +240,16 @@ def _gib(n: float) -> float:
     return n / GIB
 
 
+def fraction_for(need_gib: float, free_gib: float) -> float | None:
+    """The smallest mem_fraction_static (in hundredths) whose static pool holds `need_gib`, or None when
+    none below 1 does and still leaves MIN_OUTSIDE_GIB outside the pool: a fix never names a fraction
+    SGLang refuses or one that leaves nothing for CUDA graphs and activations."""
+    if free_gib <= MIN_OUTSIDE_GIB:
+        return None
+    want = max(0.01, math.ceil(need_gib / free_gib * 100 - 1e-9) / 100)
+    return want if want <= 1 - MIN_OUTSIDE_GIB / free_gib else None
+
+
 def fit(name: str, role: str, index: int, tp: int, card_mib: int | None, mem_fraction: float | None,
         context_length: int | None, speculative: bool, shape: ModelShape = ModelShape(),
         scale_bytes: int = MOE_SCALE_BYTES, *, graph_max_bs: int | None = None, draft_tokens: int = 1) -> MemoryFit:
@@ -258,23 +271,35 @@ def fit(name: str, role: str, index: int, tp: int, card_mib: int | None, mem_fra
     key = f"{role}.{index}.mem_fraction_static"
     status, finding, fix = "ok", f"{name}: fits", ""
     need_ctx = context_length or 0
+    larger_tp = "run this worker at a larger TP (the default TP4 layout)"
     if kv <= 0:
-        want = (weights + (need_ctx * bpt / GIB if need_ctx else 1.0)) / free
+        want = fraction_for(weights + (need_ctx * bpt / GIB if need_ctx else 1.0), free)
         # an error only where even a card with no runtime overhead could not hold them
         status = "error" if frac * card * MIB / GIB <= weights else "warn"
         finding = (f"{name}: weights {weights:.1f} GiB per GPU at TP{tp} do not fit in the static pool "
                    f"({frac:.2f} x {free:.1f} GiB = {frac * free:.1f} GiB): SGLang stops with \"Not enough memory\" "
                    "after loading them")
-        fix = (f"--set {key}={math.ceil(want * 100) / 100:.2f} if the card can spare it (it leaves "
-               f"{(1 - want) * free:.1f} GiB for CUDA graphs and activations), or run this worker at a larger TP "
-               "(the default TP4 layout)")
+        some = fraction_for(weights + 1.0, free)  # the weights and a 1 GiB pool, for a shorter context
+        if want is not None:
+            fix = (f"--set {key}={want:.2f} if the card can spare it (it leaves {(1 - want) * free:.1f} GiB for CUDA "
+                   f"graphs and activations), or {larger_tp}")
+        elif some is not None:
+            fix = (f"--set {key}={some:.2f} and a shorter engine.context_length (that pool holds "
+                   f"{int((some * free - weights) * GIB / bpt):,} tokens), or {larger_tp}")
+        else:
+            fix = (f"{larger_tp[0].upper()}{larger_tp[1:]}, or run it on a larger card: no {key} below 1 holds "
+                   f"{weights:.1f} GiB of weights per GPU and leaves {MIN_OUTSIDE_GIB:.0f} GiB for CUDA graphs and "
+                   f"activations on this {card * MIB / GIB:.1f} GiB card")
     elif need_ctx and tokens < need_ctx:
-        want = (weights + need_ctx * bpt / GIB) / free
+        want = fraction_for(weights + need_ctx * bpt / GIB, free)
         status = "warn"
         finding = (f"{name}: its KV pool holds {tokens:,} tokens, less than one request at the context length "
                    f"{need_ctx:,}: long requests will be refused or queued")
-        fix = (f"--set {key}={math.ceil(want * 100) / 100:.2f} (leaves {(1 - want) * free:.1f} GiB outside the pool), "
-               "lower engine.context_length, or use a larger TP")
+        ways = [f"--set {key}={want:.2f} (leaves {(1 - want) * free:.1f} GiB outside the pool)"] if want else []
+        ways += [f"--set engine.context_length={tokens} (what the pool holds now)"] if tokens else []
+        fix = ", ".join(ways + ["or use a larger TP"]) + ("" if want else (
+            f": no {key} below 1 holds one {need_ctx:,}-token request and leaves {MIN_OUTSIDE_GIB:.0f} GiB for CUDA "
+            "graphs and activations on this card"))
     elif (1 - frac) * card * MIB / GIB < reserve - 1e-6:  # SGLang's own rule: the fraction leaves `reserve` of the card
         status = "warn"
         draft = f" (and the {mtp:.1f} GiB MTP layer, which loads after the pool is sized)" if mtp else ""

@@ -452,11 +452,12 @@ def _host_problems(cfg: Config, host: Host, rehearse: bool, starting: bool, pyth
     busy = [(u, host.port(u.host, u.port)) for u in cfg.port_uses() if host.port(u.host, u.port)]
     if busy:
         items = ", ".join(f"{u.port} ({u.owner} on {u.host}: {why})" for u, why in busy)
+        moves = [f"--set {cfg.port_key(u)}={host.port_instead(u.host, u.port)}" for u, _ in busy
+                 if host.port_instead(u.host, u.port)]  # each free when probed, and no role's port
         fix = ("stop whatever holds them (`v4flash-pd down`, or `ss -ltnp` to find it), or move the role to free "
-               f"ports, e.g. --set {cfg.port_key(busy[0][0])}={busy[0][0].port + 1}")
+               "ports" + (f", e.g. {' '.join(moves)} (free now)" if moves else ""))
         if any(why.startswith("permission denied") for _, why in busy):
-            fix = ("use ports >= 1024 (or run with CAP_NET_BIND_SERVICE), e.g. "
-                   f"--set {cfg.port_key(busy[0][0])}=8000; " + fix)
+            fix = "use ports >= 1024 (or run with CAP_NET_BIND_SERVICE); " + fix
         if starting:
             problems.add(f"port(s) not available on this host: {items}", fix)
         else:

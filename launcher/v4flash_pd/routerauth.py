@@ -11,32 +11,54 @@ With a key set, the router answers 401 to /generate and the OpenAI routes withou
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from v4flash_pd.errors import UserError
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
 
 def read_key(kind: str, where: str, env: Mapping[str, str] | None = None) -> str:
-    """The secret from ("file", path) or ("env", NAME); UserError when absent or empty."""
+    """The secret from ("file", path) or ("env", NAME): exactly one non-empty line of printable ASCII
+    (a trailing newline is fine); anything else is a UserError that never shows the content.
+
+    A second line would go into the `Authorization` header, where the HTTP client refuses it with an
+    error that quotes the header (key included) into logs and state; so would a control character."""
     env = os.environ if env is None else env
     if kind == "file":
         try:
-            key = Path(where).read_text(encoding="utf-8").strip()
+            raw = Path(where).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read the router API key file {where}: {getattr(exc, 'strerror', None) or exc}",
+            raise UserError(f"cannot read the router API key file {where}: "
+                            f"{getattr(exc, 'strerror', None) or type(exc).__name__}",
                             "create it with the key on one line, readable by the launcher only (chmod 600)") from None
-        if not key:
-            raise UserError(f"the router API key file {where} is empty", "write the key on one line into it")
-        return key
-    if kind == "env":
-        key = env.get(where, "").strip()
-        if not key:
-            raise UserError(f"router.api_key_env names ${where}, which is not set or empty",
-                            f"export {where}=<key> before `up`, or use router.api_key_file")
-        return key
-    raise UserError(f"unknown API key source {kind!r}", "use router.api_key_file or router.api_key_env")
+        what, fix = f"the router API key file {where}", f"write the key alone on one line into {where}"
+    elif kind == "env":
+        raw = env.get(where, "")
+        what = f"${where} (router.api_key_env)"
+        fix = f"export {where}=<key> (one line) before `up`, or use router.api_key_file"
+    else:
+        raise UserError(f"unknown API key source {kind!r}", "use router.api_key_file or router.api_key_env")
+    body = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
+    key = body.strip(" ")
+    if not key:
+        raise UserError(f"{what} is empty" if kind == "file" else
+                        f"router.api_key_env names ${where}, which is not set or empty", fix)
+    lines = len(_LINE_BREAK.split(body))
+    if lines > 1:
+        raise UserError(f"{what} holds {lines} lines; the key must be exactly one non-empty line", fix)
+    bad = next((c for c in key if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise UserError(f"{what} holds a character that cannot go into an HTTP header ({_char(bad)}); the key must "
+                        "be one line of printable ASCII", fix)
+    return key
+
+
+def _char(c: str) -> str:
+    return f"U+{ord(c):04X}" if ord(c) > 0x7E else repr(c)
 
 
 def auth_headers(router_auth: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -8,6 +8,7 @@ selfcheck.json + selfcheck/ (the kernel self-check `up` ran first).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from v4flash_pd.errors import UserError
-from v4flash_pd.procgroup import Identity, parse_pid_file
+from v4flash_pd.procgroup import Identity, Signaller, parse_pid_file
+from v4flash_pd.textfile import read_json_record, read_record
 
 
 def runs_root() -> Path:
@@ -71,13 +73,19 @@ class RunDir:
     def lock(self) -> int:
         """Hold an exclusive flock on `<run>/.lock` for the life of this process (the fd is returned
         and never closed; the kernel drops the lock when the launcher exits, however it exits).
-        Two `up` on one run dir would otherwise interleave pids, state and logs."""
+        Two `up` on one run dir would otherwise interleave pids, state, logs and self-check verdicts.
+        `up` takes it before its self-check and `run_launch` asks again: a lock this process already
+        holds (or adopted from the `up` that detached it) is returned as it is."""
         path = self.path / ".lock"
+        held = _HELD_LOCKS.get(_lock_key(path))
+        if held is not None:
+            return held
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise UserError(f"cannot lock run dir {self.path}: {exc.strerror}",
-                            "pass a writable --run-dir") from None
+            what = "is not writable" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "cannot be locked"
+            raise UserError(f"run dir {self.path} {what} (its lock file {path.name}: {exc.strerror})",
+                            "pass a writable --run-dir, or set V4FLASH_RUNS_ROOT to a writable directory") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -88,13 +96,24 @@ class RunDir:
             raise UserError(f"run dir {self.path} is in use by another `v4flash-pd up` (pid {holder})",
                             f"stop that run first (`v4flash-pd down --run-dir {self.path}`), or give this one "
                             "its own --run-dir") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass  # the lock itself is what matters
-        _HELD_LOCKS.append(fd)
+        _hold(path, fd)
         return fd
+
+    def adopt_lock(self, fd: int) -> None:
+        """Take over the lock an `up` holds and handed down (`up --detach`'s background launcher
+        inherits the descriptor, so the run dir is never unlocked between the two); UserError when
+        `fd` is not this run dir's lock file."""
+        path = self.path / ".lock"
+        try:
+            mine, theirs = os.fstat(fd), os.stat(path)
+        except OSError as exc:
+            raise UserError(f"the lock of run dir {self.path} was not handed down (fd {fd}: {exc.strerror})",
+                            "start runs with `v4flash-pd up --detach`; this entry point is its background half") from None
+        if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+            raise UserError(f"fd {fd} is not the lock of run dir {self.path}",
+                            "start runs with `v4flash-pd up --detach`; this entry point is its background half")
+        os.set_inheritable(fd, False)  # its workers must not hold the run dir
+        _hold(path, fd)
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -108,14 +127,16 @@ class RunDir:
         tmp.replace(self.path / name)
 
     def read_json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        """A record of the run dir: OSError for the file (a FIFO or a huge file too: anyone who can write
+        the run dir can plant one), ValueError for what it holds."""
+        return read_json_record(self.path / name)
 
     def state(self) -> dict[str, Any]:
         try:
-            state: dict[str, Any] = self.read_json("state.json")
-            return state
-        except (OSError, json.JSONDecodeError):
+            state = self.read_json("state.json")
+        except (OSError, ValueError):
             return {}
+        return state if isinstance(state, dict) else {}
 
     def read_state(self) -> tuple[dict[str, Any], str]:
         """(state, problem): problem is '' when state.json parsed as a JSON object."""
@@ -155,7 +176,7 @@ class RunDir:
                 return procs, launcher, "state.json"
         for f in sorted(self.path.glob("*.pid")):
             try:
-                ident = parse_pid_file(f.read_text())
+                ident = parse_pid_file(read_record(f).decode("utf-8", "replace"))
             except OSError:
                 continue
             if ident is None:
@@ -165,6 +186,33 @@ class RunDir:
             else:
                 procs[f.stem] = ident
         return procs, launcher, (f"{problem}; used the .pid files" if problem else ".pid files")
+
+    def live_ports(self) -> set[int]:
+        """The ports this run's processes listen on while they are alive (by their recorded identity, so a
+        reused pid is not this run's): what `doctor` beside a running run tells apart from a stranger's."""
+        try:
+            plan = self.read_json("plan.json")
+        except (OSError, ValueError):
+            return set()
+        procs = plan.get("processes") if isinstance(plan, dict) else None
+        if not isinstance(procs, list):
+            return set()
+        idents, _, _ = self.identities()
+        sig = Signaller()
+        held: set[int] = set()
+        for p in procs:
+            name = p.get("name") if isinstance(p, dict) else None
+            ident = idents.get(name) if isinstance(name, str) else None
+            if ident is not None and sig.alive(ident):
+                held |= {u["port"] for u in p.get("ports") or [] if isinstance(u, dict) and isinstance(u.get("port"), int)}
+        return held
+
+    def is_rehearsal(self) -> bool:
+        try:
+            plan = self.read_json("plan.json")
+        except (OSError, ValueError):
+            return False
+        return isinstance(plan, dict) and plan.get("rehearse") is True
 
     def set_state(self, **fields: Any) -> None:
         st = self.state()
@@ -192,9 +240,10 @@ class RunDir:
         out: list[dict[str, Any]] = []
         for p in sorted((self.path / "patch").glob("patch-*.json")):
             try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {}, "error": "unreadable"})
+                data = self.read_json(str(p.relative_to(self.path)))
+            except (OSError, ValueError) as exc:
+                why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+                out.append({"pid": _pid_of(p.name), "file": p.name, "patches": {}, "error": "unreadable", "why": why})
                 continue
             rec = normalize_patch_status(data)
             if rec["pid"] is None:
@@ -204,7 +253,26 @@ class RunDir:
         return out
 
 
-_HELD_LOCKS: list[int] = []
+_HELD_LOCKS: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of a run dir's .lock -> the fd holding it
+
+
+def _lock_key(path: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+def _hold(path: Path, fd: int) -> None:
+    """Record `fd` as this process's lock of `path` and write our pid into it (what a refused `up` shows)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the lock itself is what matters
+    st = os.fstat(fd)
+    _HELD_LOCKS[(st.st_dev, st.st_ino)] = fd
 
 
 def _pid_of(filename: str) -> int | None:

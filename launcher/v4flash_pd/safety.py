@@ -33,6 +33,12 @@ def control_chars(text: str) -> list[str]:
     return bad
 
 
+def escape_controls(text: str) -> str:
+    """`text` with each control character (as `control_chars` counts them) written as its escape: what
+    a file others can write says, shown on a terminal without letting it drive the terminal."""
+    return "".join(ascii(ch)[1:-1] if control_chars(ch) else ch for ch in text)
+
+
 def check_text(value: str, what: str, fix: str = "") -> str:
     """`value` unchanged, or a UserError when it holds a control character."""
     bad = control_chars(value)

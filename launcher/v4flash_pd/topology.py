@@ -115,7 +115,7 @@ def parse_nvidia_smi(text: str) -> list[dict[str, str]]:
 def _int(text: str, default: int = 0) -> int:
     try:
         return int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # "[N/A]", "inf"
         return default
 
 
@@ -146,7 +146,7 @@ def probe(env: Mapping[str, str] | None = None) -> Topology:
                 bus = normalize_bus_id(row["bus_id"])
                 gpus.append(Gpu(index=_int(row["index"]), name=row["name"], bus_id=bus,
                                 numa_node=read_gpu_numa_node(sysfs_root, bus), compute_cap=row["compute_cap"],
-                                memory_mib=_int(row["memory"]), uuid=row["uuid"]))
+                                memory_mib=max(0, _int(row["memory"])), uuid=row["uuid"]))
                 driver = driver or row["driver"]
     return Topology(gpus=tuple(sorted(gpus, key=lambda g: g.index)), nodes=read_numa_nodes(sysfs_root),
                     driver_version=driver, source=f"probe(sysfs={sysfs_root}, nvidia-smi={smi or 'none'})",
@@ -160,12 +160,16 @@ def _bad(source: str, what: str) -> UserError:
     return UserError(f"topology {source or 'data'} is malformed: {what}", _TOPO_FIX)
 
 
-def _int_field(value: Any, where: str, source: str, *, allow_none: bool = False) -> int:
-    """An integer field; `null` (numa_node only) means what sysfs writes as -1: not known."""
+def _int_field(value: Any, where: str, source: str, *, allow_none: bool = False, low: int | None = None,
+               meaning: str = "") -> int:
+    """An integer field (at least `low`, where given); `null` (numa_node only) means what sysfs writes
+    as -1: not known."""
     if value is None and allow_none:
         return UNKNOWN_NODE
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(source, f"{where} must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise _bad(source, f"{where} must be >= {low}{meaning}, got {value}")
     return value
 
 
@@ -190,7 +194,8 @@ def from_dict(data: Any, source: str = "") -> Topology:
                         bus_id=normalize_bus_id(_str_field(g.get("bus_id", ""), f"gpus[{i}].bus_id", source)),
                         numa_node=_int_field(g.get("numa_node"), f"gpus[{i}].numa_node", source, allow_none=True),
                         compute_cap=_str_field(g.get("compute_cap", ""), f"gpus[{i}].compute_cap", source),
-                        memory_mib=_int_field(g.get("memory_mib", 0), f"gpus[{i}].memory_mib", source),
+                        memory_mib=_int_field(g.get("memory_mib", 0), f"gpus[{i}].memory_mib", source, low=0,
+                                              meaning=" (MiB; 0 = not known)"),
                         uuid=_str_field(g.get("uuid", ""), f"gpus[{i}].uuid", source)))
     if len({g.index for g in gpus}) != len(gpus):
         raise _bad(source, "a GPU index appears twice")
@@ -221,3 +226,19 @@ def load(path: Path | str) -> Topology:
 
 def save(topology: Topology, path: Path | str) -> None:
     Path(path).write_text(json.dumps(topology.to_dict(), indent=2) + "\n")
+
+
+def parse_matrix(text: str) -> dict[str, Any]:
+    """An `nvidia-smi topo -m` / `-p2p X` matrix: {"columns": [...], "rows": {"GPU0": [...]}} (GPU rows only)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if re.match(r"^\s*GPU0\b", ln.strip()) and "\t" in ln), None)
+    if header is None:
+        return {"columns": [], "rows": {}}
+    columns = [c.strip() for c in header.split("\t") if c.strip()]
+    rows = {}
+    for ln in lines:
+        cells = [c.strip() for c in ln.split("\t")]
+        cells = [c for c in cells if c != ""]
+        if cells and re.fullmatch(r"GPU\d+", cells[0]) and ln is not header:
+            rows[cells[0]] = cells[1:]
+    return {"columns": columns, "rows": rows}

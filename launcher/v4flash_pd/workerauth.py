@@ -14,6 +14,7 @@ this process: the key lives in sys.argv, never in /proc/PID/cmdline.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -60,10 +61,24 @@ def _split(argv: list[str]) -> tuple[str, str, str, list[str]]:
     return argv[0][len("--api-key-"):], argv[1], argv[3], argv[4:]
 
 
+def check_module(module: str) -> None:
+    """The worker module must exist before the key is read and the streams are masked: `runpy` would
+    end in an ImportError traceback (a typo in a profile's module, a missing serving stack)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package, an empty or relative name
+        found = False
+    if not found:
+        raise UserError(f"no module named {module!r} in {sys.executable} (python -m {MODULE} was asked to run it)",
+                        "install the serving stack for this interpreter (pip install '.[serve]'), or check the "
+                        "module name; this wrapper is started by `v4flash-pd up`, see `v4flash-pd plan`")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         kind, where, module, rest = _split(argv)
+        check_module(module)
         key = read_key(kind, where)
     except UserError as exc:
         print(exc.render(), file=sys.stderr)

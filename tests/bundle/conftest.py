@@ -2,7 +2,7 @@
 socket, storage in a tmp dir), a small image built in the test from a local busybox base, and a
 tiny stack lock with one real wheel. Helpers live in bundle_helpers.py.
 
-Podman flags are the ones ci-recipes.md §6 found working on this machine kind: vfs storage,
+Podman flags are the ones found working on the CI machine kind (docs/environment.md): vfs storage,
 runc (crun refuses hybrid cgroups), cgroupfs, and `default_ulimits = []` (no CAP_SYS_RESOURCE).
 """
 

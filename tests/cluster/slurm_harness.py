@@ -2,8 +2,8 @@
 
 Why: the launcher's Slurm mode (sbatch scripts, `srun` steps per node, signal handling) can only be
 trusted if it is exercised against the real Slurm, not a rendered-text stand-in. Debian 12 ships
-Slurm 22.05 (`apt-get install slurm-wlm slurm-client munge`), and ci-recipes.md §8 found a recipe
-that works on the CI machine kind (root, no systemd as PID 1, gVisor): one munged, one slurmctld and
+Slurm 22.05 (`apt-get install slurm-wlm slurm-client munge`), and this recipe works on the CI machine
+kind (root, no systemd as PID 1, gVisor): one munged, one slurmctld and
 two slurmd processes for two *logical* nodes (`slurmd -N n1`, `-N n2`) on this host, 8 fake GPUs
 per node backed by character devices.
 

@@ -32,7 +32,7 @@ TAG = "localhost/v4flash-pd:test-ci"
 
 @pytest.fixture(scope="session")
 def podman_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Private podman conf + storage for this session (ci-recipes §1: runc, overlay, ulimits)."""
+    """Private podman conf + storage for this session (runc, overlay, ulimits: what works on the CI machine kind)."""
     for tool in ("podman", "runc", "debootstrap"):
         need_tool(tool)
     if os.geteuid() != 0:

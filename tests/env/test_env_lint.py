@@ -33,7 +33,7 @@ def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
 
 
 def test_dockerfile_avoids_features_podman43_lacks() -> None:
-    """buildah 1.28 rejects COPY --link and heredocs (ci-recipes §1.5); the image test builds with it."""
+    """buildah 1.28 rejects COPY --link and heredocs ; the image test builds with it."""
     code = [line for line in (ROOT / "docker/Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in code if "--link" in line or "<<" in line]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref
-from v4flash_kernels.kit.compare import rel_err
+from v4flash_kernels.fp8_gemm.reference import linear_ref
+from v4flash_kernels.kit.compare import excess_error, rel_err
 
 TARGET = "sglang.srt.layers.quantization.fp8_utils"
 UPSTREAM = f"{TARGET}.triton_w8a8_block_fp8_linear"

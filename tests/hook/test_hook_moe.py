@@ -197,7 +197,7 @@ method.runner = SimpleNamespace(config=SimpleNamespace(routed_scaling_factor=kw[
                                                        swiglu_limit=kw["clamp_limit"]))
 dispatch = SimpleNamespace(hidden_states=kw["hidden_states"], topk_output=StandardTopKOutput(
     topk_weights=kw["topk_weights"], topk_ids=kw["topk_ids"], router_logits=torch.zeros(3, 8)))
-who = {("v4flash_kernels/moe/op_v2.py", "run_repacked"): "v2",
+who = {("v4flash_kernels/moe/repacked_op.py", "run_repacked"): "v2",
        ("v4flash_kernels/moe/op.py", "mxfp4_moe_forward"): "v1",
        ("fused_moe_triton/mxfp4_moe_sm120_triton.py", "mxfp4_moe_forward_triton"): "upstream"}
 entered = []

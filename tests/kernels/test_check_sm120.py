@@ -46,7 +46,7 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
     assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
     assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
-    from v4flash_kernels.check_sm120 import mhc_mix_config
+    from v4flash_kernels.mhc.compile import mhc_mix_config
     from v4flash_kernels.mhc.op import DECODE_MAX_TOKENS, launchable, plan_for
 
     mix = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "mhc_mix"}
@@ -78,9 +78,9 @@ def test_check_sm120_passes_on_the_shipped_table(tmp_path):
 def test_check_sm120_rejects_an_oversized_config(tmp_path):
     """64-token tiles need ~147 KB of shared memory: fine on sm_90, over sm_120's 101376 B."""
     code = (
-        "from v4flash_kernels.check_sm120 import check\n"
+        "from v4flash_kernels.attention.compile import binaries\n"
         "from v4flash_kernels.attention.op import KernelConfig\n"
-        "r = [x for x in check([KernelConfig(16, 64, 8)], archs=(120,)) if x.kernel == 'split_kernel'][0]\n"
+        "r = [x for x in binaries(120, [KernelConfig(16, 64, 8)]) if x.kernel == 'split_kernel'][0]\n"
         "print(r.shared_bytes, r.ok)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True,

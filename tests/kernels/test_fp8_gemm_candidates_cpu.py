@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import v4flash_bench.fp8_candidates as cand
-from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+from v4flash_kernels.kit.compare import excess_error
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernel tests run under the Triton interpreter"

@@ -21,13 +21,13 @@ import triton.language as tl
 from v4flash_kernels.fp8_gemm import op
 from v4flash_kernels.fp8_gemm.kernel import round_e4m3
 from v4flash_kernels.fp8_gemm.reference import (
-    excess_error,
     linear_ref,
     make_activation,
     make_quantized,
     make_weight,
     matmul_ref,
 )
+from v4flash_kernels.kit.compare import excess_error
 from v4flash_kernels.kit.fp8 import FP8, quantize_activation_ref
 
 pytestmark = pytest.mark.skipif(

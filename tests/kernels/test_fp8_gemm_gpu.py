@@ -12,13 +12,13 @@ import torch
 
 from v4flash_kernels.fp8_gemm import op
 from v4flash_kernels.fp8_gemm.reference import (
-    excess_error,
     linear_ref,
     make_activation,
     make_quantized,
     make_weight,
     matmul_ref,
 )
+from v4flash_kernels.kit.compare import excess_error
 from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.kit.fp8 import FP8, quantize_activation_ref
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from v4flash_kernels.kit.compare import rel_err
-from v4flash_kernels.moe import kernel, op_v2, repack
+from v4flash_kernels.moe import kernel, repack, repacked_op
 from v4flash_kernels.moe import op as moe
 from v4flash_kernels.moe.reference import (
     MoeCase,
@@ -269,16 +269,16 @@ def test_rejects_bad_shapes():
         moe.mxfp4_moe_forward(**dict(kw, intermediate_size=32))
 
 
-# ---------------------------------------------------------------- v2: repacked experts (moe.repack, moe.op_v2)
+# ---------------------------------------------------------------- v2: repacked experts (moe.repack, moe.repacked_op)
 
-V2_T8 = op_v2.MmaConfig(8, 32, 64, 2, 1)
-V2_T16 = op_v2.MmaConfig(16, 32, 64, 2, 1)
+V2_T8 = repacked_op.MmaConfig(8, 32, 64, 2, 1)
+V2_T16 = repacked_op.MmaConfig(16, 32, 64, 2, 1)
 V2_PLANS = {
-    "inline_t8": op_v2.PlanV2(True, V2_T8, V2_T8),
-    "sorted_t8": op_v2.PlanV2(False, V2_T8, V2_T8),
-    "sorted_t16_g2_t8": op_v2.PlanV2(False, V2_T16, V2_T8),
-    "inline_splitk4": op_v2.PlanV2(True, op_v2.MmaConfig(8, 32, 32, 2, 1, split_k=4), V2_T8),
-    "sorted_splitk2": op_v2.PlanV2(False, op_v2.MmaConfig(8, 32, 64, 2, 1, split_k=2), V2_T16),
+    "inline_t8": repacked_op.PlanV2(True, V2_T8, V2_T8),
+    "sorted_t8": repacked_op.PlanV2(False, V2_T8, V2_T8),
+    "sorted_t16_g2_t8": repacked_op.PlanV2(False, V2_T16, V2_T8),
+    "inline_splitk4": repacked_op.PlanV2(True, repacked_op.MmaConfig(8, 32, 32, 2, 1, split_k=4), V2_T8),
+    "sorted_splitk2": repacked_op.PlanV2(False, repacked_op.MmaConfig(8, 32, 64, 2, 1, split_k=2), V2_T16),
 }
 V2_CASES = {
     "holes_clamp_scale": MoeCase(tokens=5, hole_frac=0.3, clamp_limit=0.4, routed_scaling_factor=2.5),
@@ -294,7 +294,7 @@ def _repacked(kw: dict) -> repack.RepackedExperts:
 
 def _call_v2(kw: dict, plan=None) -> torch.Tensor:
     out = torch.full_like(kw["hidden_states"], float("nan"))
-    o = op_v2.run_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+    o = repacked_op.run_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
                            kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
     assert o.data_ptr() == out.data_ptr()
     return o
@@ -328,7 +328,7 @@ def test_v2_e8m0_input_scales_and_planner_default():
 def test_v2_prefill_plan_runs_v1_on_the_fast_scales():
     """Past V2_MAX_ROWS_PER_EXPERT the planner hands back a v1 plan (`prefill_plan`); v1 then reads
     the PAIR_SPLIT words and the checked uint8 scales with the exponent-only decode."""
-    assert isinstance(op_v2.make_plan(4096, 6, 256, 4096, 512), moe.Plan)
+    assert isinstance(repacked_op.make_plan(4096, 6, 256, 4096, 512), moe.Plan)
     kw = make_inputs(MoeCase(tokens=7, topk=4, hole_frac=0.1, clamp_limit=0.4, routed_scaling_factor=2.0))
     _assert_matches(kw, _call_v2(kw, SORTED))
     _assert_matches(kw, _call_v2(kw, INLINE))
@@ -355,17 +355,17 @@ def test_v2_refuses_split_k_inline_with_more_tokens_than_a_chunk():
 
 
 def test_v2_plan_depends_on_shapes_only():
-    p1 = op_v2.make_plan(1, 6, 256, 4096, 512)
-    assert p1 == op_v2.make_plan(1, 6, 256, 4096, 512) and p1.inline and p1.gemm1.split_k > 1
+    p1 = repacked_op.make_plan(1, 6, 256, 4096, 512)
+    assert p1 == repacked_op.make_plan(1, 6, 256, 4096, 512) and p1.inline and p1.gemm1.split_k > 1
     assert p1.gemm1.block_t >= 1  # M=1 fits one chunk: split-K is allowed
-    p2 = op_v2.make_plan(2, 6, 256, 4096, 512)
+    p2 = repacked_op.make_plan(2, 6, 256, 4096, 512)
     assert p2.inline and p2.gemm1.split_k == 1
-    p16 = op_v2.make_plan(16, 6, 256, 4096, 512)
+    p16 = repacked_op.make_plan(16, 6, 256, 4096, 512)
     assert not p16.inline and p16.gemm1.block_t == 8
-    p256 = op_v2.make_plan(256, 6, 256, 4096, 512)
-    assert isinstance(p256, op_v2.PlanV2) and p256.gemm1.block_t == 16
-    assert isinstance(op_v2.make_plan(1024, 6, 256, 4096, 512), moe.Plan)
-    for cfg, _, _ in op_v2.launchable():
+    p256 = repacked_op.make_plan(256, 6, 256, 4096, 512)
+    assert isinstance(p256, repacked_op.PlanV2) and p256.gemm1.block_t == 16
+    assert isinstance(repacked_op.make_plan(1024, 6, 256, 4096, 512), moe.Plan)
+    for cfg, _, _ in repacked_op.launchable():
         assert cfg.block_n % 16 == 0 and cfg.block_k % 32 == 0 and cfg.block_t in (8, 16)
 
 
@@ -478,10 +478,10 @@ def test_public_entry_runs_the_shipped_prefill_plan(tokens):
     """`moe_forward_repacked` (what the patched `apply` calls) at 30 and 75 rows per expert: the
     planner's own prefill plan with the shipped tiles (32-row mode 0; 128-row mode 1) vs fp64."""
     kw = make_inputs(MoeCase(tokens=tokens, hole_frac=0.05, clamp_limit=0.4, routed_scaling_factor=1.5))
-    plan = op_v2.make_plan(tokens, 6, 8, 128, 64)
-    assert plan == op_v2.prefill_plan(tokens, 6, 8, 128, 64)
-    assert plan.gemm1 == (op_v2.PF_G1_SMALL if tokens == 40 else op_v2.PF_G1_LARGE)
-    out = op_v2.moe_forward_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
+    plan = repacked_op.make_plan(tokens, 6, 8, 128, 64)
+    assert plan == repacked_op.prefill_plan(tokens, 6, 8, 128, 64)
+    assert plan.gemm1 == (repacked_op.PF_G1_SMALL if tokens == 40 else repacked_op.PF_G1_LARGE)
+    out = repacked_op.moe_forward_repacked(kw["hidden_states"], _repacked(kw), kw["topk_ids"], kw["topk_weights"],
                                      kw["routed_scaling_factor"], kw["clamp_limit"])
     _assert_matches(kw, out)
 
@@ -493,16 +493,16 @@ def test_prefill_on_pair_split_words_inline_grouping():
 
 def test_prefill_plan_is_launchable_on_pair_split_words():
     """Every plan the repacked path hands to v1's GEMM is one NIBBLES=1 accepts (tensor-core modes,
-    no split-K) and one check_sm120 compiles (op_v2.launchable_v1)."""
-    compiled = set(op_v2.launchable_v1())
+    no split-K) and one check_sm120 compiles (repacked_op.launchable_v1)."""
+    compiled = set(repacked_op.launchable_v1())
     for m in (64, 256, 300, 512, 1024, 2048, 4096, 16384):
-        p = op_v2.make_plan(m, 6, 256, 4096, 512)
+        p = repacked_op.make_plan(m, 6, 256, 4096, 512)
         if isinstance(p, moe.Plan):
-            assert p == op_v2.prefill_plan(m, 6, 256, 4096, 512) and not p.inline
+            assert p == repacked_op.prefill_plan(m, 6, 256, 4096, 512) and not p.inline
             assert {(p.gemm1, True, False), (p.gemm2, False, False)} <= compiled
             for cfg in (p.gemm1, p.gemm2):
                 assert cfg.mode <= 1 and cfg.split_k == 1 and cfg.block_k <= 128
-    big, small = (op_v2.prefill_plan(m, 6, 256, 4096, 512) for m in (4096, 1024))
+    big, small = (repacked_op.prefill_plan(m, 6, 256, 4096, 512) for m in (4096, 1024))
     assert big.gemm1.block_m > small.gemm1.block_m
 
 
@@ -531,9 +531,9 @@ def test_bench_sweep_candidates_and_tables():
     for m in (1, 2, 16, 64, 256, 1024, 4096):
         plans = bench.v2_candidates(bench.Shape(4, m))
         first = next(iter(plans.values()))
-        assert first == op_v2.make_plan(m, 6, 256, 4096, 512)
+        assert first == repacked_op.make_plan(m, 6, 256, 4096, 512)
         for p in plans.values():
-            if isinstance(p, op_v2.PlanV2):
+            if isinstance(p, repacked_op.PlanV2):
                 for cfg in (p.gemm1, p.gemm2):
                     assert cfg.block_n % 16 == 0
                     assert cfg.block_n >= 16 * cfg.num_warps and 4096 % cfg.block_k == 0
@@ -554,13 +554,13 @@ def test_bench_prefill_candidates_and_verdict():
 
     for m in (256, 1024, 4096):
         plans = bench.prefill_candidates(bench.Shape(4, m))
-        assert next(iter(plans.values())) == op_v2.make_plan(m, 6, 256, 4096, 512)
-        assert op_v2.prefill_plan(m, 6, 256, 4096, 512) in plans.values()
+        assert next(iter(plans.values())) == repacked_op.make_plan(m, 6, 256, 4096, 512)
+        assert repacked_op.prefill_plan(m, 6, 256, 4096, 512) in plans.values()
         assert {c.mode for p in plans.values() if isinstance(p, moe.Plan) for c in (p.gemm1, p.gemm2)} == {0, 1}
         for p in plans.values():
             if isinstance(p, moe.Plan):
                 assert not p.inline and all(c.split_k == 1 and c.block_k <= 128 for c in (p.gemm1, p.gemm2))
-        assert any(isinstance(p, op_v2.PlanV2) for p in plans.values()) == (m <= 1024)
+        assert any(isinstance(p, repacked_op.PlanV2) for p in plans.values()) == (m <= 1024)
         names = bench.prefill_variants(bench.Shape(4, m))
         assert list(names)[:2] == [bench.V1_BASELINE, bench.PLANNER] and bench.LOADER_FAST in names
         assert len(names) <= 16  # ~1 min for three sizes with compiles

@@ -67,9 +67,9 @@ def _v1(kw, out=None):
 
 
 def _v2(kw, out=None):
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
-    return op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+    return repacked_op.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                               kw["routed_scaling_factor"], kw["clamp_limit"], out=out)
 
 
@@ -155,13 +155,13 @@ def test_gpu_prefill_both_operand_orders_on_repacked_layout(tp4, tokens):
     from dataclasses import replace
 
     from v4flash_kernels.moe import op as moe
-    from v4flash_kernels.moe import op_v2
+    from v4flash_kernels.moe import repacked_op
 
     kw = _call(tp4, tokens, "random", 0.05, seed=tokens + 1)
-    pf = op_v2.prefill_plan(tokens, TOPK, E, HIDDEN, INTER)
+    pf = repacked_op.prefill_plan(tokens, TOPK, E, HIDDEN, INTER)
     flipped = moe.Plan(False, replace(pf.gemm1, mode=1 - pf.gemm1.mode), replace(pf.gemm2, mode=1 - pf.gemm2.mode))
     for plan in (pf, flipped):
         out = torch.full_like(kw["hidden_states"], float("nan"))
-        op_v2.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
+        repacked_op.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                            kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
         _check(kw, out)

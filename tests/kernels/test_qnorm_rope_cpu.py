@@ -301,3 +301,46 @@ def test_plan_tables():
     assert cfgs[0] == op.CONFIG and len({c.name for c in cfgs}) == len(cfgs)
     assert all(128 % c.block_k == 0 and c.num_stages >= 1 and c.num_warps in (4, 8, 16) for c in cfgs)
     assert op.MAX_ROWS == op.BM == 16
+
+
+# ----------------------------------------------------------------------------- the step bench's rows
+
+
+def test_step_model_fuses_the_q_path_on_the_patched_path_at_decode_rows():
+    """Up to 16 rows the patched path has one fused row instead of wq_b + the norm/RoPE proxy (which the
+    upstream path keeps); prefill rows keep both rows on both paths (the drop-in hands them to upstream)."""
+    from v4flash_bench.step import model as M
+
+    assert M.QNORM_ROPE_MAX_ROWS == op.MAX_ROWS
+    for spec, fused in ((M.decode_specs([4], [128 * 1024], 8192, 16)[0], True),
+                        (M.verify_specs([4], [2], 128 * 1024, 8192, 16)[0], True),
+                        (M.prefill_specs([1024], 16)[0], False)):
+        ops = M.step_ops(spec)
+        for path in ("upstream", "patched"):
+            names = [o.name for o in M.ops_for_path(ops, path) if not o.name.startswith("draft: ")]
+            has_fused = M.QNORM_ROPE_NAME in names
+            assert has_fused == (fused and path == "patched"), (spec.label, path)
+            assert ("wq_b (FP8)" in names) == ("q norm + RoPE (JIT)" in names) == (not has_fused), (spec.label, path)
+    row = next(o for o in M.step_ops(M.decode_specs([4], [128 * 1024], 8192, 16)[0]) if o.name == M.QNORM_ROPE_NAME)
+    assert row.patch == "qnorm_rope" and row.p["m"] == 4 and row.p["heads"] == 16 and row.flops == 2 * 4 * 8192 * 1024
+    assert row.bytes > 8192 * 1024  # at least wq_b's weight
+
+
+def test_step_builder_runs_the_drop_in_and_checks_it(monkeypatch):
+    from v4flash_bench.step import model as M
+    from v4flash_bench.step import ops as O
+    from v4flash_bench.step.ops import common
+
+    monkeypatch.setattr(common, "DEVICE", "cpu")
+    row = M.q_path_ops(3, 1, 1)[1]  # the fused row at 3 rows, one head
+    prep = O.build(row, "ours", 1 << 20, 4)
+    chk = prep.check()
+    assert chk.ok and "unfused composition" in chk.detail, chk
+    assert prep.calls >= 1 and prep.one is not None
+    prep.run()
+    with pytest.raises(common.Unavailable):
+        O.build(row, "upstream", 1 << 20, 4)
+    # a wrong kernel fails the check
+    monkeypatch.setattr(common, "patch_function", lambda patch: (
+        lambda self, q, pos, q_out=None: op.compute_q_b(self, q, pos, q_out).mul_(1.05), "ours: broken"))
+    assert not O.build(row, "ours", 1 << 20, 4).check().ok

@@ -11,16 +11,14 @@ the same inputs and is held to the same bound; the two may differ only by the GE
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from v4flash_kernels.fp8_gemm.op import w8a8_block_fp8_linear
 from v4flash_kernels.kit.compare import rel_err
 from v4flash_kernels.qnorm_rope import op
 from v4flash_kernels.qnorm_rope import reference as R
 from v4flash_kernels.qnorm_rope import upstream as U
+from v4flash_kernels.qnorm_rope.selfcheck import mqa_layer
 
 pytestmark = pytest.mark.gpu
 K = op.FUSED_K
@@ -51,11 +49,7 @@ def _excess(out, x, w, ws, heads, freqs, pos) -> float:
 
 
 def _layer(w, ws, heads, freqs):
-    quant = SimpleNamespace(w8a8_block_fp8_linear=w8a8_block_fp8_linear, block_quant=True, use_marlin=False,
-                            use_mxfp8=False, quant_config=SimpleNamespace(weight_block_size=[128, 128]))
-    wq_b = SimpleNamespace(quant_method=quant, weight=w, weight_scale_inv=ws, bias=None, gather_output=False)
-    return SimpleNamespace(wq_b=wq_b, head_dim=512, qk_rope_head_dim=64, n_local_heads=heads, eps=EPS,
-                           freqs_cis=freqs)
+    return mqa_layer(w, ws, heads, freqs, EPS)
 
 
 @pytest.mark.parametrize("tp", [4, 2])

@@ -230,10 +230,23 @@ def test_rejects_what_upstream_rejects(bad):
         topk.topk_transform_512(*kw.values())
 
 
-def test_empty_batch_is_a_no_op():
+def test_empty_batch_is_a_no_op(monkeypatch):
+    """No rows: the call's arguments are still checked, nothing is launched and nothing returned (the
+    sentinel in place of the kernel proves the one-row call would have launched it)."""
     kw = make_topk_inputs(TopkCase(batch=1, width=600, lengths=[600]), seed=14)
     kw0 = {k: (v[:0] if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    topk.topk_transform_512(*kw0.values())
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError(f"launched the top-K kernel on grid {grid}")
+
+    monkeypatch.setattr(topk._k, "topk_transform_kernel", NoLaunch())
+    assert topk.topk_transform_512(*kw0.values()) is None
+    assert all(v.numel() == 0 for v in kw0.values() if isinstance(v, torch.Tensor))
+    with pytest.raises(RuntimeError, match="page_size"):  # an empty call is still checked like any other
+        topk.topk_transform_512(*dict(kw0, page_size=48).values())
+    with pytest.raises(AssertionError, match="launched the top-K kernel"):
+        topk.topk_transform_512(*kw.values())
 
 
 def test_plan_depends_on_shapes_only():

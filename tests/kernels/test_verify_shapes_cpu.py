@@ -385,7 +385,8 @@ def test_fp8_every_verify_plan_matches_reference():
     """Every TP4 shape's plan of each verify row class, at that class's fewest captured rows, on the real
     K (groups, splits) and a 256-row slice of N; within the bound of one bf16 rounding of fp64."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error
 
     g = torch.Generator().manual_seed(60)
     seen = set()
@@ -409,8 +410,9 @@ def test_fp8_linear_drop_in_matches_upstream_on_verify_rows(rows):
     """The public drop-in on a [rows, K] activation (SGLang's call) against fp64 and the wheel's GEMM
     on the definition's quantized activation (the same function, to rounding)."""
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
     from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_kernel
+    from v4flash_kernels.kit.compare import excess_error
     from v4flash_kernels.kit.fp8 import quantize_activation_ref
 
     g = torch.Generator().manual_seed(70 + rows)
@@ -462,7 +464,7 @@ def test_moe_every_verify_plan(version):
     rows of small-dim experts, against fp64."""
     from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2 as v2
+    from v4flash_kernels.moe import repacked_op as v2
     from v4flash_kernels.moe.reference import ref_of
     from v4flash_kernels.moe.repack import repack_experts
 
@@ -489,9 +491,9 @@ def test_moe_matches_upstream_on_verify_rows():
     interpreter, one autotune config) against fp64 and each other."""
     from v4flash_kernels.kit.compare import rel_err as moe_err
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
     from v4flash_kernels.moe.reference import ref_of
     from v4flash_kernels.moe.repack import repack_experts
+    from v4flash_kernels.moe.repacked_op import moe_forward_repacked
     from v4flash_kernels.upstream import MOE_PATH, load_module
 
     up = load_module(MOE_PATH)

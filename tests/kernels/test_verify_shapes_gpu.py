@@ -189,7 +189,8 @@ FP8_CASES = [pytest.param(shape, *p.values, id=f"{shape}-{p.id}")
 @pytest.mark.parametrize("shape,bs,k,label", FP8_CASES)
 def test_gpu_fp8_linear_verify_graph(shape, bs, k, label):
     from v4flash_kernels.fp8_gemm import op as f8
-    from v4flash_kernels.fp8_gemm.reference import excess_error, linear_ref, make_activation, make_weight
+    from v4flash_kernels.fp8_gemm.reference import linear_ref, make_activation, make_weight
+    from v4flash_kernels.kit.compare import excess_error
 
     n, kd = V.FP8_SHAPES[shape]
     rows = bs * (k + 1)
@@ -248,8 +249,8 @@ MOE_CASES = [pytest.param(v, *p.values, id=f"{v}-{p.id}") for v in ("v1", "v2")
 def test_gpu_moe_verify_graph(tp4_experts, version, bs, k, label):
     from v4flash_kernels.kit.compare import rel_err
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
     from v4flash_kernels.moe.reference import ref_of
+    from v4flash_kernels.moe.repacked_op import moe_forward_repacked
 
     scaling, clamp = 1.5, 10.0
     lay_a, lay_b = _batches(bs, k, seed=400 + bs * 10 + k)

@@ -163,7 +163,7 @@ MOE = {"experts": 256, "topk": 6, "hidden": 4096, "inter": 2048 // TP}
 def moe_label(rows: int, version: str) -> str:
     """v1 = the drop-in (layers not repacked), v2 = repacked layers (what the switch runs by default)."""
     from v4flash_kernels.moe import op as v1
-    from v4flash_kernels.moe import op_v2 as v2
+    from v4flash_kernels.moe import repacked_op as v2
 
     mod = v1 if version == "v1" else v2
     return mod.make_plan(rows, MOE["topk"], MOE["experts"], MOE["hidden"], MOE["inter"]).name

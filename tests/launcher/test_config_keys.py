@@ -15,6 +15,7 @@ from v4flash_pd.config import keys
 from v4flash_pd.config.build import build_config
 from v4flash_pd.config.keys import DEFAULTS, KEY, KEYS, ROLES, WORKER_DEFAULTS, WORKER_KEY, WORKER_KEYS, Key
 from v4flash_pd.config.layers import merged_layers
+from v4flash_pd.config.values import Integer
 from v4flash_pd.errors import UserError
 
 ALL = [(k, False) for k in KEYS] + [(k, True) for k in WORKER_KEYS]
@@ -106,3 +107,20 @@ def test_render_k8s_lays_pods_out_from_the_checked_config(tmp_path, cli, item: s
     res = cli("render", "k8s", "-o", str(tmp_path / "k.yaml"), "--set", item)
     assert res.returncode == 2 and res.stderr.startswith("error: ") and needle in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "k.yaml").exists()
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if k.flag is not None and k.type is int], ids=lambda k: k.path)
+def test_an_integer_flag_takes_the_range_of_its_key(key: Key) -> None:
+    """One declaration per bound: the flag refuses above exactly where `--set`/a config file refuse."""
+    assert isinstance(key.check, Integer), f"{key.path}: declare its range with values.integer"
+    flag = key.flag
+    assert flag is not None
+    option = next(p for cmd in COMMANDS.values() for p in cmd.params
+                  if isinstance(p, click.Option) and flag.name in p.opts)
+    assert isinstance(option.type, click.IntRange)
+    assert option.type.max == key.check.high
+    assert option.type.min == max(key.check.low, flag.low if flag.low is not None else key.check.low)
+    if key.check.high is not None:
+        key.parse(key.check.high)
+        with pytest.raises(UserError, match=f"must be <= {key.check.high}"):
+            key.parse(key.check.high + 1)

@@ -227,3 +227,35 @@ def test_detach_status_logs_down(box: dict) -> None:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def test_doctor_beside_a_live_rehearsal_knows_its_ports(box: dict) -> None:
+    """`doctor --rehearse` with the options of a rehearsal that is up: the trio's own ports are that run's
+    (said as information), not errors; a port held by anything else still is one."""
+    env = box["env"]
+    common = ["--config", str(box["cfg"]), "--topology", str(box["topology"])]
+    res = subprocess.run([str(BIN), "up", "--rehearse", "--detach", *common], env=env,
+                         capture_output=True, text=True, timeout=60)
+    run = (box["tmp"] / "runs" / "latest").resolve()
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        doc = subprocess.run([str(BIN), "doctor", "--rehearse", "--json", *common], env=env, capture_output=True,
+                             text=True, timeout=120)
+        checks = {c["name"]: c for c in json.loads(doc.stdout)["checks"]}
+        errors = {n: c["detail"] for n, c in checks.items() if c["status"] == "error"}
+        assert errors == {} and doc.returncode in (0, 3), (doc.returncode, errors)
+        ports = checks["ports"]
+        assert ports["status"] == "ok" and f"in use by the running rehearsal {run}" in ports["detail"], ports
+        assert str(box["ports"][5]) in ports["detail"]  # the router's, named
+        # a stranger on a port of the plan is still an error
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+            other = s.getsockname()[1]
+            doc = subprocess.run([str(BIN), "doctor", "--rehearse", "--json", *common, "--set",
+                                  f"router.metrics_port={other}"], env=env, capture_output=True, text=True, timeout=120)
+        ports = {c["name"]: c for c in json.loads(doc.stdout)["checks"]}["ports"]
+        assert ports["status"] == "error" and str(other) in ports["detail"], ports
+        assert f"in use by the running rehearsal {run}" in ports["detail"] and doc.returncode == 4
+    finally:
+        subprocess.run([str(BIN), "down", "--run-dir", str(run)], env=env, capture_output=True, timeout=60)

@@ -1,50 +1,36 @@
-"""The launcher's modules import one way: no circle (counting imports inside functions too, so none
-can hide one), no private name taken from another module, and the config chain in its order.
+"""The launcher's modules import one way: down the layer table of docs/architecture.md ("The map, top to
+bottom"), with no circle (counting imports inside functions too, so none can hide one), no private name
+taken from another module, and the config chain in its order.
 
-docs/architecture.md draws the map these rules keep true.
+The table in the document is the one the test reads: a module it does not place, a name it lists that is
+no module, or an import up the table fails here.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+import importgraph as G
 import v4flash_pd
 
 ROOT = Path(v4flash_pd.__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 PKG = "v4flash_pd"
-CONFIG_CHAIN = ("values", "keys", "types", "speculative", "layers", "build", "layout", "load")
+CONFIG_CHAIN = ("flagwords", "values", "keys", "types", "speculative", "extraargs", "layers", "build", "layout", "load")
+TABLE = G.layer_table(REPO / "docs" / "architecture.md", "## The map, top to bottom")
 
 
-def _module(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _imports() -> G.Graph:
+    return G.imports(ROOT.parent, (PKG,))
 
 
-def _imports() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-    """module -> [(imported launcher module, names taken from it)], every import statement."""
-    mods = {_module(p): p for p in ROOT.rglob("*.py")}
-    out: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    for mod, path in mods.items():
-        found: list[tuple[str, tuple[str, ...]]] = []
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found += [(a.name, ()) for a in node.names if a.name.startswith(PKG)]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PKG) and not node.level:
-                names = tuple(a.name for a in node.names)
-                subs = [f"{node.module}.{n}" for n in names if f"{node.module}.{n}" in mods]
-                found += [(s, ()) for s in subs]  # `from pkg import module`
-                rest = tuple(n for n in names if f"{node.module}.{n}" not in mods)
-                if rest:
-                    found.append((node.module, rest))
-        out[mod] = [(m, names) for m, names in found if m in mods and m != mod]
-    return out
+def _rel(mod: str) -> str:
+    """`v4flash_pd.doctor.p2p` -> `doctor/p2p.py`, as the table names files."""
+    path = G.modules(ROOT.parent, (PKG,))[mod]
+    return str(path.relative_to(ROOT))
 
 
-def _package_faces(graph: dict[str, list[tuple[str, tuple[str, ...]]]]) -> set[str]:
+def _package_faces(graph: G.Graph) -> set[str]:
     """Packages whose __init__ only hands names on (doctor, bundle): an import of the package is an
     import of what it re-exports, so the face itself is no node of a circle."""
     return {m for m in graph if (ROOT.parent / m.replace(".", "/") / "__init__.py").is_file()}
@@ -54,24 +40,26 @@ def test_no_import_circle() -> None:
     graph = _imports()
     faces = _package_faces(graph)
     edges = {m: {t for t, _ in deps if t not in faces} for m, deps in graph.items() if m not in faces}
-    state: dict[str, int] = {}
-    stack: list[str] = []
+    circle = G.find_circle(edges)
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
 
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(edges.get(m, ())):
-            if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
-                raise AssertionError("import circle: " + " -> ".join(cycle))
-            if t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
 
-    for m in sorted(edges):
-        if m not in state:
-            visit(m)
+def test_every_module_is_on_the_map_and_the_map_names_only_modules() -> None:
+    rels = [_rel(m) for m in _imports()]
+    assert [r for r in rels if G.layer_of(r, TABLE) is None] == [], "modules docs/architecture.md does not place"
+    assert G.unused_patterns(rels, TABLE) == [], "docs/architecture.md names what is no module"
+    assert [name for name, _ in TABLE][0] == "command line" and TABLE[-1][0] == "ground floor"
+
+
+def test_no_module_imports_one_above_it() -> None:
+    up = []
+    for mod, deps in _imports().items():
+        here = G.layer_of(_rel(mod), TABLE)
+        for target, _ in deps:
+            there = G.layer_of(_rel(target), TABLE)
+            if here is not None and there is not None and there < here:
+                up.append(f"{_rel(mod)} ({TABLE[here][0]}) -> {_rel(target)} ({TABLE[there][0]})")
+    assert up == []
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:

@@ -62,3 +62,20 @@ def test_the_background_launcher_refuses_what_is_not_a_launch(tmp_path: Path, st
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("error: the launch handed to the background launcher")
     assert "Traceback" not in res.stderr and not list(tmp_path.iterdir())  # no lock, no record, nothing started
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--lock-fd", "x"], "usage: python -m v4flash_pd.launch RUN_DIR [--lock-fd FD]"),
+    (["--lock", "5"], "usage: python -m v4flash_pd.launch RUN_DIR [--lock-fd FD]"),
+    (["--lock-fd", "97"], "was not handed down (fd 97"),
+    (["--lock-fd", "0"], "fd 0 is not the lock of run dir"),
+])
+def test_the_background_launcher_refuses_a_lock_it_was_not_handed(tmp_path: Path, args: list[str], words: str) -> None:
+    """`up --detach` hands its run dir lock down as an open descriptor; anything else is refused before
+    the launch is read or anything is recorded."""
+    (tmp_path / ".lock").write_text("")
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd.launch", str(tmp_path), *args], input="{}",
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and words in res.stderr, res.stderr
+    assert "fix: " in res.stderr and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]

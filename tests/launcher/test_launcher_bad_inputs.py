@@ -71,6 +71,17 @@ CASES: list[tuple[str, Callable[[Path], list[str]], list[str], bool]] = [
     ("topology-numa-node-not-integer", lambda t: ["plan", "--topology", write(t, "t.json", json.dumps(
         {"gpus": [{"index": i, "numa_node": 0.5} for i in range(8)], "nodes": []}))],
      ["numa_node must be an integer", "0.5"], False),
+    ("topology-negative-memory", lambda t: ["plan", "--topology", write(t, "t.json", json.dumps(
+        {"gpus": [{"index": i, "numa_node": i // 4, "memory_mib": -97887} for i in range(8)], "nodes": []}))],
+     ["gpus[0].memory_mib must be >= 0", "-97887"], False),
+    # a kernel switch in an env table would be overridden by the plan's own V4FLASH_<PATCH> without a word
+    ("patch-switch-in-env",
+     lambda t: ["plan", "--topology", T8, "--config", write(t, "c.toml", '[env]\nV4FLASH_MOE = "0"\n')],
+     ["env sets V4FLASH_MOE", "kernel switch", "--moe off"], False),
+    ("patch-switch-in-worker-env", lambda t: ["plan", "--topology", T8, "--set", 'decode.0.env.V4FLASH_INDEXER="0"'],
+     ["decode.0.env sets V4FLASH_INDEXER", "--indexer off", "patches.indexer"], False),
+    ("patch-switch-in-router-env", lambda t: ["plan", "--topology", T8, "--set", "router.env.V4FLASH_TOPK=1"],
+     ["router.env sets V4FLASH_TOPK", "--topk"], False),
     ("roles-not-a-list", lambda t: ["plan", "--topology", T8, "--config", write(t, "c.toml", "prefill = 3\n")],
      ["prefill", "list of tables"], False),
     ("set-below-a-scalar", lambda t: ["plan", "--topology", T8, "--set", "router.port.x=1"],

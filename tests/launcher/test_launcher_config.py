@@ -34,9 +34,9 @@ def decode_cgbs(cfg) -> int | None:
 
 
 def test_one_key_through_every_layer(tmp_path: Path) -> None:
-    """decode[0].cuda_graph_max_bs: default None < profile 32 < file 16 < V4FLASH_SET 8 < --set 4."""
+    """decode[0].cuda_graph_max_bs: default None < profile 64 < file 16 < V4FLASH_SET 8 < --set 4."""
     assert DEFAULTS["decode"] == []  # the default layer has no decode worker at all
-    assert decode_cgbs(load_config(env=NO_ENV)) == 32
+    assert decode_cgbs(load_config(env=NO_ENV)) == 64
     f = write(tmp_path, "[[decode]]\ncuda_graph_max_bs = 16\n")
     assert decode_cgbs(load_config(f, env=NO_ENV)) == 16
     env = {"V4FLASH_SET": "decode.0.cuda_graph_max_bs=8"}

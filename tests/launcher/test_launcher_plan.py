@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def test_default_profile_on_reference_box() -> None:
         assert flag(argv, "--disaggregation-transfer-backend") == "nixl"
         assert flag(argv, "--tp-size") == "4" and "--dp-size" not in argv
         assert flag(argv, "--model-path") == "/models/DeepSeek-V4-Flash"
-    assert flag(d.argv, "--cuda-graph-max-bs") == "32" and "--cuda-graph-max-bs" not in p.argv
+    assert flag(d.argv, "--cuda-graph-max-bs") == "64" and "--cuda-graph-max-bs" not in p.argv
     assert flag(p.argv, "--context-length") == flag(d.argv, "--context-length") == "131072"
     assert flag(p.argv, "--chunked-prefill-size") == "8192" and "--chunked-prefill-size" not in d.argv
     assert flag(p.argv, "--disaggregation-mode") == "prefill" and flag(d.argv, "--disaggregation-mode") == "decode"
@@ -434,6 +435,50 @@ def test_busy_port_reported_by_plan(tmp_path: Path, cli) -> None:
     # once the listener is gone, the warning is gone too
     res = cli("plan", "--json", "--set", f"decode.0.port={port}", env=env)
     assert not [w for w in texts(json.loads(res.stdout)) if f"{port} (" in w]
+
+
+def _adjacent_listeners(n: int) -> list[socket.socket]:
+    """n listeners on consecutive ports of 127.0.0.1 (a few tries: another process may take one)."""
+    for _ in range(20):
+        held: list[socket.socket] = []
+        base = fakebox.free_ports(1)[0]
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+                s.listen(1)
+            return held
+        except OSError:
+            for s in held:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+def test_a_busy_ports_fix_names_ports_that_are_free(tmp_path: Path, cli) -> None:
+    """prefill-0 and decode-0 on two busy neighbouring ports, the router right above them: each --set of
+    the fix names a port that is free, that no role uses and that the message does not list as busy."""
+    held = _adjacent_listeners(2)
+    try:
+        a, b = (s.getsockname()[1] for s in held)
+        env = fakebox.box_env(tmp_path, BOX_8GPU_2NODE)
+        sets = (f"prefill.0.port={a}", f"decode.0.port={b}", f"router.port={b + 1}")
+        roles = {u.port for u in load_config(env={}, sets=sets).port_uses()}
+        up = cli("up", "--rehearse", *(w for x in sets for w in ("--set", x)), "--run-dir", str(tmp_path / "run"),
+                 env=env)
+        assert up.returncode == 2 and "Traceback" not in up.stderr, up.stderr
+        head, _, fix = up.stderr.partition("fix: ")
+        assert f"{a} (prefill-0 http" in head and f"{b} (decode-0 http" in head, up.stderr
+        suggested = {key: int(port) for key, port in re.findall(r"--set ([a-z0-9_.]+port)=(\d+)", fix)}
+        assert set(suggested) == {"prefill.0.port", "decode.0.port"}, fix
+        assert len(set(suggested.values())) == 2 and not set(suggested.values()) & roles, (fix, roles)
+        for port in suggested.values():
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("127.0.0.1", port))  # free: it binds
+    finally:
+        for s in held:
+            s.close()
 
 
 # ------------------------------------------------------------------ model directory

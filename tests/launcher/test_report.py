@@ -6,6 +6,7 @@ the parsing of nvidia-smi's topology matrices."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,10 @@ import fakebox
 import pytest
 
 from v4flash_kernels.hook.patches import SWITCHES
-from v4flash_pd.report.facts import p2p_summary, parse_matrix
-from v4flash_pd.report.scrub import redact_env, scrub_tree, secret_name
+from v4flash_pd.report.facts import p2p_summary
+from v4flash_pd.report.redact import Redactor, redact_env, secret_name
+from v4flash_pd.report.scrub import scrub_tree
+from v4flash_pd.topology import parse_matrix
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed (CI installs it)")]
@@ -89,6 +92,9 @@ def test_rehearsal_report_is_complete_marked_and_secret_free(box):
     md = (out / "README.md").read_text()
     assert md.index("> **REHEARSAL.**") < md.index("## Summary") < md.index("## End to end")
     assert "| end to end, c=1, output tok/s | patches on " in md and "*(stand-in)*" in md
+    # speculative decoding is on by default: the accept length the bench measured, per level
+    accept = next(ln for ln in md.splitlines() if ln.startswith("| MTP accept length"))
+    assert "c=1: " in accept and "c=64: " in accept and "*(stand-in)*" in accept
     e2e_rows = [ln for ln in md.splitlines() if ln.startswith("| on |") or ln.startswith("| off")]
     assert len(e2e_rows) == len(names) + 2 and all(ln.count("*(stand-in)*") >= 5 for ln in e2e_rows)
     # the tarball has the same files, and nothing anywhere holds a secret
@@ -168,5 +174,25 @@ def test_secrets_are_found_by_name_and_value(tmp_path):
                                 "X": {"API_KEY": "<redacted>"}}
     (tmp_path / "a.log").write_text(f"key={ROUTER_KEY}\n")
     (tmp_path / "b.log").write_text("clean\n")
-    assert scrub_tree(tmp_path, [ROUTER_KEY]) == ["a.log"]
+    assert scrub_tree(tmp_path, Redactor([ROUTER_KEY])) == ["a.log"]
     assert (tmp_path / "a.log").read_text() == "key=<redacted>\n"
+
+
+def test_help_states_the_trio_starts_a_default_report_makes(tmp_path):
+    """`report --help` counts the configurations the code picks for the default plan (it said five where
+    nine ran: issue 29)."""
+    from v4flash_pd.report.variants import all_variants
+
+    env = fakebox.clean_env()
+    helptext = subprocess.run([sys.executable, "-m", "v4flash_pd", "report", "--help"], capture_output=True, text=True,
+                              env=env, timeout=60)
+    assert helptext.returncode == 0, helptext.stderr
+    said = re.search(r"(\d+) by default \(([^)]*)\)", " ".join(helptext.stdout.split()).replace("- ", "-"))
+    assert said, helptext.stdout
+    plan = subprocess.run([sys.executable, "-m", "v4flash_pd", "plan", "--json", "--rehearse", "--topology",
+                           str(fakebox.write_topology(tmp_path, fakebox.BOX_8GPU_2NODE))], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    picked = all_variants(tuple((n, on) for n, on in doc["patches"]), [], tuple(doc["pending_patches"]))
+    assert int(said.group(1)) == len(picked) and said.group(2).split(", ") == [v.name for v in picked]

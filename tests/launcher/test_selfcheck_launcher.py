@@ -70,10 +70,14 @@ def test_one_job_per_gpu_with_the_workers_env_shapes_and_interpreter():
         assert arg(j.argv, "--patches") == ",".join(SWITCHES) and arg(j.argv, "--gpu") == str(j.gpu)
         assert arg(j.argv, "--context") == "131072" and arg(j.argv, "--tp-size") == "4"
         assert arg(j.argv, "--tp-rank") == str(spec.gpus.index(j.gpu))
+        assert j.group == spec.name, "a TP4 worker's GPUs meet for the checks that span them"
         if j.role == "decode":  # the profile's largest captured batch; decode workers never prefill
-            assert arg(j.argv, "--batches") == "1,32" and arg(j.argv, "--prefill-rows") == "0"
+            assert arg(j.argv, "--batches") == "1,64" and arg(j.argv, "--prefill-rows") == "0"
+            # MTP on (2 draft steps): the verify graphs hold B x 3 rows at the fewest and most requests
+            assert arg(j.argv, "--verify-rows") == "3,192"
         else:  # one 8192-token chunk; prefill workers run no decode graphs
             assert arg(j.argv, "--batches") == "1" and arg(j.argv, "--prefill-rows") == "8192"
+            assert arg(j.argv, "--verify-rows") is None
 
 
 def test_unset_shapes_take_sglangs_defaults_and_a_given_cache_dir_wins():

@@ -193,11 +193,64 @@ def test_real_kernels_on_the_interpreter_a_broken_one_is_switched_off(box, stopp
     assert "CPU interpreter, small shapes only" in res.stdout
 
 
-def test_status_of_a_run_without_a_selfcheck_is_unchanged(box, stopper):
+def test_status_of_a_run_without_a_selfcheck_says_it_was_skipped(box, stopper):
     res = up(box, "--detach", "--no-selfcheck")
     assert res.returncode == 0
     st = v4(box, "status", "--json", "--run-dir", str(latest(box)))
-    assert json.loads(st.stdout)["selfcheck"] is None
+    assert json.loads(st.stdout)["selfcheck"]["skipped"] == "--no-selfcheck"
+
+
+def test_a_second_up_on_the_run_dir_is_refused_before_its_selfcheck(box):
+    """The run dir's lock is taken before the check: a second `up` on it is refused at once, runs no
+    check of its own and leaves the first one's state alone."""
+    run = box["tmp"] / "shared-run"
+    first = subprocess.Popen([sys.executable, "-m", "v4flash_pd", "up", "--rehearse", "--config", str(box["cfg"]),
+                              "--topology", str(box["topology"]), "--run-dir", str(run)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=dict(box["env"], **{INJECT: "moe:hang"}),
+                             cwd=box["tmp"])
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().startswith("kernel self-check: ")
+        before = json.loads((run / "state.json").read_text())
+        assert before["status"] == "selfcheck" and before["launcher_pid"] == first.pid
+        second = up(box, "--run-dir", str(run))
+        assert second.returncode != 0
+        assert f"error: run dir {run} is in use by another `v4flash-pd up` (pid {first.pid})" in second.stderr
+        assert "fix: " in second.stderr and "Traceback" not in second.stderr
+        assert "kernel self-check" not in second.stdout, "the loser ran a self-check"
+        after = json.loads((run / "state.json").read_text())
+        assert after["status"] == "selfcheck" and after["launcher_pid"] == first.pid
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert json.loads((run / "state.json").read_text())["reason"].startswith("SIGTERM")
+
+
+def test_no_selfcheck_in_a_reused_run_dir_does_not_show_the_previous_verdict(box, stopper):
+    run = box["tmp"] / "reused-run"
+    res = up(box, "--detach", "--run-dir", str(run), **{INJECT: "moe:wrong@5"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads((run / "selfcheck.json").read_text())["switched_off"] == ["moe"]
+    assert v4(box, "down", "--run-dir", str(run)).returncode == 0
+    res = up(box, "--detach", "--no-selfcheck", "--run-dir", str(run))
+    assert res.returncode == 0, res.stdout + res.stderr
+    try:
+        assert not (run / "selfcheck.json").exists(), "the previous run's verdict is still in the run dir"
+        st = v4(box, "status", "--run-dir", str(run))
+        assert "self-check skipped (--no-selfcheck)" in st.stdout and "moe FAILED" not in st.stdout, st.stdout
+        js = json.loads(v4(box, "status", "--json", "--run-dir", str(run)).stdout)
+        assert js["selfcheck"]["skipped"] == "--no-selfcheck" and "switched_off" not in js["selfcheck"]
+        # and a check that runs again is this run's own, not a leftover "skipped"
+    finally:
+        v4(box, "down", "--run-dir", str(run))
+    res = up(box, "--detach", "--run-dir", str(run))
+    assert res.returncode == 0, res.stdout + res.stderr
+    try:
+        js = json.loads(v4(box, "status", "--json", "--run-dir", str(run)).stdout)
+        assert "skipped" not in js["selfcheck"] and js["selfcheck"]["decision"] == "ok"
+    finally:
+        v4(box, "down", "--run-dir", str(run))
 
 
 

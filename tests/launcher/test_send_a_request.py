@@ -216,3 +216,26 @@ def test_up_detach_shows_progress_and_where_to_follow_it(tmp_path: Path) -> None
         assert sum(x.startswith("READY ") for x in lines) == 1 and ready == len(lines) - 1, up.stdout
     finally:
         _stop(env, tmp_path)
+
+
+def test_the_demo_prints_commands_that_run_as_printed(tmp_path: Path) -> None:
+    """The demo printed `$ v4flash-pd status`, but `make demo`'s CLI is .venv-demo/bin/v4flash-pd, on nobody's
+    PATH: each command it shows names the CLI it ran, and the demo ends with how to keep a trio running."""
+    cfg = fakebox.write_pd_config(tmp_path, fakebox.free_ports(7))
+    env = _env(tmp_path)
+    try:
+        demo = subprocess.run([PY, "-m", "v4flash_pd.demo", "--config", str(cfg)], env=env, capture_output=True,
+                              text=True, timeout=150, cwd=README.parent)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+    finally:
+        _stop(env, tmp_path)
+    cli = os.path.relpath(Path(PY).parent / "v4flash-pd", README.parent)
+    shown = [x[2:].split("    # ")[0] for x in demo.stdout.splitlines() if x.startswith("$ ") and "curl " not in x]
+    assert [c.split()[1] for c in shown] == ["up", "status", "logs", "down"], shown
+    assert all(c.split()[0] == cli for c in shown), (cli, shown)
+    assert (README.parent / cli).is_file()
+    status = subprocess.run([*shown[1].split(), "--help"], capture_output=True, text=True, cwd=README.parent,
+                            timeout=60, env=env)
+    assert status.returncode == 0 and "Usage:" in status.stdout, status.stderr
+    tail = demo.stdout[demo.stdout.index("demo OK"):]
+    assert f"{cli} up --rehearse --detach" in tail and f"{cli} status" in tail and f"{cli} down" in tail, tail

@@ -37,7 +37,8 @@ for p in plan["processes"]:
         "model_path", "tensor_parallel_size", "host", "port", "nccl_port", "kv_cache_dtype",
         "moe_runner_backend", "mem_fraction_static", "cuda_graph_max_bs", "enable_metrics",
         "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-        "trust_remote_code", "context_length", "chunked_prefill_size")}
+        "trust_remote_code", "context_length", "chunked_prefill_size", "speculative_algorithm",
+        "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")}
 choices = {}
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
@@ -75,7 +76,11 @@ def test_engine_argv_accepted_by_pinned_sglang_parser(default_plan, sglang_pytho
     assert pre["disaggregation_transfer_backend"] == dec["disaggregation_transfer_backend"] == "nixl"
     assert pre["disaggregation_bootstrap_port"] == 8998 == dec["disaggregation_bootstrap_port"]
     assert pre["kv_cache_dtype"] == "fp8_e4m3" and pre["moe_runner_backend"] == "marlin"
-    assert dec["cuda_graph_max_bs"] == 32 and pre["cuda_graph_max_bs"] is None
+    assert dec["cuda_graph_max_bs"] == 64 and pre["cuda_graph_max_bs"] is None
+    # MTP on by default: the pinned parser reads the same 2-step EAGLE flags on both workers
+    for w in (pre, dec):
+        assert (w["speculative_algorithm"], w["speculative_num_steps"], w["speculative_eagle_topk"],
+                w["speculative_num_draft_tokens"]) == ("EAGLE", 2, 1, 3)
     assert (pre["port"], dec["port"], pre["nccl_port"], dec["nccl_port"]) == (30000, 30001, 30010, 30011)
     assert pre["trust_remote_code"] and pre["enable_metrics"]
     assert pre["context_length"] == dec["context_length"] == 131072

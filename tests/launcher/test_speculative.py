@@ -27,10 +27,18 @@ def _window(argv: list[str], flag: str) -> list[str]:
     return argv[i:i + len(FLAGS)]
 
 
-def test_off_by_default(plan_json) -> None:
+def test_two_draft_steps_by_default_and_off_with_mtp_0(plan_json) -> None:
+    """On by default with 2 draft steps (the public evidence for this checkpoint on the card: best at 1
+    and at 64 streams); --mtp 0 turns it off."""
     plan = plan_json("--topology", T8)
-    assert not any(a.startswith("--speculative") for argv in _argvs(plan).values() for a in argv)
-    assert plan["speculative"] == "" and plan["config"]["speculative"]["num_steps"] == 0
+    for name, argv in _argvs(plan).items():
+        assert tuple(_window(argv, "--speculative-algorithm")) == (
+            "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "3"), name
+    assert plan["config"]["speculative"]["num_steps"] == 2
+    off = plan_json("--topology", T8, "--mtp", "0")
+    assert not any(a.startswith("--speculative") for argv in _argvs(off).values() for a in argv)
+    assert off["speculative"] == "" and off["config"]["speculative"]["num_steps"] == 0
 
 
 @pytest.mark.parametrize("how", [("--mtp", "3"), ("--set", "speculative.num_steps=3"),
@@ -71,8 +79,8 @@ def test_plan_text_shows_them(cli) -> None:
     assert ("spec     EAGLE with the MTP layer: 3 draft step(s), top-k 1, 4 tokens verified per step "
             "(the same flags on every worker)") in res.stdout
     assert res.stdout.count("--speculative-num-draft-tokens 4") == 2  # prefill's and decode's command
-    assert "MTP LAYER" in res.stdout and "1.0 GiB" in res.stdout  # the draft layer in the memory table
-    off = cli("plan", "--topology", T8)
+    assert "MTP LAYER" in res.stdout and "0.9 GiB" in res.stdout  # the draft layer in the memory table
+    off = cli("plan", "--topology", T8, "--mtp", "0")
     assert "spec     off (--mtp N" in off.stdout
 
 
@@ -84,7 +92,8 @@ def test_extra_speculative_knobs_go_to_every_worker_through_engine_extra_args(pl
 
 
 def test_decode_radix_cache_without_speculation_is_left_alone(plan_json) -> None:
-    plan = plan_json("--topology", T8, "--set", 'decode.0.extra_args=["--disaggregation-decode-enable-radix-cache"]')
+    plan = plan_json("--topology", T8, "--mtp", "0",
+                     "--set", 'decode.0.extra_args=["--disaggregation-decode-enable-radix-cache"]')
     assert _argvs(plan)["decode-0"][-1] == "--disaggregation-decode-enable-radix-cache"
 
 
@@ -96,14 +105,14 @@ REFUSED = [
     (("--set", "speculative.eagle_topk=0", "--mtp", "3"), "accepts only eagle_topk = 1", "eagle_topk = 1"),
     (("--set", "speculative.num_draft_tokens=6", "--mtp", "3"), "replaces it by num_steps + 1 = 4",
      "speculative.num_draft_tokens = 4"),
-    (("--set", "speculative.num_draft_tokens=4"), "turns speculative decoding off", "--mtp 3"),
+    (("--mtp", "0", "--set", "speculative.num_draft_tokens=4"), "turns speculative decoding off", "--mtp 3"),
     (("--set", "speculative.num_steps=-1"), "must be >= 0", "speculative.num_steps"),
     (("--mtp", "-1"), "-1", "--mtp"),
     (("--set", 'engine.extra_args=["--speculative-num-steps", "3"]'), "the [speculative] table writes",
      "--mtp N"),
     (("--mtp", "3", "--set", 'prefill.0.extra_args=["--speculative-algorithm=EAGLE"]'),
      "prefill.0.extra_args passes --speculative-algorithm", "--mtp N"),
-    (("--set", 'engine.extra_args=["--speculative-attention-mode", "decode"]'),
+    (("--mtp", "0", "--set", 'engine.extra_args=["--speculative-attention-mode", "decode"]'),
      "speculative decoding is off", "--mtp N"),
     (("--mtp", "3", "--set", 'decode.0.extra_args=["--speculative-attention-mode", "decode"]'),
      "to decode-0 only", "engine.extra_args"),
@@ -117,6 +126,10 @@ REFUSED = [
      "SGLANG_OPT_USE_ONLINE_COMPRESS"),
     (("--mtp", "3", "--set", "decode.0.env.SGLANG_OPT_USE_ONLINE_COMPRESS=true"), "decode.0.env sets",
      "remove SGLANG_OPT_USE_ONLINE_COMPRESS"),
+    (("--mtp", "65"), "65", "--mtp"),
+    # the same bound as --mtp through --set, V4FLASH_SET and a config file (one declaration, keys.py)
+    (("--set", "speculative.num_steps=65"), "speculative.num_steps = 65 must be <= 64", "speculative.num_steps="),
+    (("--set", "speculative.num_steps=100000"), "must be <= 64", "speculative.num_steps="),
 ]
 
 
@@ -154,3 +167,14 @@ def test_refusals_name_the_layer_they_came_from() -> None:
 def test_json_plan_roundtrips_the_table(plan_json) -> None:
     plan = plan_json("--topology", T8, "--mtp", "3")
     assert json.loads(json.dumps(plan["config"]["speculative"]))["num_steps"] == 3
+
+
+def test_a_config_file_and_v4flash_set_take_the_bound_of_mtp(cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[speculative]\nnum_steps = 65\n")
+    for res in (cli("plan", "--topology", T8, "--config", str(cfg)),
+                cli("plan", "--topology", T8, extra_env={"V4FLASH_SET": "speculative.num_steps=65"})):
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith("error: config key speculative.num_steps = 65 must be <= 64"), res.stderr
+        assert "fix: " in res.stderr
+    assert cli("plan", "--topology", T8, "--set", "speculative.num_steps=64").returncode == 0

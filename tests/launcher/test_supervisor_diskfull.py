@@ -110,12 +110,12 @@ def test_stop_with_a_full_or_read_only_run_dir_leaves_nothing_behind(tmp_path: P
 
 @needs_mount_ns
 def test_up_on_a_run_dir_that_is_full_before_the_first_process_refuses_cleanly(tmp_path: Path) -> None:
-    """ENOSPC writing config.json/plan.json (the disk had room for the lock and nothing more): one
+    """ENOSPC in the run dir before anything started (the disk had room for the lock and nothing more): one
     error + fix paragraph, non-zero exit, no traceback, and no process started."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     run = mnt / "run"
-    # fill the tmpfs, then free exactly one page: the write test passes, the lock takes the page back
+    # fill the tmpfs, then free exactly one page: the lock (taken first, with its pid) takes it back
     setup = (f"mount -t tmpfs -o size=1m tmpfs '{mnt}'; dd if=/dev/zero of='{mnt}/pad' bs=4096 count=1 2>/dev/null; "
              f"dd if=/dev/zero of='{mnt}/fill' bs=4096 2>/dev/null || true; rm '{mnt}/pad'")
     up = NsUp(tmp_path, run, setup)

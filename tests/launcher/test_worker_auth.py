@@ -133,3 +133,15 @@ def test_the_wrapper_refuses_a_missing_key_before_the_worker_starts(tmp_path: Pa
     res = subprocess.run([sys.executable, "-m", "v4flash_pd.workerauth", "--api-key-env", "ROUTER_API_KEY", "--",
                           "sys"], capture_output=True, text=True, env=fakebox.clean_env(), timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("error: router.api_key_env names $ROUTER_API_KEY")
+
+
+@pytest.mark.parametrize("module", ["no.such.module", "nosuchmodule_v4", ".relative", ""])
+def test_the_wrapper_refuses_a_worker_module_that_does_not_exist(tmp_path: Path, module: str) -> None:
+    """A clean paragraph and exit 2 instead of runpy's ImportError traceback (issue 29)."""
+    key = tmp_path / "k"
+    key.write_text(SECRET + "\n")
+    res = subprocess.run([sys.executable, "-m", "v4flash_pd.workerauth", "--api-key-file", str(key), "--", module,
+                          "--port", "1"], capture_output=True, text=True, env=fakebox.clean_env(), timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"error: no module named {module!r}") and "\n  fix: " in res.stderr
+    assert "Traceback" not in res.stderr and SECRET not in res.stdout + res.stderr

@@ -19,12 +19,15 @@ from v4flash_pd.ports import free_port
 
 @contextlib.contextmanager
 def engine(sets: tuple[str, ...] = (), **knobs: str) -> Iterator[str]:
-    """`sets`: more config overrides (e.g. speculative.num_steps=3); `knobs`: V4FLASH_REHEARSAL_<KNOB>."""
+    """`sets`: more config overrides (e.g. speculative.num_steps=3; speculation is off unless they turn it
+    on); `knobs`: V4FLASH_REHEARSAL_<KNOB>."""
     port, nccl = free_port(), free_port()
     # the aggregated profile's one server, rehearsed: argv and env from the product's plan builder
     cfg = load_config(profile="rtx6000-tp4", env={}, sets=(
         f"python={sys.executable}", "numa=off", 'server.0.host="127.0.0.1"', f"server.0.port={port}",
-        f"server.0.nccl_port={nccl}", "model.path=/models/none", *sets))
+        f"server.0.nccl_port={nccl}", "model.path=/models/none",
+        # the profile speculates by default (2 draft steps); these tests choose it: off unless `sets` say
+        "speculative.num_steps=0", *sets))
     spec = build_plan(cfg, Host.remote(topo.Topology(gpus=(), nodes=())), rehearse=True).get("server-0")
     env = dict(os.environ, V4FLASH_REHEARSAL_LOAD_SECONDS="0")
     for k in [k for k in env if k.startswith("V4FLASH_REHEARSAL_") and k != "V4FLASH_REHEARSAL_LOAD_SECONDS"]:

@@ -129,3 +129,25 @@ def test_cli_env_and_failure_exit():
     assert "HTTP 500" in p.stdout and "request(s) failed" in p.stderr
     p = _cli("bench", "--concurrency", "0")
     assert p.returncode == 2 and "--concurrency" in p.stderr
+
+
+def test_rehearsal_numbers_are_labelled_stand_in():
+    """Throughput measured on the rehearsal's stand-in engine says so wherever it is printed (the table,
+    --json); an engine that is not a rehearsal gets no label."""
+    from ops_engine import engine
+
+    args = ("--concurrency", "2", "--requests", "2", "--input-len", "4", "--output-len", "3")
+    with engine() as url:
+        text = _cli("bench", "--url", url, *args)
+        js = _cli("bench", "--url", url, *args, "--json")
+    assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
+    head = text.stdout.splitlines()[0]
+    assert head.startswith("bench ") and "[stand-in: rehearsal engines, no model, no GPU]" in head, text.stdout
+    assert "out tok/s" in text.stdout and "stand-in" in text.stdout.splitlines()[-1], text.stdout
+    doc = json.loads(js.stdout)
+    assert doc["standin"] is True and all(lv["standin"] for lv in doc["levels"])
+    with StandIn(ttft_s=0.0, itl_s=0.001) as srv:
+        real = _cli("bench", "--url", srv.url, *args)
+        real_js = _cli("bench", "--url", srv.url, *args, "--json")
+    assert real.returncode == 0 and "stand-in" not in real.stdout, real.stdout
+    assert json.loads(real_js.stdout)["standin"] is False

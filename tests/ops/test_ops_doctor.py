@@ -381,3 +381,24 @@ def test_doctor_rehearse_does_not_fail_on_what_a_rehearsal_does_not_need(tmp_pat
         busy.listen(1)
         busy_rc, busy_checks = run("--rehearse")
     assert busy_rc == EXIT_ERROR and busy_checks["ports"]["status"] == "error"
+
+
+@pytest.mark.parametrize("gpus", [0, 4], ids=["no-gpu", "four-of-eight"])
+def test_doctor_gpu_without_the_plans_gpus_says_so_and_leaves_no_temp_dir(box, gpus: int):
+    """`doctor --gpu` on a machine without (all of) the plan's GPUs: one plain selfcheck row, no check
+    process that would blame torch, exit 4 (errors) as documented, and nothing left in the temp dir."""
+    tmpdir = box["tmp"] / "tmpdir"
+    tmpdir.mkdir()
+    smi = str(make_nvidia_smi(box["tmp"], count=gpus)) if gpus else str(box["tmp"] / "missing-nvidia-smi")
+    rc, checks = doctor(box, "--gpu", "--only", "gpu", V4FLASH_NVIDIA_SMI=smi, TMPDIR=str(tmpdir))
+    assert rc == EXIT_ERROR
+    rows = {n: c for n, c in checks.items() if n.startswith("selfcheck")}
+    assert list(rows) == ["selfcheck"], rows
+    row = rows["selfcheck"]
+    assert row["status"] == "error" and "torch" not in row["detail"], row
+    if gpus:
+        assert "the plan uses GPUs 0-7 but this machine has 0-3" in row["detail"], row
+    else:
+        assert row["detail"].startswith("no GPU on this machine"), row
+    assert "--rehearse" in row["fix"] and "the self-check did not run" in row["detail"]
+    assert list(tmpdir.iterdir()) == []

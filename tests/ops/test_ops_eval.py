@@ -87,3 +87,15 @@ def test_dead_server_and_bad_input():
     assert p.returncode == 2 and "questions must be >= 1" in p.stderr
     p = _cli("eval", "--min-accuracy", "1.5")
     assert p.returncode == 2
+
+
+def test_a_pass_on_the_rehearsal_engine_is_labelled_stand_in():
+    with engine() as url:
+        p = _cli("eval", "--url", url, "--questions", "3")
+        js = _cli("eval", "--url", url, "--questions", "3", "--json")
+    assert p.returncode == 0 and js.returncode == 0, p.stderr + js.stderr
+    first = p.stdout.splitlines()[0]
+    assert first.startswith("eval PASS") and "[stand-in: rehearsal engines, no model, no GPU]" in first, p.stdout
+    assert json.loads(js.stdout)["standin"] is True
+    r = evalgate.score("http://x", [evalgate.grade(arith.make_problems(1)[0], "The answer is 0")], 0.0, 1.0)
+    assert not r.standin and "stand-in" not in evalgate.render(r)

@@ -11,7 +11,7 @@ from v4flash_pd.rehearsal.args import parse_engine_args
 from v4flash_pd.rehearsal.knobs import KnobError, knobs_from_env
 from v4flash_pd.rehearsal.textgen import generate, is_corrupted, prompt_from_text
 
-# The argv shape the plan builds for the reference box (sglang-0.5.13.md section 6).
+# The argv shape the plan builds for the reference box (tests/launcher/test_launcher_plan.py checks the plan's).
 PLAN_ARGV = ("--model-path /models/dsv4 --trust-remote-code --tp 4 --host 127.0.0.1 --port 30000 "
              "--disaggregation-mode prefill --disaggregation-transfer-backend nixl "
              "--disaggregation-bootstrap-port 8998 --moe-runner-backend marlin "

@@ -22,6 +22,7 @@ from v4flash_bench.step import model as M
 from v4flash_bench.step import report as R
 from v4flash_kernels.provenance import measured_commit
 
+DEFAULT_SEED = 20261202  # fixed: two runs draw the same inputs unless --seed says otherwise
 DEFAULT_TP = "4,2"
 DEFAULT_MTP = "1,2,3"
 DEFAULT_VERIFY_BATCHES = "1,16,64"
@@ -113,8 +114,12 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                    help=f"every op's inputs derive from it and the op's key (default {DEFAULT_SEED}); a verdict "
+                    "must not depend on it")
     ap.add_argument("--from-json", default=None, help="re-render a finished run's --json (no GPU needed)")
+    ap.add_argument("--no-step-graph", action="store_true",
+                    help="skip capturing each decode step (first TP and context) as one CUDA graph")
     args = ap.parse_args(argv)
     try:
         specs = specs_from(args)
@@ -143,15 +148,17 @@ def main(argv: List[str] | None = None) -> int:
     from v4flash_bench.step import runner
     from v4flash_kernels.kit.measure import copy_bandwidth, graph_overhead_us
 
-    seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
+    seed = args.seed
     props = torch.cuda.get_device_properties(0)
     bw = copy_bandwidth()
     gpu = M.machine_for(props.name, bw)
     overhead = graph_overhead_us()
     print(f"GPU {props.name}: {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MB, "
           f"copy {bw / 1e12:.2f} TB/s, one-kernel graph replay {overhead:.1f} us", flush=True)
+    print(f"seed {seed} (--seed): every op's inputs derive from it and the op's key", flush=True)
     t0 = time.time()
     ops, meas = runner.run(specs, seed, log=lambda s: print(s, flush=True))
+    graphs = [] if args.no_step_graph else step_graphs(specs, meas, seed, lambda s: print(s, flush=True))
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
         "sms": props.multi_processor_count, "l2_mb": props.L2_cache_size >> 20, "copy_bw_tbs": bw / 1e12,
@@ -162,21 +169,52 @@ def main(argv: List[str] | None = None) -> int:
         "verify_batches": args.verify_batches or DEFAULT_VERIFY_BATCHES,
         "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
     }
-    return emit(specs, meas, gpu, meta, args)
+    return emit(specs, meas, gpu, meta, args, graphs)
 
 
-def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) -> int:
+def step_graphs(specs: List[M.StepSpec], meas: dict, seed: int, log) -> list:
+    """Each decode step of the first TP and context, both paths, captured whole (`stepgraph`)."""
+    import torch
+
+    from v4flash_bench.step import stepgraph
+
+    decode = [s for s in specs if s.phase == "decode"]
+    if not decode:
+        return []
+    first = decode[0]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    out = []
+    for s in decode:
+        if s.tp != first.tp or s.configured_ctx != first.configured_ctx:
+            continue
+        for path in ("upstream", "patched"):
+            g = stepgraph.measure(s, path, meas, seed, l2)
+            log(f"step graph {s.label} {path}: " + (f"{g.ms:.2f} ms, {g.kernels} kernels" if g.error is None
+                                                     else g.error))
+            out.append(g)
+    return out
+
+
+def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args, graphs: list | None = None) -> int:
     """Compose every spec from the measurements, print the tables, write JSON / markdown; 1 on a failed op."""
     from v4flash_bench.step import results as runner
 
+    graphs = graphs or []
     pairs = []
+    kernels = {}
     for s in specs:
         sops = M.step_ops(s)
         us, src = runner.path_times(sops, meas)
         pairs.append((M.compose(s, "upstream", sops, us, src, gpu), M.compose(s, "patched", sops, us, src, gpu)))
+        for path in ("upstream", "patched"):
+            kernels[(s.label, path)] = runner.kernels_per_step(sops, path, meas)
     print(json.dumps(meta))
     print()
-    print(R.summary_table(pairs, md=False))
+    print(R.summary_table(pairs, md=False, kernels=kernels))
+    graph_text = R.step_graph_table(graphs, pairs, kernels, md=False)
+    if graph_text:
+        print("\nthe step as it runs: every call of the decode step in one CUDA graph, next to the per-op sum")
+        print(graph_text)
     spec_text = R.spec_table(pairs, md=False)
     if spec_text:
         print("\nspeculative decoding (MTP): verify cycle = B x (k+1)-row target forward + k draft forwards "
@@ -195,17 +233,24 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args) 
             json.dump({
                 "meta": meta,
                 "measurements": [runner.to_json(m) for m in meas.values()],
+                "step_graphs": [g.__dict__ for g in graphs],
+                "kernels_per_step": [{"spec": k[0], "path": k[1], "kernels": v} for k, v in kernels.items()],
                 "compositions": [{
                     "spec": up.spec.label, "upstream_ms": up.total_ms, "patched_ms": pa.total_ms,
                     "upstream_timed_ms": up.timed_ms, "patched_timed_ms": pa.timed_ms,
                     "estimate_ms": up.estimate_ms, "floor_rtx6000_ms": pa.floor_rtx_ms, "floor_gpu_ms": pa.floor_gpu_ms,
                     "upstream_tok_s": up.tok_s(), "patched_tok_s": pa.tok_s(),
+                    "complete": not (up.failed or pa.failed), "failed": {"upstream": list(up.failed),
+                                                                         "patched": list(pa.failed)},
                     "lines": [dict(path=c.path, **ln.__dict__) for c in (up, pa) for ln in c.lines],
                 } for up, pa in pairs],
             }, f, indent=1, default=str)
     if args.md:
         with open(args.md, "w") as f:
-            f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True)}\n")
+            f.write(f"<!-- {json.dumps(meta)} -->\n\n## Summary\n\n{R.summary_table(pairs, md=True, kernels=kernels)}\n")
+            if graph_text:
+                f.write(f"\n## The step as it runs (one CUDA graph per decode step)\n\n"
+                        f"{R.step_graph_table(graphs, pairs, kernels, md=True)}\n")
             if tp_text:
                 f.write(f"\n## TP4 vs 2x TP2 (per GPU, patched path)\n\n{R.tp_table(pairs, md=True)}\n")
             if spec_text:
@@ -230,6 +275,9 @@ def from_json(path: str, args) -> int:
             data = json.load(f)
         meta = data["meta"]
         meas = {(m["key"], m["impl"]): runner.Measurement(**m) for m in data["measurements"]}
+        from v4flash_bench.step.stepgraph import StepGraph
+
+        graphs = [StepGraph(**g) for g in data.get("step_graphs", ())]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: cannot read measurements from {path}: {exc}\nfix: pass the --json file a GPU run wrote",
               file=sys.stderr)
@@ -246,7 +294,7 @@ def from_json(path: str, args) -> int:
                  for s in specs]
     gpu = M.machine_for(meta["gpu"], meta["copy_bw_tbs"] * 1e12)
     try:
-        return emit(specs, meas, gpu, meta, args)
+        return emit(specs, meas, gpu, meta, args, graphs)
     except KeyError as exc:
         print(f"error: the run in {path} has no measurement for {exc}\nfix: give the same --batches/--contexts/"
               "--actual-context/--prefill/--tp as that run", file=sys.stderr)

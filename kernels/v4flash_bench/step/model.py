@@ -113,7 +113,7 @@ class Op:
     bytes: int
     flops: int
     params: Tuple[Tuple[str, object], ...] = ()
-    patch: str | None = None  # which of our kernels replaces it in the patched path
+    patch: str | None = None  # the registry patch (hook.patches.PatchSpec name) that replaces it in the patched path
     # An estimate (µs per call, source) used only when the op cannot be timed here (e.g. TileLang
     # missing on the GPU machine); such a line is counted with the estimates, never as timed.
     fallback: Tuple[float, str] | None = None
@@ -149,6 +149,26 @@ def bf16_gemm_bytes(m: int, n: int, k: int, out_bytes: int = 2) -> int:
 def fp8_gemm(name: str, m: int, n: int, k: int, count: int) -> Op:
     return Op(name, "fp8_gemm", f"fp8:{m}x{n}x{k}", count, fp8_gemm_bytes(m, n, k), 2 * m * n * k,
               _params(m=m, n=n, k=k), patch="fp8_gemm")
+
+
+# The fused q path (`qnorm_rope` patch: wq_b's GEMM + per-head RMSNorm + RoPE in one kernel) takes up to
+# this many rows (qnorm_rope.op.MAX_ROWS); more rows run upstream's method (wq_b, then the JIT norm + RoPE).
+QNORM_ROPE_MAX_ROWS = 16
+QNORM_ROPE_NAME = "wq_b + q norm + RoPE (fused)"
+
+
+def q_path_ops(m: int, local_heads: int, count: int) -> List[Op]:
+    """wq_b's rows of a step (the q norm + RoPE glue row is `glue_ops`'): at up to QNORM_ROPE_MAX_ROWS rows
+    the patched path runs them as one fused op instead (reads wq_b's weight, scales and input, each row's
+    position and cos/sin; writes q), the upstream path as the two ops."""
+    n = local_heads * HEAD_DIM
+    wq_b = fp8_gemm("wq_b (FP8)", m, n, Q_LORA, count)
+    if m > QNORM_ROPE_MAX_ROWS:
+        return [wq_b]
+    fused = Op(QNORM_ROPE_NAME, "fp8_gemm", f"qnr:{m}x{n}x{Q_LORA}", count,
+               fp8_gemm_bytes(m, n, Q_LORA) + m * (8 + 64 * 4), 2 * m * n * Q_LORA,
+               _params(m=m, heads=local_heads, k=Q_LORA), patch="qnorm_rope")
+    return [_only(wq_b, "upstream"), _variant(fused, "patched")]
 
 
 def bf16_gemm(name: str, m: int, n: int, k: int, count: int, out_fp32: bool = False, groups: int = 1) -> Op:
@@ -275,7 +295,7 @@ def attention_op(kind: str, rows: int, heads_needed: int, total_tokens: int, cou
     distinct = total_tokens if distinct_tokens is None else distinct_tokens
     nbytes = distinct * KV_TOKEN_BYTES + 4 * total_tokens + 2 * rows * heads_needed * HEAD_DIM * 2
     flops = 2 * 2 * heads_needed * total_tokens * HEAD_DIM
-    return Op(f"sparse-MLA attention ({kind})", "attention", key, count, nbytes, flops, params, patch="attention")
+    return Op(f"sparse-MLA attention ({kind})", "attention", key, count, nbytes, flops, params, patch="sparse_decode")
 
 
 def indexer_op(rows: int, configured_c4: int, actual_c4_per_row: float, count: int, key: str,
@@ -340,6 +360,8 @@ def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) 
 
     shared_i = SHARED_INTER // tp
     rms = ((rows * HIDDEN * 2 + HIDDEN * 2, rows * HIDDEN * 2),)
+    qrope = glue_op("q norm + RoPE (JIT)", f"qrope{h}", rows, n_all, ((rows * h * HEAD_DIM * 2, rows * h * HEAD_DIM * 2),),
+                    "proxy")
     return [
         # upstream: each layer's input and post-attention norms + the final norm; patched: the sub-layer
         # norms are inside the fused mHC boundaries (`mhc_ops`) but the first layer's input norm
@@ -347,8 +369,8 @@ def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) 
         _only(glue_op(RMS4096_NAME, "rms4096", rows, 2, rms, "rmsnorm", HIDDEN), "patched"),
         glue_op("RMSNorm q_norm 1024", "rms1024", rows, n_all, ((rows * Q_LORA * 2 + Q_LORA * 2, rows * Q_LORA * 2),),
                 "rmsnorm", Q_LORA),
-        glue_op("q norm + RoPE (JIT)", f"qrope{h}", rows, n_all, ((rows * h * HEAD_DIM * 2, rows * h * HEAD_DIM * 2),),
-                "proxy"),
+        # fused into wq_b's kernel on the patched path at decode / verify rows (`q_path_ops`)
+        _only(qrope, "upstream") if rows <= QNORM_ROPE_MAX_ROWS else qrope,
         glue_op("kv norm + RoPE + fp8 SWA cache write (JIT)", "kvstore", rows, n_all,
                 ((rows * HEAD_DIM * 2, rows * KV_TOKEN_BYTES),), "proxy"),
         glue_op("inverse RoPE on o (JIT)", f"orope{h}", rows, n_all, ((rows * h * rope * 2, rows * h * rope * 2),),
@@ -418,7 +440,7 @@ def linear_ops(m: int, counts: Mapping[str, int], tp: int = TP) -> List[Op]:
     local_groups = O_GROUPS // tp
     return [
         fp8_gemm("wqkv_a (FP8)", m, Q_LORA + HEAD_DIM, HIDDEN, n_all),
-        fp8_gemm("wq_b (FP8)", m, local_heads * HEAD_DIM, Q_LORA, n_all),
+        *q_path_ops(m, local_heads, n_all),
         bf16_gemm("wo_a einsum (bf16)", m, O_LORA, N_HEADS * HEAD_DIM // O_GROUPS, n_all, groups=local_groups),
         fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // tp, n_all),
         fp8_gemm("indexer wq_b (FP8)", m, INDEX_HEADS * INDEX_DIM, Q_LORA, n_c4),
@@ -660,6 +682,11 @@ class OpLine:
     rtx_lo_ms: float = float("nan")  # the RTX PRO 6000 range of this op per step (see `rtx_range_us`)
     rtx_hi_ms: float = float("nan")
 
+    @property
+    def failed(self) -> bool:
+        """Its implementation failed its check (`results.FAILED`): no time, the step is incomplete."""
+        return self.source.startswith("FAILED")
+
 
 @dataclass(frozen=True)
 class Composition:
@@ -668,6 +695,11 @@ class Composition:
     lines: Tuple[OpLine, ...]
     estimates: Tuple[Estimate, ...]
     tokens_per_step: int
+
+    @property
+    def failed(self) -> Tuple[str, ...]:
+        """The ops that failed their check: while any did, every total of this step is incomplete (NaN)."""
+        return tuple(ln.name for ln in self.lines if ln.failed)
 
     @property
     def timed_ms(self) -> float:
@@ -755,7 +787,54 @@ def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> Li
     return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
 
 
-ACCEPT_LENGTHS = (1.5, 2.0, 2.5, 3.1)  # mean tokens emitted per verify (incl. the bonus token)
+@dataclass(frozen=True)
+class AcceptRange:
+    """Mean tokens emitted per verify cycle (the bonus token included) at k draft steps: a cited range,
+    never one favourable constant. `mid` is the middle of low and high."""
+
+    k: int
+    low: float
+    high: float
+    source: str
+
+    @property
+    def mid(self) -> float:
+        return (self.low + self.high) / 2
+
+    def points(self) -> Tuple[Tuple[str, float], ...]:
+        return (("low", self.low), ("mid", self.mid), ("high", self.high))
+
+
+# Public figures for DeepSeek-V4-Flash's MTP layer (the sources are listed in docs/speculative.md):
+# SGLang's CI floors (accept length >= 1.6 at 1 step, >= 2.8 at 3 steps), 2-step draft acceptance 88 %
+# (accept length 2.76, an NVFP4 requant), 2.77 at 3 steps (Ascend) and 3.1 at 3 steps (a GPU reference).
+# The 2-step low end is interpolated between the two CI floors (derived, not measured).
+ACCEPT = {
+    1: AcceptRange(1, 1.6, 1.88, "low: SGLang CI floor at 1 step; high: 1 + 0.88 (88 % per-draft acceptance)"),
+    2: AcceptRange(2, 2.2, 2.76, "low: derived between SGLang's CI floors (1.6 at 1 step, 2.8 at 3); "
+                                 "high: 88 % per-draft acceptance at 2 steps (2.76)"),
+    3: AcceptRange(3, 2.77, 3.1, "low: 2.77 at 3 steps (Ascend report); high: 3.1 at 3 steps (GPU reference)"),
+}
+
+
+def accept_range(k: int) -> AcceptRange:
+    """The cited range at k draft steps; beyond the cited k the last one's, capped at k + 1."""
+    if k in ACCEPT:
+        return ACCEPT[k]
+    last = ACCEPT[max(ACCEPT)]
+    return AcceptRange(k, min(last.low, k + 1.0), min(last.high, k + 1.0), last.source + " (k outside the sources)")
+
+
+# KV pool per GPU at the built-in profiles (launcher memory.py: mem_fraction_static 0.70 at TP4, 0.85 at
+# TP2, the moe switch's e8m0 expert scales, MTP on, 95.6 GiB card), in 8K-token streams: a TP-B row
+# exists only where B streams fit (tests/kernels/test_step_model.py holds these to the launcher's arithmetic).
+KV_POOL_TOKENS = {4: 1_181_732, 2: 267_210}
+STREAM_TOKENS = 8192
+
+
+def streams_fit(tp: int, streams: int) -> bool:
+    pool = KV_POOL_TOKENS.get(tp)
+    return pool is not None and streams * STREAM_TOKENS <= pool
 
 
 def verify_specs(batches: Iterable[int], ks: Iterable[int], context: int, actual_ctx: int, heads_patched: int,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 from v4flash_bench.step import model as M
 from v4flash_kernels.kit.table import table
@@ -81,10 +81,16 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
         name = one.name + (" (estimate)" if any(x is not None and x.estimated for x in (ln, p)) else "")
         calls = str(one.count) if ln is None or p is None or ln.count == p.count else f"{ln.count} / {p.count}"
         us_up, ms_up = (_sig(ln.us_call), _sig(ln.ms_step / div)) if ln is not None else ("-", "-")
+        if ln is not None and ln.failed:
+            us_up, ms_up = "FAILED", "FAILED"
         if p is None:
             body.append([name, calls, us_up, "-", ms_up, "-", "-", "-", "-", "-", "(upstream path only)"])
             continue
         ratio = p.ms_step / p.floor_gpu_ms if p.floor_gpu_ms > 0 else float("nan")
+        if p.failed:
+            body.append([name, calls, us_up, "FAILED", ms_up, "FAILED", "-", _sig(p.floor_rtx_ms / div),
+                         _sig(p.floor_gpu_ms / div), "-", p.source])
+            continue
         body.append([name, calls, us_up, _sig(p.us_call), ms_up, _sig(p.ms_step / div),
                      _range(p.rtx_lo_ms / div, p.rtx_hi_ms / div), _sig(p.floor_rtx_ms / div),
                      _sig(p.floor_gpu_ms / div), _sig(ratio) + "x", p.source])
@@ -99,17 +105,17 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
                      _sig(v), _sig(v), "", "", "", e.source])
     tot = "**total**" if md else "total"
     lo, hi = pa.rtx_range_ms
-    body.append([tot, "", "", "", _sig(up.total_ms / div), _sig(pa.total_ms / div), _range(lo / div, hi / div),
-                 "", "", "", ""])
+    body.append([tot, "", "", "", _total(up, up.total_ms / div), _total(pa, pa.total_ms / div),
+                 _range(lo / div, hi / div), "", "", "", ""])
     if s.phase == "prefill":
         body.append(["TTFT of this chunk (s)", "", "", "", _f(up.total_ms / 1e3, 3), _f(pa.total_ms / 1e3, 3),
                      f"{_f(lo / 1e3, 3)} - {_f(hi / 1e3, 3)}", "", "", "", ""])
     elif s.phase == "verify":
-        a = M.ACCEPT_LENGTHS[-1]
-        cells = [_f(M.spec_tok_s(c.total_ms, s.batch, a, s.k)[1], 1) for c in (up, pa)]
-        rng = [M.spec_tok_s(x, s.batch, a, s.k)[1] for x in (hi, lo)]
-        body.append([f"tok/s (aggregate) at accept length {a}", "", "", "", cells[0], cells[1],
-                     f"{_f(rng[0], 0)} - {_f(rng[1], 0)}", "", "", "", ""])
+        acc = M.accept_range(s.k)
+        cells = [_f(M.spec_tok_s(c.total_ms, s.batch, acc.mid, s.k)[1], 1) for c in (up, pa)]
+        rng = [M.spec_tok_s(x, s.batch, a, s.k)[1] for x, a in ((hi, acc.low), (lo, acc.high))]
+        body.append([f"tok/s (aggregate) at the cited accept length {acc.mid:.2f} ({acc.low}-{acc.high})", "", "",
+                     "", cells[0], cells[1], f"{_f(rng[0], 0)} - {_f(rng[1], 0)}", "", "", "", ""])
     else:
         t_lo, t_hi = pa.rtx_tok_s_range()
         body.append(["tok/s (aggregate, this GPU's TP group)", "", "", "", _f(up.tok_s(), 1), _f(pa.tok_s(), 1),
@@ -117,13 +123,23 @@ def composition_table(up: M.Composition, pa: M.Composition, gpu: M.Machine, md: 
     return table(head, body, md)
 
 
+def _total(c: M.Composition, value: float, nd: int | None = None) -> str:
+    """A total of a step, or "incomplete" when an op of it failed its check (no time replaces it)."""
+    if c.failed:
+        return "incomplete (FAILED: " + ", ".join(c.failed) + ")"
+    return _sig(value) if nd is None else _f(value, nd)
+
+
 def _range(lo: float, hi: float) -> str:
     return f"{_sig(lo)} - {_sig(hi)}"
 
 
-def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
+def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool,
+                  kernels: Dict[Tuple[str, str], float] | None = None) -> str:
+    kernels = kernels or {}
     head = ["step", "upstream ms", "patched ms", "speed-up", "upstream tok/s", "patched tok/s",
-            "patched on RTX 6000: ms / tok/s (range)", "timed ops: upstream / patched / floor 6K ms", "estimates ms"]
+            "patched on RTX 6000: ms / tok/s (range)", "timed ops: upstream / patched / floor 6K ms", "estimates ms",
+            "kernels per step: upstream / patched"]
     body = []
     for up, pa in pairs:
         s = up.spec
@@ -133,27 +149,34 @@ def summary_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool
         lo, hi = pa.rtx_range_ms
         t_lo, t_hi = pa.rtx_tok_s_range()
         rtx = f"{_f(lo, 1)} - {_f(hi, 1)}" + (f" / {_f(t_lo, 0)} - {_f(t_hi, 0)}" if dec else "")
-        body.append([s.label, _f(up.total_ms, 1), _f(pa.total_ms, 1), _f(up.total_ms / pa.total_ms, 2) + "x",
+        body.append([s.label, _total(up, up.total_ms, 1), _total(pa, pa.total_ms, 1),
+                     _f(up.total_ms / pa.total_ms, 2) + "x",
                      _f(tps_u, 1), _f(tps_p, 1), rtx,
-                     f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1)])
+                     f"{_f(up.timed_ms, 1)} / {_f(pa.timed_ms, 1)} / {_f(pa.floor_rtx_ms, 2)}", _f(up.estimate_ms, 1),
+                     f"{_f(kernels.get((s.label, 'upstream'), float('nan')), 0)} / "
+                     f"{_f(kernels.get((s.label, 'patched'), float('nan')), 0)}"])
     return table(head, body, md)
 
 
 def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
-    """Per-GPU decode throughput of one TP4 worker (4 GPUs) vs two TP2 workers on the same 4 GPUs, at
-    the same batch per worker and context (patched path; H200 figures, then the RTX PRO 6000 range).
-    Empty when the run holds no such pair."""
+    """The same 4 GPUs serving S streams as one TP4 decode worker (B = S) or as two TP2 workers (B = S/2
+    each): per-GPU and per-stream tok/s (patched path; H200 figures, then the RTX PRO 6000 range). Only
+    rows whose streams fit both layouts' KV pools (`model.streams_fit`: the TP2 pool holds 32 8K-token
+    streams per worker). Empty when the run holds no such pair."""
     by = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
           for _up, pa in pairs if pa.spec.phase == "decode"}
-    head = ["B per worker", "context", "TP4 step ms", "TP4 tok/s per GPU", "TP2 step ms", "2x TP2 tok/s per GPU",
-            "TP2 / TP4", "per stream tok/s TP4 / TP2", "RTX 6000 tok/s per GPU: TP4 | 2x TP2"]
+    head = ["streams on 4 GPUs", "context", "TP4 step ms (B=S)", "TP4 tok/s per GPU", "TP2 step ms (B=S/2)",
+            "2x TP2 tok/s per GPU", "2x TP2 / TP4", "per stream tok/s TP4 / TP2", "RTX 6000 tok/s per GPU: TP4 | 2x TP2"]
     body = []
     for (tp, b, c, a), p4 in by.items():
-        p2 = by.get((2, b, c, a))
-        if tp != 4 or p2 is None:
+        if tp != 4 or b % 2:
             continue
-        g4, g2 = p4.tok_s() / 4, p2.tok_s() / 2
-        r4, r2 = [x / 4 for x in p4.rtx_tok_s_range()], [x / 2 for x in p2.rtx_tok_s_range()]
+        p2 = by.get((2, b // 2, c, a))
+        if p2 is None or not (M.streams_fit(4, b) and M.streams_fit(2, b // 2)):
+            continue
+        g4, g2 = p4.tok_s() / 4, 2 * p2.tok_s() / 4
+        r4 = [x / 4 for x in p4.rtx_tok_s_range()]
+        r2 = [2 * x / 4 for x in p2.rtx_tok_s_range()]
         body.append([str(b), f"{M.fmt_ctx(c)} L={M.fmt_ctx(a)}", _f(p4.total_ms, 1), _f(g4, 1), _f(p2.total_ms, 1),
                      _f(g2, 1), _f(g2 / g4, 2) + "x", f"{_f(1e3 / p4.total_ms, 1)} / {_f(1e3 / p2.total_ms, 1)}",
                      f"{_f(r4[0], 0)} - {_f(r4[1], 0)} | {_f(r2[0], 0)} - {_f(r2[1], 0)}"])
@@ -163,12 +186,13 @@ def tp_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> 
 def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -> str:
     """Speculative decoding per (B, k): the verify cycle (target forward over B x (k+1) rows + k draft
     forwards + their all-reduces) next to the plain step of the same B and context, and tok/s per
-    stream / aggregate for each accept length (patched path, H200; "-" where a cycle cannot emit that
-    many tokens). Empty when the run holds no verify composition."""
+    stream / aggregate at the cited accept-length range of k draft steps (`model.ACCEPT`: low, mid,
+    high; patched path, H200). Empty when the run holds no verify composition."""
     plain = {(pa.spec.tp, pa.spec.batch, pa.spec.configured_ctx, pa.spec.actual_ctx): pa
              for _up, pa in pairs if pa.spec.phase == "decode"}
-    head = ["B", "k", "plain step ms", "cycle ms (verify + drafts)", "cycle / plain", "plain tok/s per stream / agg."]
-    head += [f"a={a}: tok/s per stream / agg. (x plain)" for a in M.ACCEPT_LENGTHS]
+    head = ["B", "k", "plain step ms", "cycle ms (verify + drafts)", "cycle / plain", "plain tok/s per stream / agg.",
+            "accept length low / mid / high (cited)"]
+    head += [f"{w}: tok/s per stream / agg. (x plain)" for w in ("low", "mid", "high")]
     body = []
     for _up, pa in pairs:
         s = pa.spec
@@ -176,10 +200,29 @@ def spec_table(pairs: Iterable[Tuple[M.Composition, M.Composition]], md: bool) -
             continue
         base = plain.get((s.tp, s.batch, s.configured_ctx, s.actual_ctx))
         p_ms = base.total_ms if base is not None else float("nan")
+        acc = M.accept_range(s.k)
         row = [str(s.batch), str(s.k), _f(p_ms, 2), _f(pa.total_ms, 2), _f(pa.total_ms / p_ms, 2) + "x",
-               f"{_f(1e3 / p_ms, 1)} / {_f(s.batch * 1e3 / p_ms, 0)}"]
-        for a in M.ACCEPT_LENGTHS:
+               f"{_f(1e3 / p_ms, 1)} / {_f(s.batch * 1e3 / p_ms, 0)}",
+               f"{acc.low:.2f} / {acc.mid:.2f} / {acc.high:.2f}"]
+        for _w, a in acc.points():
             per, agg = M.spec_tok_s(pa.total_ms, s.batch, a, s.k)
             row.append("-" if per != per else f"{_f(per, 1)} / {_f(agg, 0)} ({_f(per * p_ms / 1e3, 2)}x)")
         body.append(row)
+    return table(head, body, md) if body else ""
+
+
+def step_graph_table(graphs: Sequence[Any], pairs: Iterable[Tuple[M.Composition, M.Composition]],
+                     kernels: Dict[Tuple[str, str], float], md: bool) -> str:
+    """The step as one CUDA graph (`stepgraph`) next to the sum of its ops timed alone, and its kernel
+    count: the graph's kernel nodes, and calls x kernels per call from the per-op captures."""
+    sums = {(c.spec.label, c.path): c.timed_ms for up, pa in pairs for c in (up, pa)}
+    head = ["step", "path", "per-op sum (timed) ms", "whole step in one graph ms", "graph / sum", "kernels in the graph",
+            "kernels per step (per-op)", "note"]
+    body = []
+    for g in graphs:
+        label, path = g.spec, g.path
+        ms, summed = g.ms, sums.get((label, path), float("nan"))
+        body.append([label, path, _f(summed, 2), _f(ms, 2), _f(ms / summed, 2) + "x" if ms == ms else "-",
+                     str(g.kernels or "-"), _f(kernels.get((label, path), float("nan")), 0),
+                     g.error or ""])
     return table(head, body, md) if body else ""

@@ -25,6 +25,7 @@ class Measurement:
     detail: str
     source: str
     error: str | None = None  # why there is no time (no patch yet, mismatch, exception)
+    kernels: float = float("nan")  # kernel nodes one call puts in a CUDA graph (NaN: not counted)
 
 
 def impls_for(op: M.Op) -> List[str]:
@@ -37,8 +38,12 @@ def impls_for(op: M.Op) -> List[str]:
     return ["upstream"]
 
 
+FAILED = "FAILED"  # the source of a line whose implementation failed its check (model.OpLine.failed)
+
+
 def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
-    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed."""
+    """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed, and
+    NaN with a FAILED source where the implementation failed: its time is not replaced by another's."""
     us: Dict[Tuple[str, str], float] = {}
     src: Dict[Tuple[str, str], str] = {}
     for op in ops:
@@ -51,11 +56,15 @@ def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
                 m = meas.get((op.key, "upstream"))
                 if path == "patched" and (op.key, "ours") in meas:
                     mine = meas[(op.key, "ours")]
-                    if mine.error is None:
+                    if mine.error is None or not mine.ok:  # measured, or failed: never upstream's time instead
                         m = mine
-                    else:
+                    else:  # no patch here (not a failure): the patched path runs upstream's
                         src[(op.key, path)] = f"{mine.error} -> upstream"
             if m is None:
+                continue
+            if not m.ok:  # a failed check or build: no time stands in for it, the step is incomplete
+                us[(op.key, path)] = float("nan")
+                src[(op.key, path)] = f"{FAILED}: {m.error}"
                 continue
             if m.us != m.us and op.fallback is not None:  # not timed here: the op's labelled estimate
                 us[(op.key, path)] = op.fallback[0]
@@ -64,6 +73,22 @@ def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
             us[(op.key, path)] = m.us
             src.setdefault((op.key, path), m.source if m.error is None else m.error)
     return us, src
+
+
+def kernels_per_step(ops: Iterable[M.Op], path: str, meas: Dict[Tuple[str, str], Measurement]) -> float:
+    """Kernels one step of `path` launches: calls per step x kernel nodes per call of the implementation
+    the path runs (as `path_times` picks it); NaN when any op's count is missing."""
+    total = 0.0
+    for op in M.ops_for_path(ops, path):
+        variant = op.p.get("variant")
+        if variant is not None:
+            m = meas.get((op.key, "upstream" if variant == "upstream" else "ours"))
+        else:
+            mine = meas.get((op.key, "ours"))
+            use_ours = path == "patched" and mine is not None and mine.error is None and mine.ok
+            m = mine if use_ours else meas.get((op.key, "upstream"))
+        total += op.count * (m.kernels if m is not None else float("nan"))
+    return total
 
 
 def all_ok(meas: Dict[Tuple[str, str], Measurement]) -> bool:

@@ -142,8 +142,8 @@ class Plan:
 
 # ----------------------------------------------------------------------------- the plan
 #
-# Chosen from the H200 sweep (`bench --sweep`: CUDA graph of calls on weights rotated past L2, the
-# step bench's method; µs per call, "upstream" = sglang's Triton quant + default-config GEMM,
+# Chosen from the H200 sweep (`python -m v4flash_bench.fp8_sweep`: CUDA graph of calls on weights rotated
+# past L2, the step bench's method; µs per call, "upstream" = sglang's Triton quant + default-config GEMM,
 # "before" = this module's previous plan, same run). Every tile below is what the sweep timed, under
 # the sweep's name; the fix-up is `fixup_for`'s. PDL variants of the GEMV timed faster still
 # (3.2-4.3 us at M = 1), but only because consecutive calls of one kernel overlap in the bench's

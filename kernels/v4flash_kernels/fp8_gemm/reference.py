@@ -32,18 +32,6 @@ def linear_ref(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
     return out, mag
 
 
-def excess_error(out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rtol: float, atol_mag: float) -> float:
-    """max over elements of |out - ref| / (rtol |ref| + atol_mag |.|-product): <= 1 passes.
-
-    `rtol` covers the output dtype's rounding, `atol_mag` the fp32 accumulation (relative to the sum
-    of absolute terms, so cancellation does not make a correct result look wrong)."""
-    o = out.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    bound = rtol * ref.abs() + atol_mag * mag + 1e-30
-    return ((o - ref).abs() / bound).max().item() if o.numel() else 0.0
-
-
 # ----------------------------------------------------------------------------- inputs
 
 

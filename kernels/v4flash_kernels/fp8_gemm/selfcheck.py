@@ -108,8 +108,8 @@ def _reference(kw: Inputs) -> Any:
 
 
 def _compare(out: Any, ref: Any, kw: Inputs) -> Comparison:
-    from v4flash_kernels.fp8_gemm.reference import excess_error, matmul_ref
-    from v4flash_kernels.kit.compare import rel_err
+    from v4flash_kernels.fp8_gemm.reference import matmul_ref
+    from v4flash_kernels.kit.compare import excess_error, rel_err
 
     m, n = kw["x"].shape[0], kw["w"].shape[0]
     r = kw["_rows"]

@@ -3,9 +3,11 @@
 A *switch* is what a user turns on or off (`--<name>` / config `patches.<name>` / env `V4FLASH_<NAME>`);
 a *patch* is one upstream function (or class attribute) we replace. A switch covers one or more
 patches (e.g. a kernel and the load-time weight repack it needs), and each patch decides on its own
-(version, presence, signature) with its own status record. Adding a kernel is adding its `Switch` and
-its `PatchSpec`s here (and the target modules to `hook_boot.TARGET_MODULES`, which must stay
-import-free); `hook` does the rest. This module imports nothing heavy: the torch-free launcher reads it.
+(version, presence, signature) with its own status record. Adding a kernel is adding its op folder,
+its `Switch` (which names the folder's self-check, compile list and step-bench builders) and its
+`PatchSpec`s here (and the target modules to `hook_boot.TARGET_MODULES`, which must stay import-free);
+`hook`, `check_sm120`, the self-check and the step bench do the rest (docs/architecture.md has the
+checklist). This module imports nothing: the torch-free launcher reads it.
 """
 
 from __future__ import annotations
@@ -21,21 +23,28 @@ def switch_env_of(switch: str) -> str:
 
 @dataclass(frozen=True)
 class Switch:
-    """One user-facing on/off for a kernel; on unless the user says off.
+    """One user-facing on/off for a kernel (one op folder); on unless the user says off.
 
-    `selfcheck` names the module whose `cases(target)` check this switch's kernels against their
-    fp64 reference and upstream on each GPU before workers start (`python -m v4flash_kernels.selfcheck`,
-    docs/selfcheck.md); None = no self-check yet, and the launcher says so instead of vouching for it.
-    `scope`: "gpu" (each GPU checked on its own) or "group" (the check spans the GPUs of a worker,
-    one process per GPU meeting as the TP group: the all-reduce). `verified_only`: on by default
-    only where its self-check passed on this box: `plan` shows it pending, `up` switches it on for
-    the run once the check passed and leaves it off without one (`--no-selfcheck`).
+    The op folder's contract, named here as module paths so that nothing is imported to read it:
+    `selfcheck`: its `cases(target)` check this switch's kernels against their fp64 reference and
+    upstream on each GPU before workers start (`python -m v4flash_kernels.selfcheck`, docs/selfcheck.md);
+    None = no self-check yet, and the launcher says so instead of vouching for it. `compile`: its
+    `binaries(arch)` compile every kernel config the op can launch (`python -m v4flash_kernels.check_sm120`).
+    `step`: the step bench's builders of the op (`build(op, impl, l2, seed)`) and their references,
+    on the bench side (`python -m v4flash_bench.step`). tests/kernels/test_registry.py holds every
+    switch to all three. `scope`: "gpu" (each GPU checked on its own) or "group" (the
+    check spans the GPUs of a worker, one process per GPU meeting as the TP group: the all-reduce).
+    `verified_only`: on by default only where its self-check passed on this box: `plan` shows it
+    pending (`auto`), `up` switches it on for the run once the check passed and leaves it off without
+    one (`--no-selfcheck`).
     """
 
     name: str  # config key patches.<name>; launcher flag --<name with dashes>
     title: str  # for log lines and tables
     help: str  # the launcher flag's help, one sentence
     selfcheck: str | None = None
+    compile: str | None = None
+    step: str | None = None
     scope: str = "gpu"
     verified_only: bool = False
 
@@ -87,29 +96,37 @@ class PatchSpec:
 SWITCHES: Tuple[Switch, ...] = (
     Switch("sparse_decode", "sparse-MLA decode",
            "Our Triton sparse-MLA decode attention in SGLang workers (on) or upstream's (off).",
-           selfcheck="v4flash_kernels.attention.selfcheck"),
+           selfcheck="v4flash_kernels.attention.selfcheck", compile="v4flash_kernels.attention.compile",
+           step="v4flash_bench.step.ops.attention"),
     Switch("moe", "MXFP4 MoE", "Our Triton routed-MXFP4 MoE experts in SGLang workers (on) or upstream's (off).",
-           selfcheck="v4flash_kernels.moe.selfcheck"),
+           selfcheck="v4flash_kernels.moe.selfcheck", compile="v4flash_kernels.moe.compile",
+           step="v4flash_bench.step.ops.moe"),
     Switch("indexer", "indexer logits", "Our Triton indexer logits in SGLang workers (on) or upstream's (off).",
-           selfcheck="v4flash_kernels.indexer.selfcheck"),
+           selfcheck="v4flash_kernels.indexer.selfcheck", compile="v4flash_kernels.indexer.compile",
+           step="v4flash_bench.step.ops.indexer"),
     Switch("fp8_gemm", "block-FP8 linear",
            "Our Triton 128x128-block FP8 linears (activation quant fused) in SGLang workers (on) or upstream's (off).",
-           selfcheck="v4flash_kernels.fp8_gemm.selfcheck"),
+           selfcheck="v4flash_kernels.fp8_gemm.selfcheck", compile="v4flash_kernels.fp8_gemm.compile",
+           step="v4flash_bench.step.ops.fp8_gemm"),
     Switch("mhc", "mHC pre/post",
            "Our Triton hyper-connection pre/post, fused across sub-layer boundaries, in SGLang workers (on) or "
            "upstream's sm_120 torch + TileLang path (off).",
-           selfcheck="v4flash_kernels.mhc.selfcheck"),
+           selfcheck="v4flash_kernels.mhc.selfcheck", compile="v4flash_kernels.mhc.compile",
+           step="v4flash_bench.step.ops.mhc"),
     Switch("topk", "top-512 transform",
            "Our Triton top-512 of the indexer scores (with the page translation) in SGLang workers (on) or "
-           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck"),
+           "upstream's JIT kernel (off).", selfcheck="v4flash_kernels.topk.selfcheck",
+           compile="v4flash_kernels.topk.compile", step="v4flash_bench.step.ops.topk"),
     Switch("qnorm_rope", "q norm + RoPE fusion",
            "DeepSeek-V4's q path after wq_b (block-FP8 GEMM, per-head RMSNorm, RoPE) as one Triton kernel at decode "
            "rows in SGLang workers, where wq_b runs our block-FP8 linear (on), or upstream's two kernels (off).",
-           selfcheck="v4flash_kernels.qnorm_rope.selfcheck"),
+           selfcheck="v4flash_kernels.qnorm_rope.selfcheck", compile="v4flash_kernels.qnorm_rope.compile",
+           step="v4flash_bench.step.ops.qnorm_rope"),
     Switch("allreduce", "IPC all-reduce",
            "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL "
            "(off); by default on only once its self-check passed across the TP group's GPUs in `up`.",
-           selfcheck="v4flash_kernels.allreduce.selfcheck", scope="group", verified_only=True),
+           selfcheck="v4flash_kernels.allreduce.selfcheck", compile="v4flash_kernels.allreduce.compile",
+           step="v4flash_bench.step.ops.allreduce", scope="group", verified_only=True),
 )
 
 SPARSE_DECODE = PatchSpec(

@@ -129,7 +129,7 @@ def _dequant(packed, sc, SCALE_MODE: tl.constexpr, DEQ_ASM: tl.constexpr, DOT_DT
 
 
 @triton.jit
-def _swiglu(gate, up, clamp_limit, HAS_CLAMP: tl.constexpr):
+def swiglu(gate, up, clamp_limit, HAS_CLAMP: tl.constexpr):
     """upstream's activation: gate clamped above, up clamped both ways, silu(gate) * up (fp32)."""
     if HAS_CLAMP:
         gate = tl.minimum(gate, clamp_limit)
@@ -252,7 +252,7 @@ def gemm_kernel(
                 for p in tl.static_range(A_PARTS):
                     g += tl.load(a_ptr + p * stride_ap + k0, mask=row_ok[:, None], other=0.0)
                     u += tl.load(a_ptr + p * stride_ap + KD + k0, mask=row_ok[:, None], other=0.0)
-                a = _swiglu(g, u, clamp_limit, HAS_CLAMP).to(tl.bfloat16)
+                a = swiglu(g, u, clamp_limit, HAS_CLAMP).to(tl.bfloat16)
             else:
                 a = tl.load(a_ptr + k0, mask=row_ok[:, None], other=0.0)
             if NIBBLES == 1:  # W decoded into k order: one dot against the activation as loaded
@@ -298,7 +298,7 @@ def gemm_kernel(
                 tl.store(optr, gate, mask=o_ok)
                 tl.store(optr + N, up, mask=o_ok)
             else:
-                h = _swiglu(gate, up, clamp_limit, HAS_CLAMP)
+                h = swiglu(gate, up, clamp_limit, HAS_CLAMP)
                 optr = OUT + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
                 tl.store(optr, h.to(OUT.dtype.element_ty), mask=o_ok)
         else:

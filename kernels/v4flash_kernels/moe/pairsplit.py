@@ -1,6 +1,6 @@
 """Decode of PAIR_SPLIT-ordered MXFP4 words (`repack.PAIR_SPLIT`) into a bf16 weight tile in k order.
 
-Shared by the two GEMMs that read repacked layers: v2's decode GEMM (`kernel_v2`, the tile is the
+Shared by the two GEMMs that read repacked layers: v2's decode GEMM (`repacked_kernel`, the tile is the
 MMA's left operand) and v1's prefill tiles (`kernel.gemm_kernel` with ``NIBBLES=1``, the tile is the
 right operand). Both then contract against the activation tile in its own contiguous k order: the
 word order is undone on the weights, where it costs ~4 instructions per bf16 pair (one mask, one

@@ -1,4 +1,4 @@
-"""Load-time repack of one MoE layer's routed MXFP4 experts for the decode kernel v2 (`op_v2`).
+"""Load-time repack of one MoE layer's routed MXFP4 experts for the decode kernel v2 (`repacked_op`).
 
 The repacked layout (also in docs/kernels.md, "Repacked layout"):
 
@@ -9,7 +9,7 @@ The repacked layout (also in docs/kernels.md, "Repacked layout"):
   in nibbles 4-7 (bits 16-31). The loader's order has k0..k0+7 in nibbles 0..7. Why: the bf16 pair
   (k, k+1) that one MMA fragment register holds then sits in two nibbles exactly 16 bits apart, so
   the v2 kernel builds the register from the loaded word with one mask, one multiply and one mask
-  (`kernel_v2._pair_bits`) instead of extracting a byte first: ~25 % fewer instructions in its
+  (`repacked_kernel._pair_bits`) instead of extracting a byte first: ~25 % fewer instructions in its
   inner loop and 68 instead of 96 registers (sm_120, counted in the generated code).
 * **Scales: e8m0 bytes, `float8_e8m0fnu` `[E, rows, K/32]`** (a quarter of the fp32 scales the
   loader leaves: 51 instead of 203 MB read per B=1 step at TP4), each one checked to be an exact

@@ -8,7 +8,7 @@ also captured in a CUDA graph and replayed on new routing. Big calls are compare
 subset of tokens (every token is still checked for NaN).
 
 The same switch repacks the sm_120 layers at load time and runs them through
-`op_v2.moe_forward_repacked` (what `sglang_patch.apply` calls for a repacked layer), so every shape
+`repacked_op.moe_forward_repacked` (what `sglang_patch.apply` calls for a repacked layer), so every shape
 is checked a second time that way, on a repacked copy of the same weights (`repack.repack_experts`).
 """
 
@@ -55,7 +55,7 @@ def _ours(kw: Inputs) -> Any:
 
 
 def _ours_repacked(kw: Inputs) -> Any:
-    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
+    from v4flash_kernels.moe.repacked_op import moe_forward_repacked
 
     return moe_forward_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                                 kw["routed_scaling_factor"], kw["clamp_limit"])

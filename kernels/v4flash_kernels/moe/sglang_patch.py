@@ -12,7 +12,7 @@ registry entries `moe_repack` and `moe_apply` under the `moe` switch):
   bytes each forward reads), and `layer._v4flash_moe` set to the `RepackedExperts` view. A layer that
   fails the check keeps its weights, its fp32 scales and SGLang's path (one warning naming the layer
   and the scales; `status_detail` reports it). Marlin (sm_90/100) and other paths are not touched.
-* `apply(self, layer, dispatch_output)`: a repacked layer runs `op_v2.moe_forward_repacked` with
+* `apply(self, layer, dispatch_output)`: a repacked layer runs `repacked_op.moe_forward_repacked` with
   the arguments upstream's sm_120 branch passes `mxfp4_moe_forward_triton` (the runner config's
   `routed_scaling_factor` and `swiglu_limit` when the runner has a config); every other layer goes
   to upstream's `apply`.
@@ -136,7 +136,7 @@ def apply(self: Any, layer: Any, dispatch_output: Any) -> Any:
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
     from sglang.srt.layers.moe.topk import TopKOutputChecker
 
-    from v4flash_kernels.moe.op_v2 import moe_forward_repacked
+    from v4flash_kernels.moe.repacked_op import moe_forward_repacked
 
     topk_output = dispatch_output.topk_output
     if not TopKOutputChecker.format_is_standard(topk_output):

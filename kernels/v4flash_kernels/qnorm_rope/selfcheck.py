@@ -57,7 +57,6 @@ def _inputs(m: int, heads: int, tp: int, rank: int, int32: bool, seed: int, targ
     positions span it), and q_out as MQALayer.forward makes it (None at TP1, else the padded q's slice)."""
     import torch
 
-    from v4flash_kernels.fp8_gemm.op import w8a8_block_fp8_linear
     from v4flash_kernels.qnorm_rope import reference as R
 
     dev = target.device
@@ -76,12 +75,21 @@ def _inputs(m: int, heads: int, tp: int, rank: int, int32: bool, seed: int, targ
         kw["slice"] = (rank * local, (rank + 1) * local)
     else:
         kw["q_out"] = None
+    kw["layer"] = mqa_layer(w, ws, local, freqs, EPS)
+    return kw
+
+
+def mqa_layer(w: Any, ws: Any, heads: int, freqs_cis: Any, eps: float) -> Any:
+    """The facts of an `MQALayer` the drop-in reads, as SGLang builds the layer with the `fp8_gemm` patch
+    active: wq_b's `Fp8LinearMethod` took our block-FP8 linear from the sm_120 dispatch (128x128 blocks, no
+    Marlin / MXFP8), no bias, no output gather; 512-dim heads with a 64-dim RoPE (also the step bench's)."""
+    from v4flash_kernels.fp8_gemm.op import w8a8_block_fp8_linear
+
     quant = SimpleNamespace(w8a8_block_fp8_linear=w8a8_block_fp8_linear, block_quant=True, use_marlin=False,
                             use_mxfp8=False, quant_config=SimpleNamespace(weight_block_size=[128, 128]))
     wq_b = SimpleNamespace(quant_method=quant, weight=w, weight_scale_inv=ws, bias=None, gather_output=False)
-    kw["layer"] = SimpleNamespace(wq_b=wq_b, head_dim=R.HEAD_DIM, qk_rope_head_dim=R.ROPE_DIM, n_local_heads=local,
-                                  eps=EPS, freqs_cis=freqs)
-    return kw
+    return SimpleNamespace(wq_b=wq_b, head_dim=512, qk_rope_head_dim=64, n_local_heads=heads, eps=eps,
+                           freqs_cis=freqs_cis)
 
 
 def _ours(kw: Inputs) -> Any:

@@ -13,6 +13,7 @@ import click
 from v4flash_pd import benchmark
 from v4flash_pd.cli.common import json_option
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.rehearsal import STANDIN_LABEL
 from v4flash_pd.routerauth import auth_headers
 
 
@@ -81,7 +82,8 @@ def command(url: str, concurrency: str, n_requests: int | None, input_len: int, 
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(f"bench {url}/generate  input={input_len} output={output_len} words/tokens")
+        click.echo(f"bench {url}/generate  input={input_len} output={output_len} words/tokens"
+                   + (f"  {STANDIN_LABEL}" if report.standin else ""))
         click.echo(benchmark.render_table(report.levels))
     if any(s.errors for s in report.levels):
         raise RuntimeFailure(f"{sum(s.errors for s in report.levels)} request(s) failed during the benchmark",

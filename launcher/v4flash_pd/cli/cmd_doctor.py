@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -24,7 +25,9 @@ from v4flash_pd.doctor import (
 from v4flash_pd.doctor.rehearsal import relax
 from v4flash_pd.errors import UserError
 from v4flash_pd.plan import Plan, PlanWarning, WarningCode
+from v4flash_pd.rundir import RunDir
 from v4flash_pd.selfcheck.rows import doctor_rows
+from v4flash_pd.topology import probe as probe_topology
 
 # Plan warnings that a check family reports in its own row (with its own fix): not repeated in `plan`.
 COVERED: dict[WarningCode, str] = {
@@ -35,6 +38,17 @@ COVERED: dict[WarningCode, str] = {
     "memory-unfit": "memory", "memory-tight": "memory",
 }
 ROUTER_ONLY_FAMILIES = ("ports", "storage", "stack")
+
+
+def running_ports(run_dir: Path | None) -> dict[int, str]:
+    """The ports of the run that is up (the --run-dir given, else the latest one): port -> "the running
+    rehearsal DIR" (or run)."""
+    try:
+        run = RunDir.find(run_dir)
+    except UserError:
+        return {}
+    what = f"the running {'rehearsal' if run.is_rehearsal() else 'run'} {run.path}"
+    return dict.fromkeys(run.live_ports(), what)
 
 
 def plan_row(warnings: tuple[PlanWarning, ...]) -> Check:
@@ -86,7 +100,8 @@ def command(opts: Options, how: RunOptions, only: str, as_json: bool, gpu_selfch
     else:
         expect = expect_from_plan(plan, host, numa_mode=cfg.numa, tokenizer_path=cfg.tokenizer_path,
                                   transfer_backend=cfg.transfer_backend)
-        inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=opts.topology_file is None)
+        inp = DoctorInput(expect=expect, topology=host.topology, probe=probe, topology_is_local=opts.topology_file is None,
+                          running=running_ports(how.run_dir))
         # a cluster's router part starts no worker here: GPUs, NUMA, model and KV transport are the boxes'
         chosen = families or (ROUTER_ONLY_FAMILIES if not plan.workers() else ())
         if opts.rehearse:  # one family at a time: what a rehearsal does not need is shown, not counted
@@ -96,8 +111,9 @@ def command(opts: Options, how: RunOptions, only: str, as_json: bool, gpu_selfch
             checks = run_checks(inp, only=chosen)
         if not families:
             checks = (plan_row(plan.warnings), exposure_row(plan)) + checks
-        if gpu_selfcheck:
-            checks += doctor_rows(plan)
+        if gpu_selfcheck:  # it runs on this machine's GPUs, whatever --topology describes
+            here = host.topology if opts.topology_file is None else probe_topology()
+            checks += doctor_rows(plan, visible=[g.index for g in here.gpus])
     if as_json:
         click.echo(json.dumps(to_json(checks), indent=2))
     else:

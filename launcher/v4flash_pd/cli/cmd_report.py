@@ -13,11 +13,27 @@ from v4flash_pd import benchmark
 from v4flash_pd.cli.forward import command_line
 from v4flash_pd.cli.options import Options, RunOptions, pass_options, resolve, run_options
 from v4flash_pd.errors import RuntimeFailure, UserError
+from v4flash_pd.report import archive, interrupt
 from v4flash_pd.report.run import SECTIONS, ReportSpec, make_report
 from v4flash_pd.report.step import step_args as parse_step_args
 from v4flash_pd.report.summary import markdown
-from v4flash_pd.report.variants import all_variants, pick
+from v4flash_pd.report.variants import all_variants, default_variants, pick
+from v4flash_pd.routerauth import read_key
 from v4flash_pd.selfcheck.gate import check_seams
+
+_DEFAULTS = default_variants()
+HELP = f"""Everything this box can tell us, in one directory and one .tar.gz: the fingerprint (GPUs, driver,
+    PCIe topology with the P2P matrices, NUMA map, stack versions, doctor), the kernel self-check,
+    `bench --step` (upstream vs ours per op on one GPU), and end to end through the router: `bench` at
+    each concurrency and the accuracy gate with the patches on, with each patch off and with all off
+    (one trio per configuration, started and stopped by the report). README.md starts with a summary
+    table. No secret (the router key, secret-named environment values, in any spelling) is left in it:
+    the report scrubs every file and refuses to call itself complete if its tarball still holds one.
+
+    Takes `up`'s options (the report measures what that `up` runs). The GPUs and ports must be free.
+    Expect one trio start per configuration: {len(_DEFAULTS)} by default ({", ".join(v.name for v in _DEFAULTS)});
+    on a first start, hours. Ctrl-C, SIGTERM or SIGHUP stop the trio it is running before it exits.
+    """
 
 
 def _not_for_report(how: RunOptions) -> list[str]:
@@ -27,8 +43,8 @@ def _not_for_report(how: RunOptions) -> list[str]:
             if given]
 
 
-@click.command("report", short_help="On a new box run this first and send us the tarball: facts, kernel self-check, "
-                                    "step bench, end-to-end A/B per patch, accuracy gate.")
+@click.command("report", help=HELP, short_help="On a new box run this first and send us the tarball: facts, kernel "
+                                               "self-check, step bench, end-to-end A/B per patch, accuracy gate.")
 @run_options
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), envvar="V4FLASH_REPORT_OUT",
               help="Report directory (default ./v4flash-report-<host>-<time>); the tarball goes next to it.")
@@ -47,19 +63,12 @@ def _not_for_report(how: RunOptions) -> list[str]:
 @click.option("--step-args", default="", envvar="V4FLASH_REPORT_STEP_ARGS",
               help="Options for the step bench, e.g. \"--batches 1,16 --contexts 128K\".")
 @click.option("--no-tar", is_flag=True, envvar="V4FLASH_REPORT_NO_TAR", help="Write the directory only.")
+@click.option("--force", is_flag=True, envvar="V4FLASH_REPORT_FORCE",
+              help="Replace an existing tarball of the same name (by default the report refuses to).")
 @pass_options(run=True)
 def command(opts: Options, how: RunOptions, out_dir: Path | None, skip: str, variants: str, concurrency: str,
-            n_requests: int | None, input_len: int, output_len: int, step_args: str, no_tar: bool) -> None:
-    """Everything this box can tell us, in one directory and one .tar.gz: the fingerprint (GPUs, driver,
-    PCIe topology with the P2P matrices, NUMA map, stack versions, doctor), the kernel self-check,
-    `bench --step` (upstream vs ours per op on one GPU), and end to end through the router: `bench` at
-    each concurrency and the accuracy gate with the patches on, with each patch off and with all off
-    (one trio per configuration, started and stopped by the report). README.md starts with a summary
-    table. The router key never appears in it.
-
-    Takes `up`'s options (the report measures what that `up` runs). The GPUs and ports must be free.
-    Expect about one trio start per configuration (five by default): on a first start, hours.
-    """
+            n_requests: int | None, input_len: int, output_len: int, step_args: str, no_tar: bool,
+            force: bool) -> None:
     refused = _not_for_report(how)
     if refused:
         raise UserError(f"{refused[0]} does not apply to `report`: it starts and stops its own runs",
@@ -83,16 +92,31 @@ def command(opts: Options, how: RunOptions, out_dir: Path | None, skip: str, var
     # variant is an `up` of this plan with other switches
     r = resolve(opts, "up")
     if "e2e" not in sections:
-        pick(all_variants(r.plan.patches, []), variants)  # names checked up front
-    out = _out_dir(out_dir)
+        pick(all_variants(r.plan.patches, [], r.plan.pending_patches), variants)  # names checked up front
+    if r.plan.router_auth[0]:
+        read_key(*r.plan.router_auth)  # a missing or malformed key is refused now, not after hours of facts
+    out = _out_dir(out_dir, tar=not no_tar, force=force)
     # each variant's `up` gets these, then its own `--<switch> on|off` for every patch
     forward = command_line(opts, how, run_fields=("verify_model",),
                            leave_out={f"patches.{name}" for name, _ in r.plan.patches})
     spec = ReportSpec(out=out, skip=frozenset(sections), variants=variants, concurrency=levels,
                       requests=n_requests, input_len=input_len, output_len=output_len, step_args=tuple(extra),
                       forward=tuple(forward), questions=how.eval_questions, min_accuracy=how.eval_min_accuracy,
-                      tar=not no_tar)
-    rep = make_report(r.plan, r.topology, r.config.ready_timeout, spec, click.echo)
+                      tar=not no_tar, force=force)
+    restore = interrupt.install()
+    try:
+        rep = make_report(r.plan, r.topology, r.config.ready_timeout, spec, click.echo)
+    except interrupt.Interrupted as exc:
+        raise _interrupted(exc, out) from None
+    except OSError as exc:  # the report directory's disk (full, gone read-only): every trio is stopped already
+        raise RuntimeFailure(f"cannot write the report in {out}: {exc.strerror or exc}"
+                             + (f" ({exc.filename})" if exc.filename else "") + "; the report is not complete",
+                             f"free space there (df -h {out}) or run the report again with --out on a filesystem "
+                             "with room") from None
+    finally:
+        restore()
+    for item in rep.get("left_out") or []:
+        click.echo(f"note: left out of the tarball: {item}", err=True)
     click.echo("")
     click.echo(markdown(rep).split("\n## End to end")[0].rstrip())
     click.echo("")
@@ -104,12 +128,30 @@ def command(opts: Options, how: RunOptions, out_dir: Path | None, skip: str, var
     click.echo(f"report written: {where} -- please send us this file")
 
 
-def _out_dir(given: Path | None) -> Path:
+def _interrupted(exc: interrupt.Interrupted, out: Path) -> UserError:
+    stopped = [name for name, left in exc.trios if not left]
+    left = [f"[{name}]: {', '.join(procs)}" for name, procs in exc.trios if procs]
+    what = ("it stopped the trio it had started" + (f" ({', '.join(stopped)})" if stopped else "")
+            + ("; nothing of it is left running" if not left else "") if exc.trios else "no trio was running")
+    if left:
+        what += f"; STILL RUNNING: {'; '.join(left)}"
+    return UserError(f"the report was interrupted by {exc.name}: {what}; the partial report in {out} is not complete "
+                     "(no tarball)",
+                     "stop what is listed as still running with `v4flash-pd down --run-dir DIR`, then run the "
+                     "report again" if left else "run the report again when the box can be spared; do not send "
+                     "the partial one", exit_code=exc.exit_code)
+
+
+def _out_dir(given: Path | None, tar: bool, force: bool) -> Path:
+    """The report directory, resolved (a link given as --out is followed: the report and its tarball are
+    the real directory's), new or empty, writable; and no older tarball in the way of this one's."""
     out = given if given is not None else Path(f"v4flash-report-{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out = out.absolute()
+    out = Path(os.path.realpath(out.expanduser()))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists and is not an empty directory",
                         "pass a new --out DIR (a report never mixes with an older one)")
+    if tar:
+        archive.check_target(out, force)
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / ".write-test").write_text("ok\n")

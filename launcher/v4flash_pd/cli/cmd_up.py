@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -59,15 +60,22 @@ def check_writable(run: RunDir) -> None:
         probe.write_text("ok\n")
         probe.unlink()
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise UserError(f"cannot write the run dir {run.path}: {exc.strerror}; nothing was started",
+                            f"free space in {run.path} (df -h {run.path}) or pass a --run-dir on another "
+                            "filesystem") from None
         raise UserError(f"run dir {run.path} is not writable: {exc.strerror or exc}",
                         "pass a writable --run-dir, or set V4FLASH_RUNS_ROOT to a writable directory") from None
 
 
 def _detach(launch: Launch, run: RunDir) -> None:
-    """Hand the resolved launch to a background launcher in its own session, then wait for READY."""
+    """Hand the resolved launch and the run dir's lock to a background launcher in its own session,
+    then wait for READY."""
     log = open(run.file("launcher.log"), "ab")
-    child = subprocess.Popen([sys.executable, "-m", "v4flash_pd.launch", str(run.path)], stdin=subprocess.PIPE,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    lock = run.lock()  # ours since before the self-check: handed down, never released in between
+    child = subprocess.Popen([sys.executable, "-m", "v4flash_pd.launch", str(run.path), "--lock-fd", str(lock)],
+                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             pass_fds=(lock,))
     assert child.stdin is not None
     try:
         child.stdin.write(json.dumps(launch.to_dict()).encode())
@@ -124,6 +132,7 @@ def command(opts: Options, how: RunOptions) -> None:
     cfg = r.config
     preflight(r, how.verify_model)
     run = RunDir.create(how.run_dir)
+    run.lock()  # before the self-check: a second `up` on this run dir is refused before it checks anything
     check_writable(run)
     # before any worker: a patch that fails its self-check is switched off (a typed flag beats every layer)
     try:

@@ -25,7 +25,7 @@ from v4flash_pd.config.layers import Layers, merged_layers
 from v4flash_pd.config.load import config_of
 from v4flash_pd.config.types import Config
 from v4flash_pd.config.values import AUTO_WORDS as on_off_auto_words
-from v4flash_pd.config.values import on_off, on_off_auto
+from v4flash_pd.config.values import Integer, on_off, on_off_auto
 from v4flash_pd.errors import UserError
 from v4flash_pd.host import Host, probe_host
 from v4flash_pd.plan import Plan, build_plan
@@ -61,7 +61,10 @@ def _click_type(key: Key) -> Any:
     if key.choices:
         return click.Choice(list(key.choices))
     if key.type is int:
-        return click.IntRange(flag.low, flag.high)
+        if not isinstance(key.check, Integer):
+            return click.IntRange(flag.low, None)
+        rng = key.check  # the key's range, declared once with its check
+        return click.IntRange(rng.low if flag.low is None else max(flag.low, rng.low), rng.high)
     return float if key.type is float else str  # a list key's flag is one comma-separated word
 
 

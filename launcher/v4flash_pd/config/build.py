@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from v4flash_pd.config.extraargs import check_worker_args
 from v4flash_pd.config.keys import (
     DEFAULTS,
     KEY,
@@ -21,7 +22,7 @@ from v4flash_pd.config.keys import (
 from v4flash_pd.config.speculative import check_combination
 from v4flash_pd.config.speculative import resolve as resolve_speculative
 from v4flash_pd.config.types import ClusterSpec, Config, RouterSpec, Speculative, WorkerSpec
-from v4flash_pd.config.values import AUTO, api_key_flag, check_extra_chunk, want
+from v4flash_pd.config.values import AUTO, api_key_flag, want
 from v4flash_pd.errors import UserError
 
 
@@ -72,8 +73,7 @@ def build_worker(role: str, idx: int, raw: Any, engine_mem: float | None) -> Wor
     numa, cgbs = get("numa_node"), get("cuda_graph_max_bs")
     mem = get("mem_fraction_static")
     extra = get("extra_args")
-    if role in ("prefill", "server"):
-        check_extra_chunk(extra, where + "extra_args")
+    check_worker_args(extra, where + "extra_args", prefill_chunk=role in ("prefill", "server"))
     return WorkerSpec(
         name=f"{role}-{idx}",
         role=role,
@@ -169,7 +169,7 @@ def build_config(raw: Mapping[str, Any], profile: str, sources: tuple[str, ...] 
     transfer = KEY["engine.transfer_backend"].check(engine["transfer_backend"], "engine.transfer_backend") \
         if mode == "pd" else None
     engine_extra = _get(engine, "engine.extra_args")
-    check_extra_chunk(engine_extra, "engine.extra_args")
+    check_worker_args(engine_extra, "engine.extra_args", prefill_chunk=True)
     engine_mem = _get(engine, "engine.mem_fraction_static")
 
     workers: list[WorkerSpec] = []

@@ -48,8 +48,9 @@ class Flag:
     env: str
     group: str
     help: str
-    low: int | None = None  # integer flags: the accepted range
-    high: int | None = None
+    # An integer flag accepts its key's range (`values.Integer`, declared once with the key's check);
+    # `low` raises the floor for the flag alone (`--boxes 0` would only spell "no --boxes").
+    low: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,11 @@ KEYS: tuple[Key, ...] = (
     # what the pinned sglang would refuse or silently change.
     Key("speculative.algorithm", str, v.SPEC_ALGORITHM, v.spec_algorithm,
         "the speculative algorithm (sglang 0.5.13.post1 takes only EAGLE for DeepSeek-V4)", choices=(v.SPEC_ALGORITHM,)),
-    Key("speculative.num_steps", int, 0, v.integer("a number of draft steps per verify (0 = off)", 0),
+    Key("speculative.num_steps", int, 0, v.integer("a number of draft steps per verify (0 = off)", 0, 64),
         "draft steps per verify; 0 = speculative decoding off",
         Flag("--mtp", "V4FLASH_MTP", "config",
              "Speculative decoding with the model's MTP layer: N draft steps per verify (EAGLE, top-k 1, N+1 draft "
-             "tokens) on every worker; 0 = off (speculative.num_steps).", 0, 64)),
+             "tokens) on every worker; 0 = off (speculative.num_steps).")),
     Key("speculative.eagle_topk", int, 1, v.spec_topk, "draft tokens kept per step (DeepSeek-V4: 1, a chain)"),
     Key("speculative.num_draft_tokens", int, None, v.integer("a number of draft tokens per verify (num_steps + 1)", 1),
         "tokens verified per step (unset: num_steps + 1, the only value SGLang keeps at top-k 1)", optional=True),
@@ -139,24 +140,23 @@ KEYS: tuple[Key, ...] = (
     # A cluster plan (config/layout.py): `boxes` 8-GPU boxes x len(slot_gpus) NUMA slots, `prefill` +
     # `decode` of them TP workers built from [[prefill]]/[[decode]] entry 0, one router on box 0.
     # boxes = 0: one box, the [[prefill]]/[[decode]] lists as written.
-    Key("cluster.boxes", int, 0, v.integer("a number of 8-GPU boxes (0 = one box, no cluster plan)", 0),
+    Key("cluster.boxes", int, 0, v.integer("a number of 8-GPU boxes (0 = one box, no cluster plan)", 0, 4096),
         "boxes of a cluster plan (0: one box)",
         Flag("--boxes", "V4FLASH_BOXES", "cluster",
-             "Plan a cluster of N 8-GPU boxes (cluster.boxes); each box holds 2 TP4 workers.", 1, 4096)),
-    Key("cluster.prefill", int, 1, v.integer("a number of prefill workers", 1), "prefill workers in the cluster",
-        Flag("--prefill", "V4FLASH_PREFILL", "cluster", "Prefill workers in the cluster (cluster.prefill).", 1, 8192)),
-    Key("cluster.decode", int, 1, v.integer("a number of decode workers", 1), "decode workers in the cluster",
-        Flag("--decode", "V4FLASH_DECODE", "cluster", "Decode workers in the cluster (cluster.decode).", 1, 8192)),
+             "Plan a cluster of N 8-GPU boxes (cluster.boxes); each box holds 2 TP4 workers.", low=1)),
+    Key("cluster.prefill", int, 1, v.integer("a number of prefill workers", 1, 8192), "prefill workers in the cluster",
+        Flag("--prefill", "V4FLASH_PREFILL", "cluster", "Prefill workers in the cluster (cluster.prefill).")),
+    Key("cluster.decode", int, 1, v.integer("a number of decode workers", 1, 8192), "decode workers in the cluster",
+        Flag("--decode", "V4FLASH_DECODE", "cluster", "Decode workers in the cluster (cluster.decode).")),
     Key("cluster.slot_gpus", tuple, [[0, 1, 2, 3], [4, 5, 6, 7]], v.slot_gpus,
         "the GPUs of each NUMA slot of a box (one TP worker per slot)"),
     Key("cluster.http_port", int, 30000, v.port, "slot 0's HTTP port (slot s: + s)"),
     Key("cluster.bootstrap_port", int, 8998, v.port, "slot 0's prefill bootstrap port (slot s: + s)"),
     Key("cluster.nccl_port", int, 30010, v.port, "slot 0's NCCL port (slot s: + s)"),
-    Key("cluster.port_offset", int, 0, v.integer("a port offset per box (0 on a real cluster)", 0),
+    Key("cluster.port_offset", int, 0, v.integer("a port offset per box (0 on a real cluster)", 0, 10000),
         "added K x offset to every port of box K (logical nodes sharing one network namespace)",
         Flag("--port-offset", "V4FLASH_PORT_OFFSET", "cluster",
-             "Add K x N to every port of box K (logical nodes sharing one network namespace; real clusters need 0).",
-             0, 10000)),
+             "Add K x N to every port of box K (logical nodes sharing one network namespace; real clusters need 0).")),
     Key("cluster.bind_host", str, "advertise", v.host,
         "where cluster workers listen: \"advertise\" = each box's own cluster.hosts entry (0.0.0.0 while no hosts "
         "are known), or an address for every box"),

@@ -29,8 +29,11 @@ OWNED_FLAGS = ("--speculative-algorithm", "--speculative-num-steps", "--speculat
 SPEC_PREFIX = "--speculative-"
 DECODE_RADIX_FLAG = "--disaggregation-decode-enable-radix-cache"
 PP_FLAGS = ("--pipeline-parallel-size", "--pp-size")
-LORA_FLAGS = ("--enable-lora", "--lora-paths", "--lora-path")
+LORA_FLAGS = ("--enable-lora", "--lora-paths")
 ONLINE_COMPRESS_ENV = "SGLANG_OPT_USE_ONLINE_COMPRESS"
+# Every flag a check below looks for by name (SPEC_PREFIX: the whole `--speculative-*` family):
+# extraargs refuses their abbreviations, so these full-name checks see what argparse would read.
+GUARDED_FLAGS = (*OWNED_FLAGS, SPEC_PREFIX, DECODE_RADIX_FLAG, *PP_FLAGS, *LORA_FLAGS)
 _TRUE = ("1", "true", "yes", "on", "y", "t")
 
 

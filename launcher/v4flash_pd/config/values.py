@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from v4flash_kernels.hook.patches import SWITCHES
+from v4flash_pd.config.flagwords import meant
 from v4flash_pd.errors import UserError
 
 Check = Callable[[Any, str], Any]
@@ -32,6 +35,8 @@ _RESERVED_ENV_PREFIXES = ("LD_", "LC_", "PYTHON", "CUDA_", "NCCL_", "UCX_", "HF_
                           "TRANSFORMERS_", "TORCH", "TRITON_", "NVIDIA_", "SLURM_", "KUBERNETES_", "DYLD_",
                           "MALLOC_", "GLIBC_", "BASH_FUNC_")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The kernel switches' variables (V4FLASH_<PATCH>): the plan writes them from [patches], never an env table.
+_SWITCH_OF_ENV = {sw.env: sw for sw in SWITCHES}
 
 
 class BadValue(UserError):
@@ -62,13 +67,26 @@ def flag(value: Any, key: str) -> bool:
     return bool(want(value, bool, key, "true or false"))
 
 
-def integer(what: str, minimum: int) -> Check:
-    def check(value: Any, key: str) -> int:
-        want(value, int, key, what)
-        if value < minimum:
-            raise BadValue(f"config key {key} = {value} must be >= {minimum}", key, what)
+@dataclass(frozen=True)
+class Integer:
+    """An integer in [low, high] (high None: unbounded). The range is declared here once: a key's flag
+    takes it too (`cli/options.py`), so `--set`, a config file and the flag refuse the same values."""
+
+    what: str
+    low: int
+    high: int | None = None
+
+    def __call__(self, value: Any, key: str) -> int:
+        want(value, int, key, self.what)
+        if value < self.low:
+            raise BadValue(f"config key {key} = {value} must be >= {self.low}", key, self.what)
+        if self.high is not None and value > self.high:
+            raise BadValue(f"config key {key} = {value} must be <= {self.high}", key, self.what)
         return int(value)
-    return check
+
+
+def integer(what: str, minimum: int, maximum: int | None = None) -> Integer:
+    return Integer(what, minimum, maximum)
 
 
 def seconds(strict: bool) -> Check:
@@ -192,6 +210,13 @@ def env_table(value: Any, key: str) -> tuple[tuple[str, str], ...]:
         if "\0" in str(val):
             raise UserError(f"env value {key}.{name} contains a NUL byte",
                             "remove it: the kernel cannot pass it to a process")
+        sw = _SWITCH_OF_ENV.get(str(name))
+        if sw is not None:
+            raise UserError(f"{key} sets {name}, the {sw.name} kernel switch: the launcher sets it on every worker "
+                            "from [patches] (and runs no kernel in the router), so this value would be overridden or "
+                            "ignored without a word",
+                            f"remove {name} from {key} and use {sw.flag} off (or --set patches.{sw.name}=false, "
+                            f"[patches] {sw.name} = false in a config file)")
         out.append((env_name(str(name), key), str(val)))
     return tuple(out)
 
@@ -267,11 +292,7 @@ def api_key_flag(argv: tuple[str, ...], flag_name: str = "--api-key") -> str:
     argparse expands to it, e.g. `--api-ke`), or ''. sglang-router 0.3.2's parser allows abbreviations,
     and its only other option starting with `--a` is `--assignment-mode`, so every prefix from `--ap`
     on is unambiguous; `--a` is ambiguous there and refused too (it never helps)."""
-    for a in argv:
-        opt = a.split("=", 1)[0]
-        if len(opt) >= 3 and opt.startswith("--") and flag_name.startswith(opt):
-            return a
-    return ""
+    return next((a for a in argv if meant(a, (flag_name,))), "")
 
 
 def arg_value(argv: tuple[str, ...], flag_name: str) -> str | None:

@@ -69,6 +69,9 @@ class DoctorInput:
     topology: Topology
     probe: Probe
     topology_is_local: bool = True  # False when the GPU list came from a --topology file
+    # Ports a run that is up right now holds (its run dir's plan and live processes): port -> that run, e.g.
+    # "the running rehearsal /runs/x". Doctor beside that run reports them as the run's, not as busy.
+    running: Mapping[int, str] = field(default_factory=dict)
 
 
 def profile_gpu(profile: str) -> tuple[str, str]:

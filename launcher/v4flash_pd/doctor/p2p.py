@@ -24,7 +24,7 @@ from typing import Any
 
 from v4flash_pd.doctor.context import DoctorInput
 from v4flash_pd.doctor.result import Check, ok, skip, warn
-from v4flash_pd.report.facts import parse_matrix
+from v4flash_pd.topology import parse_matrix
 
 FORCE_P2P = "ForceP2P=0x11;RMForceP2PType=1;RMPcieP2PType=2;GrdmaPciTopoCheckOverride=1"
 FORCE_P2P_FIX = (f'without a PCIe switch set the driver\'s P2P options: echo \'options nvidia NVreg_RegistryDwords='

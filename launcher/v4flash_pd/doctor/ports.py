@@ -37,7 +37,12 @@ def check_ports(inp: DoctorInput) -> list[Check]:
     uses = inp.expect.ports
     if not uses:
         return [skip("ports", "the plan names no ports")]
-    busy = [(u, why) for u in uses if (why := inp.probe.port_problem(u.host, u.port))]
+    problems = [(u, why) for u in uses if (why := inp.probe.port_problem(u.host, u.port))]
+    # a port the run that is up holds for this very role is that run's, not a stranger's
+    theirs = [u for u, why in problems if why == "already in use" and u.port in inp.running]
+    busy = [(u, why) for u, why in problems if u not in theirs]
+    held = "".join(f"; in use by {run}: " + ", ".join(f"{u.port} ({u.owner})" for u in theirs if inp.running[u.port] == run)
+                   for run in dict.fromkeys(inp.running[u.port] for u in theirs))
     if busy:
         items = ", ".join(f"{u.owner} {u.host}:{u.port} ({why})" for u, why in busy)
         first = busy[0][0]
@@ -45,5 +50,7 @@ def check_ports(inp: DoctorInput) -> list[Check]:
                "`v4flash-pd down`) or move the role to another port (--set router.port=N, --set decode.0.port=N)")
         if any(why.startswith("permission denied") for _, why in busy):
             fix = "use ports >= 1024 or grant CAP_NET_BIND_SERVICE; " + fix
-        return [error("ports", f"not available: {items}", fix)]
-    return [ok("ports", f"{len(uses)} port(s) free: " + ", ".join(str(u.port) for u in uses))]
+        return [error("ports", f"not available: {items}{held}", fix)]
+    free = [u for u in uses if u not in theirs]
+    return [ok("ports", f"{len(free)} port(s) free" + (": " + ", ".join(str(u.port) for u in free) if free else "")
+               + held)]

@@ -10,5 +10,13 @@ Stdlib only: it runs in the slim launcher image.
 ENGINE_MODULE = "v4flash_pd.rehearsal.engine"
 REHEARSAL_HEADER = "X-V4flash-Rehearsal"
 REHEARSAL_MARK = "[rehearsal]"
+# Next to every number or verdict `bench` and `eval` print from a server whose replies carry the stand-in's
+# `"rehearsal": true` (meta_info): what they measured is the launcher's path, not a GPU box.
+STANDIN_LABEL = "[stand-in: rehearsal engines, no model, no GPU]"
 
-__all__ = ["ENGINE_MODULE", "REHEARSAL_HEADER", "REHEARSAL_MARK"]
+__all__ = ["ENGINE_MODULE", "REHEARSAL_HEADER", "REHEARSAL_MARK", "STANDIN_LABEL", "is_standin_reply"]
+
+
+def is_standin_reply(meta: object) -> bool:
+    """A /generate reply's (or stream event's) meta_info as the stand-in writes it: `"rehearsal": true`."""
+    return isinstance(meta, dict) and meta.get("rehearsal") is True

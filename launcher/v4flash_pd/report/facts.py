@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from v4flash_pd.fingerprint import fingerprint
-from v4flash_pd.topology import Topology
+from v4flash_pd.topology import Topology, parse_matrix
 
 
 def tools(env: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -39,22 +39,6 @@ def run_tool(argv: Sequence[str], env: Mapping[str, str], timeout: float = 60.0)
     if p.returncode != 0:
         return False, f"not available: {' '.join(argv)} exited {p.returncode}: {(p.stderr or p.stdout).strip()[:500]}\n"
     return True, p.stdout
-
-
-def parse_matrix(text: str) -> dict[str, Any]:
-    """An `nvidia-smi topo -m` / `-p2p X` matrix: {"columns": [...], "rows": {"GPU0": [...]}} (GPU rows only)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    header = next((ln for ln in lines if re.match(r"^\s*GPU0\b", ln.strip()) and "\t" in ln), None)
-    if header is None:
-        return {"columns": [], "rows": {}}
-    columns = [c.strip() for c in header.split("\t") if c.strip()]
-    rows = {}
-    for ln in lines:
-        cells = [c.strip() for c in ln.split("\t")]
-        cells = [c for c in cells if c != ""]
-        if cells and re.fullmatch(r"GPU\d+", cells[0]) and ln is not header:
-            rows[cells[0]] = cells[1:]
-    return {"columns": columns, "rows": rows}
 
 
 def p2p_summary(matrix: dict[str, Any]) -> str:

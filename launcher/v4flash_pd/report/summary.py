@@ -63,6 +63,20 @@ def _eval_cell(ev: dict[str, Any] | None, mark: str) -> str:
     return f"{_f(ev.get('accuracy'), 3)} ({ev.get('correct')}/{ev.get('total')}, {verdict}){mark}"
 
 
+def accept_cell(variant: dict[str, Any] | None, conc: list[int]) -> str:
+    """The served accept length per concurrency level of a variant's bench (what the step model's cited
+    range stands in for until it is measured on the box); 'off' where the trio did not speculate."""
+    bench = (variant or {}).get("bench")
+    cells = []
+    for c in conc:
+        a = (_level(bench, c) or {}).get("accept_length")
+        if a is not None:
+            cells.append(f"c={c}: {_f(a)}")
+    if not cells:
+        return "speculative decoding off (or no bench)"
+    return ", ".join(cells) + (STANDIN if (variant or {}).get("standin") else "")
+
+
 def markdown(rep: dict[str, Any]) -> str:
     facts = rep.get("facts") or {}
     sc = rep.get("selfcheck")
@@ -100,6 +114,7 @@ def markdown(rep: dict[str, Any]) -> str:
         out.append(f"| end to end, c={conc[0]}, output tok/s | patches on {tok(on, conc[0])}, all off {tok(off, conc[0])} |")
         out.append(f"| accuracy gate | patches on {_eval_cell((on or {}).get('eval'), _mark(on))}, all off "
                    f"{_eval_cell((off or {}).get('eval'), _mark(off))} |")
+        out.append(f"| MTP accept length (measured: tokens per verify) | {accept_cell(on, conc)} |")
     else:
         out.append(f"| end to end | {rep.get('e2e_skipped') or 'not run'} |")
     failures = rep.get("failures") or []

@@ -11,6 +11,7 @@ that fails to start is recorded with its launcher's output and the next one runs
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -18,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from v4flash_pd.config.keys import KEY
+from v4flash_pd.config.keys import KEY, PATCH_SWITCHES
+from v4flash_pd.config.values import AUTO
 from v4flash_pd.errors import UserError
-from v4flash_pd.report.scrub import redact_env
+from v4flash_pd.report import trio
+from v4flash_pd.report.interrupt import Interrupted, shielded
+from v4flash_pd.report.redact import Redactor, redact_env
+from v4flash_pd.report.scrub import scrub_tree
 
 KEEP_LOG_LINES = 4000
 
@@ -47,8 +52,11 @@ class Variant:
         return ", ".join(f"{n} {'on' if on else 'off'}" for n, on in self.switches)
 
 
-def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str]) -> list[Variant]:
-    base = tuple((n, on and n not in failed) for n, on in patches)
+def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str],
+                 pending: tuple[str, ...] = ()) -> list[Variant]:
+    """`pending`: the plan's `auto` switches, on in a variant once the report's self-check passed them
+    (as `up` would switch them on); every variant then names each switch explicitly."""
+    base = tuple((n, (on or n in pending) and n not in failed) for n, on in patches)
     out = [Variant("on", base)]
     on_names = [n for n, on in base if on]
     for name in on_names:
@@ -56,6 +64,13 @@ def all_variants(patches: tuple[tuple[str, bool], ...], failed: list[str]) -> li
     if len(on_names) > 1:
         out.append(Variant("off", tuple((n, False) for n, _ in base)))
     return out
+
+
+def default_variants() -> list[Variant]:
+    """The configurations a report runs with every patch at its default (what `--help` counts)."""
+    defaults = {name: KEY[f"patches.{name}"].default for name, _ in PATCH_SWITCHES}
+    return all_variants(tuple((n, d is True) for n, d in defaults.items()), [],
+                        tuple(n for n, d in defaults.items() if d == AUTO))
 
 
 def pick(variants: list[Variant], choice: str) -> list[Variant]:
@@ -89,6 +104,8 @@ class E2E:
     standin: bool
     env: Mapping[str, str] = field(default_factory=dict)
     echo: Callable[[str], None] = print
+    warn: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
+    redactor: Redactor = field(default_factory=lambda: Redactor(()))
 
 
 def _cli(*args: str) -> list[str]:
@@ -96,6 +113,8 @@ def _cli(*args: str) -> list[str]:
 
 
 def run_variant(v: Variant, e: E2E) -> dict[str, Any]:
+    """Start the variant's trio, measure it, stop it. Whatever ends this (a failure, a signal), the trio
+    is stopped before it returns; an `Interrupted` goes on up with what was left of the trio attached."""
     d = e.out / "e2e" / v.name
     d.mkdir(parents=True, exist_ok=True)
     run_dir = d / "run"
@@ -105,18 +124,17 @@ def run_variant(v: Variant, e: E2E) -> dict[str, Any]:
                 *(["--no-selfcheck"] if e.selfchecked else []))
     e.echo(f"end to end [{v.name}: {v.words()}]: starting the trio ...")
     t0 = time.monotonic()
-    started = False
+    interrupted: Interrupted | None = None
     try:
         with open(d / "up.log", "w", encoding="utf-8") as log:
-            log.write(f"# {' '.join(argv)}\n")
+            log.write(f"# {shlex.join(argv)}\n")
             log.flush()
-            try:
+            try:  # its own session: a Ctrl-C at the terminal reaches the report, which stops the trio
                 rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(e.env),
-                                    timeout=e.up_timeout).returncode
+                                    timeout=e.up_timeout, start_new_session=True).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
         res["up_seconds"] = round(time.monotonic() - t0, 1)
-        started = (run_dir / "state.json").exists()
         if rc != 0:
             tail = (d / "up.log").read_text(errors="replace").strip().splitlines()[-4:]
             res["error"] = f"`up` exited {rc}: " + " | ".join(tail)
@@ -130,10 +148,28 @@ def run_variant(v: Variant, e: E2E) -> dict[str, Any]:
         if bad:
             res["error"] = "; ".join(f"{k}: {res[k]['error']}" for k in bad)
         return res
+    except Interrupted as exc:
+        interrupted = exc
+        res["error"] = f"interrupted by {exc.name}"
+        e.warn(f"report: {exc.name} received; stopping the trio of [{v.name}] ({run_dir}) ...")
+        raise
     finally:
-        if started:
-            _down(run_dir, d, e)
-            _tidy(run_dir)
+        with shielded():
+            left = trio.stop(run_dir, e.env, d / "down.log")
+            res["left_running"] = left
+            if left:
+                e.warn(f"WARNING the trio of [{v.name}] is still running after the stop: {', '.join(left)}; stop it "
+                       f"with `v4flash-pd down --run-dir {run_dir}`")
+                res["status"] = "failed"
+                res["error"] = "; ".join(x for x in (res["error"], f"still running after the stop: {', '.join(left)}")
+                                         if x)
+            if interrupted is not None:
+                interrupted.trios.append((v.name, left))
+                if not left:
+                    e.warn(f"report: the trio of [{v.name}] is stopped; nothing of it is left running")
+            if run_dir.is_dir():
+                _tidy(run_dir)
+            res["scrubbed"] = [str((d / f).relative_to(e.out)) for f in scrub_tree(d, e.redactor)]
         e.echo(f"end to end [{v.name}]: {res['status']}" + (f" ({res['error']})" if res["error"] else ""))
 
 
@@ -167,15 +203,6 @@ def _eval(url: str, e: E2E, d: Path) -> dict[str, Any]:
     if r.errors == r.total:
         out["error"] = "every request failed"
     return out
-
-
-def _down(run_dir: Path, d: Path, e: E2E) -> None:
-    with open(d / "down.log", "w", encoding="utf-8") as log:
-        try:
-            subprocess.run(_cli("down", "--run-dir", str(run_dir)), stdout=log, stderr=subprocess.STDOUT,
-                           env=dict(e.env), timeout=300)
-        except subprocess.TimeoutExpired:
-            log.write("`down` did not finish in 300 s\n")
 
 
 def _tidy(run_dir: Path) -> None:

@@ -34,6 +34,7 @@ from v4flash_pd.selfcheck.driver import Interrupted, case_timeout, run_jobs
 from v4flash_pd.selfcheck.jobs import jobs_for
 
 Echo = Callable[[str], None]
+SKIPPED = "--no-selfcheck"  # state.json's selfcheck_skipped: why this run has no selfcheck.json
 DEVICE_ENV = "V4FLASH_SELFCHECK_DEVICE"  # "cpu": the real kernels' small shapes on Triton's interpreter (CI)
 
 
@@ -94,25 +95,6 @@ def check_seams(env: Mapping[str, str]) -> str:
     return device
 
 
-def refuse_if_in_use(run: RunDir) -> None:
-    """RunDir.lock's refusal when another `up` holds the run dir, without keeping the lock (a detaching
-    `up` checks first and its detached self takes the lock)."""
-    import fcntl
-
-    try:
-        fd = os.open(run.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return  # `up` reports an unusable run dir itself
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        run.lock()  # raises the run dir's own "in use by another `v4flash-pd up`" error
-        return
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
 class OutputClosed(Exception):
     """`up`'s stdout went away during the check (the reader of `up | head` quit)."""
 
@@ -159,17 +141,20 @@ def gate(plan: Plan, no_selfcheck: bool, strict: bool, run: RunDir, echo: Echo) 
     under --strict-selfcheck. SIGTERM/SIGHUP/SIGINT or a closed stdout during the check stop `up`
     (SystemExit), as they would stop its supervisor."""
     names = patches_on(plan)
+    # a run dir's verdict is always its own run's: a reused run dir's previous one goes first
+    result.clear(run.path)
+    skipped = no_selfcheck and bool(patches_to_check(plan)) and bool(plan.workers())
+    run.set_state(selfcheck_skipped=SKIPPED if skipped else None)
     if no_selfcheck:
         if names and plan.workers():
-            echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(names)} run unverified on these GPUs")
+            echo(f"kernel self-check: skipped ({SKIPPED}); {', '.join(names)} run unverified on these GPUs")
         if plan.pending_patches and plan.workers():
-            echo(f"kernel self-check: skipped (--no-selfcheck); {', '.join(plan.pending_patches)} stay(s) off "
+            echo(f"kernel self-check: skipped ({SKIPPED}); {', '.join(plan.pending_patches)} stay(s) off "
                  "(on by default only once verified on this box)")
         return Decision()
     if not patches_to_check(plan) or not plan.workers():
         return Decision()
     check_seams(os.environ)
-    refuse_if_in_use(run)  # a run dir another `up` holds must not get this run's state or result
     run.set_state(status="selfcheck", launcher_pid=os.getpid(), started=time.time())
     try:
         return _checked(plan, strict, run, _closing(echo))

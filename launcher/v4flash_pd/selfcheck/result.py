@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from v4flash_pd.table import format_table
+from v4flash_pd.textfile import read_json_record
 
 SCHEMA = "v4flash-pd.selfcheck/1"
 GPU_SCHEMA = "v4flash.selfcheck.gpu/1"
@@ -145,10 +146,15 @@ def write(run_path: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
+def clear(run_path: Path) -> None:
+    """Remove a run dir's verdict (before `up` decides this run's: a reused run dir keeps none of the last)."""
+    (run_path / FILE).unlink(missing_ok=True)
+
+
 def load(path: Path) -> dict[str, Any]:
     """A selfcheck.json; ValueError (with what is wrong) for anything that is not one."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json_record(path)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
@@ -157,7 +163,48 @@ def load(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not a v4flash-pd self-check result (schema {SCHEMA})")
     if not isinstance(data.get("patches"), dict) or not isinstance(data.get("gpus"), list):
         raise ValueError(f"{path} is incomplete (no patches/gpus)")
+    wrong = shape_problem(data)
+    if wrong:
+        raise ValueError(f"{path} is not a v4flash-pd self-check result: {wrong}")
     return data
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "a table", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def shape_problem(data: dict[str, Any]) -> str:
+    """'' when every field the renderers use has its type; else the first field that does not (a file
+    with the right schema and the wrong types is refused here, not by a traceback in `status`)."""
+    want: list[tuple[str, Any, bool, str]] = [
+        ("seconds", data.get("seconds", 0), _is(data.get("seconds", 0), (int, float)), "a number"),
+        ("requested", data.get("requested", []), _is(data.get("requested", []), list), "a list"),
+        ("decision", data.get("decision", ""), _is(data.get("decision", ""), str), "a string"),
+    ]
+    off = data.get("switched_off", [])
+    want.append(("switched_off", off, _is(off, list) and all(_is(n, str) for n in off), "a list of patch names"))
+    for name, p in data["patches"].items():
+        key = f"patches.{name}"
+        if not _is(p, dict):
+            want.append((key, p, False, "a table"))
+            continue
+        gpus, failed_on = p.get("gpus", {}), p.get("failed_gpus", [])
+        want += [
+            (f"{key}.status", p.get("status"), _is(p.get("status"), str), "a string"),
+            (f"{key}.gpus", gpus, _is(gpus, dict) and all(str(g).isdigit() for g in gpus), "a table by GPU number"),
+            (f"{key}.failed_gpus", failed_on, _is(failed_on, list) and all(_is(g, int) for g in failed_on),
+             "a list of GPU numbers"),
+            (f"{key}.cases", p.get("cases", 0), _is(p.get("cases", 0), int), "a number"),
+        ]
+    for field, value, ok, kind in want:
+        if not ok:
+            return f"{field} is {_json_type(value)}, not {kind}"
+    return ""
 
 
 def brief(summary: dict[str, Any]) -> dict[str, Any]:

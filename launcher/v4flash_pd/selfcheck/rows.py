@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from v4flash_pd.doctor.result import Check, error, ok, skip, warn
 from v4flash_pd.plan import Plan
 from v4flash_pd.selfcheck import result
-from v4flash_pd.selfcheck.gate import patches_to_check, run_check
+from v4flash_pd.selfcheck.gate import check_seams, patches_to_check, plan_gpus, run_check
 
 
 def _stderr(msg: str) -> None:
@@ -19,13 +20,27 @@ def _stderr(msg: str) -> None:
 
 
 def doctor_rows(plan: Plan, env: Mapping[str, str] | None = None,
-                echo: Callable[[str], None] = _stderr) -> tuple[Check, ...]:
+                echo: Callable[[str], None] = _stderr, visible: Iterable[int] | None = None) -> tuple[Check, ...]:
     """Run the self-check for the plan (progress on stderr) and turn it into rows; logs are kept only
-    when something failed (their directory is named in the row)."""
+    when something failed (their directory is named in the row). `visible`: this machine's GPUs (None:
+    not known); a check on the GPUs needs every one the plan uses, else one row says what is missing
+    and nothing runs (a check process per absent GPU would only report that torch sees no GPU)."""
     if not plan.workers():
         return (skip("selfcheck", "this part of the cluster plan starts no worker here"),)
     if not patches_to_check(plan):
         return (skip("selfcheck", "every kernel patch is switched off in this plan: nothing to check"),)
+    here = None if visible is None else sorted(set(visible))
+    need = plan_gpus(plan)
+    on_gpus = not plan.rehearse and check_seams(os.environ if env is None else env) == "cuda"
+    if on_gpus and here is not None and not set(need) <= set(here):
+        fix = ("run `v4flash-pd doctor --gpu` on the GPU box the plan is for (the gpu rows say what this one "
+               "lacks); `doctor --gpu --rehearse` rehearses the check here without a GPU")
+        if not here:
+            return (error("selfcheck", "no GPU on this machine (nvidia-smi lists none): the self-check did not run",
+                          fix),)
+        return (error("selfcheck", f"the plan uses GPUs {result.gpu_ranges(need)} but this machine has "
+                                   f"{result.gpu_ranges(here)}: the self-check did not run",
+                      fix + ", or pick this machine's GPUs in the config (e.g. --set prefill.0.gpus=[0,1])"),)
     out = Path(tempfile.mkdtemp(prefix="v4flash-selfcheck-"))
     try:
         summary = run_check(plan, out, echo, env)

@@ -5,7 +5,7 @@ clamp_limit)` computes exactly what `op.mxfp4_moe_forward` (and upstream's
 `mxfp4_moe_forward_triton`) computes for the same layer, from a `repack.RepackedExperts`:
 
 * decode sizes (up to `V2_MAX_ROWS_PER_EXPERT` rows per expert on average) run the v2 GEMMs
-  (`kernel_v2.mma_gemm_kernel`: swap-AB MMA, FP4 words decoded in the MMA fragments, uint8 scales);
+  (`repacked_kernel.mma_gemm_kernel`: swap-AB MMA, FP4 words decoded in the MMA fragments, uint8 scales);
 * larger calls run v1's prefill GEMM (`kernel.gemm_kernel` through `op.run`) on the same words
   (`nibbles=1`: each k-step's words are decoded into k order with `pairsplit.decode_word_groups`,
   so the activation tile is contracted as loaded) with the exponent-only scale decode, which the
@@ -26,8 +26,8 @@ import triton.language as tl
 
 from v4flash_kernels.kit.device import arrival_counters
 from v4flash_kernels.moe import kernel as _k
-from v4flash_kernels.moe import kernel_v2 as _k2
 from v4flash_kernels.moe import op as _v1
+from v4flash_kernels.moe import repacked_kernel as _k2
 from v4flash_kernels.moe.repack import RepackedExperts
 
 

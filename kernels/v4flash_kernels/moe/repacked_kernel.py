@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from v4flash_kernels.moe.kernel import SHIFT, _swiglu
+from v4flash_kernels.moe.kernel import SHIFT, swiglu
 from v4flash_kernels.moe.pairsplit import decode_words
 
 
@@ -151,7 +151,7 @@ def mma_gemm_kernel(
             if last:
                 gate, up = tl.split(tl.reshape(res, [BLOCK_T, BLOCK_N // 2, 2]))
                 ocol = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                h = _swiglu(gate, up, clamp_limit, HAS_CLAMP)
+                h = swiglu(gate, up, clamp_limit, HAS_CLAMP)
                 optr = OUT + slot.to(tl.int64)[:, None] * stride_om + ocol[None, :]
                 tl.store(optr, h.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (ocol < N)[None, :])
         else:
