@@ -402,7 +402,7 @@ st.global.v4.b32 [ %rd7 + 0 ], { %r1, %r2, %r3, %r4 };
 
 
 def test_ptx_gate_accepts_the_protocols_scopes_and_names_what_is_wrong():
-    from v4flash_kernels.check_sm120 import allreduce_ptx_problem
+    from v4flash_kernels.allreduce.compile import allreduce_ptx_problem
 
     assert allreduce_ptx_problem(_GOOD_PTX) == ""
     gpu_flags = _GOOD_PTX.replace("atom.global.sys.release.exch", "atom.global.gpu.release.exch")

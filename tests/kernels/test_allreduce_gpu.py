@@ -106,7 +106,7 @@ def test_simulated_ranks_in_a_cuda_graph_replayed_with_new_inputs(world):
 def test_ptx_of_the_shipped_kernels_has_the_protocols_scopes():
     """On the GPU's own arch: what check_sm120 asserts for sm_120/sm_90 holds for the binary run here."""
     from v4flash_kernels.allreduce import kernel as k
-    from v4flash_kernels.check_sm120 import allreduce_ptx_problem
+    from v4flash_kernels.allreduce.compile import allreduce_ptx_problem
 
     lr = _ranks(2)
     xs = _inputs(2, 8 * KB, torch.bfloat16, 0)
