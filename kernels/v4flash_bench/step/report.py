@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Tuple
+from typing import Any, Iterable, List, Sequence, Tuple
 
 from v4flash_bench.step import model as M
 from v4flash_kernels.kit.table import table
@@ -54,7 +54,7 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
     return "\n".join(lines)
 
 
-def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple]:
+def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple[Any, ...]]:
     """(upstream line, patched line) of each op by name (attention differs by key); None where one
     path has no such op (the fused mHC boundary is patched only), placed after its patched neighbour."""
     up_by = {ln.name: ln for ln in up.lines}

@@ -8,7 +8,7 @@ measurement each. Repetitions are capped by count and by time.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
@@ -50,7 +50,7 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
             torch.cuda.empty_cache()
 
 
-def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, str], Measurement]:
+def measure_all(ops: Dict[str, M.Op], seed: int, log: Callable[[str], None]=print) -> Dict[Tuple[str, str], Measurement]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     out: Dict[Tuple[str, str], Measurement] = {}
     t0 = time.time()
@@ -63,7 +63,7 @@ def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, s
     return out
 
 
-def run(specs: List[M.StepSpec], seed: int, log=print):
+def run(specs: List[M.StepSpec], seed: int, log: Callable[[str], None]=print) -> Any:
     ops = M.unique_ops(specs)
     meas = measure_all(ops, seed, log)
     return ops, meas
