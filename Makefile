@@ -79,9 +79,10 @@ wheelhouse: venv ## download every locked wheel (hash-checked, image platform) i
 
 LINT_PATHS := launcher tools kernels tests setup.py
 
-lint: venv ## ruff (the whole tree) + mypy (launcher --strict, kernels), hadolint, the stack pins agree, flake.nix parses
+lint: venv ## ruff (the whole tree) + mypy --strict (launcher, kernels, benches), hadolint, the stack pins agree, the registry's doc tables, flake.nix parses
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy
+	$(BIN)/python tools/registry_docs.py --check
 	$(BIN)/hadolint --no-color docker/Dockerfile
 	$(BIN)/python tools/check_consistency.py
 	@if command -v nix-instantiate >/dev/null; then nix-instantiate --parse flake.nix >/dev/null && echo "flake.nix parses"; \

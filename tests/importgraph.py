@@ -12,6 +12,7 @@ import ast
 import fnmatch
 import re
 from pathlib import Path
+from typing import Callable
 
 Graph = dict[str, list[tuple[str, tuple[str, ...]]]]
 
@@ -112,3 +113,15 @@ def layer_of(rel: str, table: list[tuple[str, list[str]]]) -> int | None:
 def unused_patterns(rels: list[str], table: list[tuple[str, list[str]]]) -> list[str]:
     """Patterns of the table that name no module (a stale map)."""
     return [p for _, patterns in table for p in patterns if not any(_matches(r, p) for r in rels)]
+
+
+def upward_imports(graph: Graph, rel: Callable[[str], str], table: list[tuple[str, list[str]]]) -> list[str]:
+    """Every import of a module from a row above its own, as "file (row) -> file (row)"."""
+    up = []
+    for mod, deps in graph.items():
+        here = layer_of(rel(mod), table)
+        for target, _ in deps:
+            there = layer_of(rel(target), table)
+            if here is not None and there is not None and there < here:
+                up.append(f"{rel(mod)} ({table[here][0]}) -> {rel(target)} ({table[there][0]})")
+    return up

@@ -86,7 +86,7 @@ def _time(run: Any, calls: int, reps: int) -> float:
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1000.0 / calls)
-    return sorted(ts)[len(ts) // 2]
+    return float(sorted(ts)[len(ts) // 2])
 
 
 def _graph(fn: Any, calls: int) -> Any:
@@ -187,7 +187,7 @@ def rank_main(rank: int, world: int, port: int, sizes: Sequence[int], dtype_name
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def run_world(world: int, sizes: Sequence[int] = SIZES, dtype: str = "bfloat16", calls: int = CALLS,

@@ -79,7 +79,7 @@ class Shape:
         return slice(self.rank * n, (self.rank + 1) * n)
 
 
-def poison_other_heads(q, keep: slice) -> None:
+def poison_other_heads(q: Any, keep: slice) -> None:
     """Fill q's heads outside `keep` like SGLang's uninitialised pad: NaN, +Inf, -Inf, 3e38 in turn."""
     vals = (float("nan"), float("inf"), float("-inf"), 3.0e38)
     for h in range(q.shape[2]):
@@ -87,15 +87,16 @@ def poison_other_heads(q, keep: slice) -> None:
             q[:, :, h] = vals[h % len(vals)]
 
 
-def floor_bytes(kw: dict, tokens: int) -> int:
+def floor_bytes(kw: Dict[str, Any], tokens: int) -> int:
     from v4flash_kernels.attention.reference import TOKEN_BYTES
 
     B, _, H, D = kw["q"].shape
     idx = sum(kw[k].numel() * 4 for k in ("indices", "extra_indices") if kw.get(k) is not None)
-    return tokens * TOKEN_BYTES + 2 * B * H * D * 2 + idx + B * H * 4
+    return int(tokens * TOKEN_BYTES + 2 * B * H * D * 2 + idx + B * H * 4)
 
 
-def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: slice | None = None) -> dict:
+def check_call(fn: Callable[..., Any], kw: Dict[str, Any], ref_out: Any, ref_lse: Any, poison: bool,
+               heads: slice | None = None) -> Dict[str, Any]:
     """Run `fn(**kw)` once on NaN-poisoned outputs (when it accepts them) and compare to the ref.
 
     With `heads`, the reference holds only those heads and only they are compared; with `poison`
@@ -133,17 +134,17 @@ def check_call(fn: Callable, kw: dict, ref_out, ref_lse, poison: bool, heads: sl
                 "empty_rows_zero": empty_zero, "other_heads_untouched": untouched}
 
 
-def cache_widths(kw: dict) -> tuple:
+def cache_widths(kw: Dict[str, Any]) -> Tuple[Any, ...]:
     """(top-k width of the SWA cache, of the extra cache or 0): what the planner keys on."""
     w_b = kw["extra_indices"].shape[-1] if kw.get("extra_indices") is not None else 0
     return kw["indices"].shape[-1], w_b
 
 
-def bind_plan(plan, heads: tuple | None = None) -> Callable:
+def bind_plan(plan: Any, heads: Tuple[Any, ...] | None = None) -> Callable[..., Any]:
     """`fn(out=None, lse=None, **inputs)` that runs the decode with this explicit plan (for A/B runs)."""
     from v4flash_kernels.attention import op as decode
 
-    def call(out=None, lse=None, **kwargs):
+    def call(out: Any = None, lse: Any = None, **kwargs: Any) -> Any:
         return decode.run(
             kwargs["q"], kwargs["k_cache"], kwargs["indices"], kwargs["topk_length"],
             kwargs["attn_sink"], kwargs["softmax_scale"], kwargs.get("extra_k_cache"),
@@ -153,7 +154,7 @@ def bind_plan(plan, heads: tuple | None = None) -> Callable:
     return call
 
 
-def production_call(shape: Shape) -> Callable:
+def production_call(shape: Shape) -> Callable[..., Any]:
     """What SGLang runs with the patch: the TP-aware adapter around the public entry (fake rank in tp4)."""
     from v4flash_kernels.attention import op as decode
     from v4flash_kernels.hook.tp_heads import AttnTp, make_tp_aware
@@ -161,7 +162,7 @@ def production_call(shape: Shape) -> Callable:
     tp = AttnTp(shape.rank, TP4) if shape.mode == "tp4" else AttnTp(0, 1)
     fn = make_tp_aware(decode.sparse_mla_decode, read=lambda: tp)
 
-    def call(out=None, lse=None, **kwargs):
+    def call(out: Any = None, lse: Any = None, **kwargs: Any) -> Any:
         if out is not None:  # the adapter has upstream's signature; poison through the plan path
             sl = shape.head_slice
             return bind_plan(plan_for(shape, kwargs), (sl.start, sl.stop))(out=out, lse=lse, **kwargs)
@@ -169,7 +170,7 @@ def production_call(shape: Shape) -> Callable:
     return call
 
 
-def plan_for(shape: Shape, kw: dict, smem_per_sm: int | None = None):
+def plan_for(shape: Shape, kw: Dict[str, Any], smem_per_sm: int | None = None) -> Any:
     from v4flash_kernels.attention import op as decode
 
     w_a, w_b = cache_widths(kw)
@@ -178,7 +179,7 @@ def plan_for(shape: Shape, kw: dict, smem_per_sm: int | None = None):
     return decode.make_plan(shape.batch, n, w_a, w_b, sms, smem_per_sm=smem_per_sm or smem)
 
 
-def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
+def variants_for(shape: Shape, kw: Dict[str, Any], sweep: bool) -> Dict[str, Callable[..., Any]]:
     from v4flash_kernels.attention import op as decode
 
     B = shape.batch
@@ -214,13 +215,13 @@ def variants_for(shape: Shape, kw: dict, sweep: bool) -> Dict[str, Callable]:
     return out
 
 
-def plan_desc(shape: Shape, kw: dict) -> str:
+def plan_desc(shape: Shape, kw: Dict[str, Any]) -> str:
     p = plan_for(shape, kw)
     return (f"{p.config.name} chunk={p.chunk} splits={p.splits_main}+{p.splits_extra}"
             f"{'' if p.num_splits == 1 else ' one launch' if p.fused else ' +combine'}")
 
 
-def ref_inputs(kw: dict, keep: slice) -> dict:
+def ref_inputs(kw: Dict[str, Any], keep: slice) -> Dict[str, Any]:
     """The inputs restricted to the real heads (the fp64 reference then costs 1/4 at tp4)."""
     out = dict(kw, q=kw["q"][:, :, keep])
     if kw.get("attn_sink") is not None:
@@ -228,7 +229,7 @@ def ref_inputs(kw: dict, keep: slice) -> dict:
     return out
 
 
-def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
+def run_shape(shape: Shape, sweep: bool, upstream: Any, seed: int) -> Dict[str, Any]:
     """Check then time every variant of one shape (upstream only if given)."""
     import torch
 
@@ -246,7 +247,7 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
                floor_rtx6000_us=nbytes / BW_RTX6000 * 1e6, plan=plan_desc(shape, kw), variants={})
     fns = variants_for(shape, kw, sweep)
     if upstream is not None:
-        def up(out=None, lse=None, **kwargs):
+        def up(out: Any = None, lse: Any = None, **kwargs: Any) -> Any:
             return upstream.flash_mla_sparse_decode_triton(**_upstream_kwargs(kwargs))
         fns["upstream"] = up
     sl = keep if shape.mode == "tp4" else None
@@ -262,7 +263,7 @@ def run_shape(shape: Shape, sweep: bool, upstream, seed: int) -> dict:
     return row
 
 
-def _upstream_kwargs(kw: dict) -> dict:
+def _upstream_kwargs(kw: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "q": kw["q"], "k_cache": kw["k_cache"], "indices": kw["indices"], "topk_length": kw["topk_length"],
         "attn_sink": kw["attn_sink"], "head_dim_v": kw["head_dim_v"], "softmax_scale": kw["softmax_scale"],
@@ -271,7 +272,7 @@ def _upstream_kwargs(kw: dict) -> dict:
     }
 
 
-def format_table(rows: List[dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     head = (f"{'kind':<10} {'mode':<6} {'B':>3} {'H':>3} {'tok':>7} {'floorH200':>9} {'floor6K':>8} {'ours':>8} "
             f"{'sm120cfg':>8} {'best':>8} {'upstream':>9} {'x_up':>6} {'err':>8}  plan / best variant")
     lines = [head, "-" * len(head)]
@@ -287,7 +288,7 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown(rows: List[dict]) -> str:
+def format_markdown(rows: List[Dict[str, Any]]) -> str:
     """The BENCH.md table: µs per call (graph replay, L2 flushed, median) and the floors."""
     lines = [
         "| kind | mode | B | H | tokens | floor H200 | floor RTX 6000 | **ours** | other merge | sm_120 choice "
@@ -311,7 +312,7 @@ def format_markdown(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def step_time_us(rows: List[dict], variant: str = "ours") -> float | None:
+def step_time_us(rows: List[Dict[str, Any]], variant: str = "ours") -> float | None:
     """Sum of one decode step's attention calls at B=1, 128K, from the tp4 rows; None if any is missing."""
     by = {(r["kind"], r.get("mode"), r["batch"]): r for r in rows}
     total = 0.0

@@ -32,7 +32,7 @@ inside the bench's strict bound against the fp64 reference, and the quant is the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 import torch
 import triton
@@ -452,19 +452,19 @@ def dot_candidates(m: int) -> List[Dot]:
     ]
 
 
-def sweep_variants(m: int, n: int, k: int, sms: int) -> List[Tuple[str, Callable]]:
+def sweep_variants(m: int, n: int, k: int, sms: int) -> List[Tuple[str, Callable[..., Any]]]:
     """(name, fn(x, w, ws) -> out) for every candidate at this (M, N, K)."""
-    out: List[Tuple[str, Callable]] = []
+    out: List[Tuple[str, Callable[..., Any]]] = []
     if m <= 4:
         out += [(c.name, lambda x, w, s, c=c: run_gemv(x, w, s, c)) for c in gemv_candidates(m, n, k, sms)]
     out += [(c.name, lambda x, w, s, c=c: run_dot(x, w, s, c, sms)) for c in dot_candidates(m)]
     return out
 
 
-def calibration_variants(n: int, k: int, sms: int) -> List[Tuple[str, Callable]]:
+def calibration_variants(n: int, k: int, sms: int) -> List[Tuple[str, Callable[..., Any]]]:
     """Not a GEMM: an empty launch, and a weight-only read with two GEMV grids (no fix-up)."""
     tiles = gemv_tiles(n, k, sms)
     pick = sorted({t for t in tiles if t[1] == k} or set(tiles[:1]))[:2]
-    out: List[Tuple[str, Callable]] = [("cal_null", lambda x, w, s: run_null(torch.empty(1, device=w.device)))]
+    out: List[Tuple[str, Callable[..., Any]]] = [("cal_null", lambda x, w, s: run_null(torch.empty(1, device=w.device)))]
     out += [(f"cal_stream_n{bn}_k{kc}", lambda x, w, s, bn=bn, kc=kc: run_stream(w, bn, kc)) for bn, kc in pick]
     return out

@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_kernels.fp8_gemm.upstream import upstream_fp8_linear
 from v4flash_kernels.kit.device import num_sms
@@ -81,7 +81,7 @@ def rotations(nbytes: int, l2_bytes: int) -> int:
 ATOL_MAG = {"ours": 2.0 ** -12, "upstream": 2.0 ** -8}
 
 
-def check_one(out, x, w, ws, who: str = "ours") -> dict:
+def check_one(out: Any, x: Any, w: Any, ws: Any, who: str = "ours") -> Dict[str, Any]:
     from v4flash_kernels.fp8_gemm.reference import linear_ref
     from v4flash_kernels.kit.compare import excess_error, rel_err
 
@@ -90,7 +90,7 @@ def check_one(out, x, w, ws, who: str = "ours") -> dict:
     return {"ok": bool(ex <= 1.0), "excess": ex, "rel_err": rel_err(out, ref)}
 
 
-def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, bw_h200: float) -> dict:
+def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, bw_h200: float) -> Dict[str, Any]:
     """Ours and upstream at one (shape, M)."""
     import torch
 
@@ -105,13 +105,13 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
     x = make_activation(m, k, g, device="cuda")
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
     p = op.plan(m, n, k, num_sms(x.device))
-    variants: Dict[str, dict] = {}
+    variants: Dict[str, Dict[str, Any]] = {}
     floor_h200 = nbytes / bw_h200 * 1e6
     row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
            "flops": 2 * m * n * k, "rotations": r, "floor_h200_us": floor_h200,
            "floor_rtx6000_us": nbytes / BW_RTX6000 * 1e6, "plan": p.name, "variants": variants}
 
-    def timed(fn: Callable, ok: bool) -> float:
+    def timed(fn: Callable[..., Any], ok: bool) -> float:
         if not ok:  # ours outside the strict bound: not timed, the run fails
             return float("nan")
 
@@ -120,7 +120,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
                 fn(w, s)
         return time_graph(many, rep_ms=50) / r
 
-    def add(name: str, fn: Callable, other=None) -> None:
+    def add(name: str, fn: Callable[..., Any], other: Any = None) -> None:
         out = fn(*ws[0])
         res = check_one(out, x, *ws[0], who=name)
         if name == "upstream":  # the baseline: its error is reported, it is timed regardless
@@ -135,7 +135,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
 
     up_out = None
     if up is not None:
-        def up_fn(w, s):
+        def up_fn(w: Any, s: Any) -> Any:
             return up.triton_w8a8_block_fp8_linear(x, w, [128, 128], s)
         up_out = up_fn(*ws[0])
         add("upstream", up_fn)
@@ -146,7 +146,7 @@ def run_shape(shape: Shape, m: int, up: ModuleType | None, seed: int, l2: int, b
 # ----------------------------------------------------------------------------- tables
 
 
-def step_ms(rows: List[dict], m: int, variant: str) -> float:
+def step_ms(rows: List[Dict[str, Any]], m: int, variant: str) -> float:
     """ms per decode step of the six linears at this M (calls per step x µs per call)."""
     by = {r["shape"]: r for r in rows if r["m"] == m}
     total = 0.0
@@ -158,7 +158,7 @@ def step_ms(rows: List[dict], m: int, variant: str) -> float:
     return total / 1e3
 
 
-def format_table(rows: List[dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     head = (f"{'shape':<15} {'M':>5} {'floorH200':>9} {'floorRTX':>8} {'ours us':>8} {'GB/s':>6} {'TF/s':>6} "
             f"{'%H200':>6} {'up us':>8} {'up/ours':>7} {'excess':>7} {'up exc':>7}  plan")
     lines = [head, "-" * len(head)]
@@ -177,7 +177,7 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown(rows: List[dict], ms: List[int]) -> str:
+def format_markdown(rows: List[Dict[str, Any]], ms: List[int]) -> str:
     lines = [
         "| shape (N x K) | M | H200 floor µs | RTX PRO 6000 floor µs | **ours µs** | GB/s | TFLOP/s | % of H200 floor "
         "| upstream µs | upstream / ours | plan |",
@@ -249,8 +249,8 @@ def main(argv: List[str] | None = None) -> int:
             "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
             "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "bw_h200": bw, "bw_source": bw_src,
             "bw_rtx6000": BW_RTX6000, "sweep": False, "upstream_origin": getattr(up, "__v4flash_origin__", None)}
-    rows: List[dict] = []
-    failed: List[dict] = []
+    rows: List[Dict[str, Any]] = []
+    failed: List[Dict[str, Any]] = []
     t0 = time.time()
 
     def dump(partial: bool) -> None:

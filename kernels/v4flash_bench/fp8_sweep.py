@@ -22,7 +22,7 @@ import json
 import math
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import v4flash_bench.fp8_gemm as bench
 
@@ -31,7 +31,7 @@ MARGIN_S = 4.0  # stop when less than this is left: one more compile + timing co
 WARMUP_MS, REP_MS = 5, 20
 
 
-def _time(fn: Callable, ws: list) -> float:
+def _time(fn: Callable[..., Any], ws: List[Any]) -> float:
     """µs per call: a CUDA graph of one call per rotated weight, median replay / r."""
     from v4flash_kernels.kit.measure import time_graph
 
@@ -51,7 +51,8 @@ def _context_alive() -> bool:
         return False
 
 
-def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float, calibrate: bool) -> dict:
+def run_point(shape: Any, m: int, up: Any, seed: int, l2: int, bw: float, deadline: float, calibrate: bool) -> Dict[str,
+              Any]:
     import torch
 
     import v4flash_bench.fp8_candidates as cand
@@ -69,12 +70,12 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
     ws = [make_weight(n, k, g, device="cuda") for _ in range(r)]
     ref, mag = linear_ref(x, *ws[0])
     floor = nbytes / bw * 1e6
-    variants: Dict[str, dict] = {}
+    variants: Dict[str, Dict[str, Any]] = {}
     row = {"shape": shape.name, "n": n, "k": k, "m": m, "calls_per_step": shape.calls, "bytes": nbytes,
            "rotations": r, "floor_h200_us": floor, "floor_rtx6000_us": nbytes / bench.BW_RTX6000 * 1e6,
            "plan": op.plan(m, n, k, sms).name, "variants": variants, "cut": False}
 
-    todo: List[Tuple[str, Callable, str]] = []
+    todo: List[Tuple[str, Callable[..., Any], str]] = []
     if up is not None:
         todo.append(("upstream", lambda x_, w, s: up.triton_w8a8_block_fp8_linear(x_, w, [128, 128], s), "upstream"))
     todo.append(("planned", lambda x_, w, s: op.w8a8_block_fp8_linear(x_, w, [128, 128], s), "ours"))
@@ -90,7 +91,7 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
             row["not_run"] = [t[0] for t in todo if t[0] not in variants]
             break
         t0 = time.time()
-        res: dict = {"kind": kind}
+        res: Dict[str, Any] = {"kind": kind}
         try:
             out = fn(x, *ws[0])
             torch.cuda.synchronize()
@@ -114,7 +115,7 @@ def run_point(shape, m: int, up, seed: int, l2: int, bw: float, deadline: float,
     return row
 
 
-def best_of(row: dict) -> Tuple[str, float]:
+def best_of(row: Dict[str, Any]) -> Tuple[str, float]:
     """The fastest candidate or planned variant that passed the strict check."""
     ok = [(v["us"], n) for n, v in row["variants"].items()
           if v.get("kind") == "ours" and v.get("ok") and v["us"] == v["us"]]
@@ -124,7 +125,7 @@ def best_of(row: dict) -> Tuple[str, float]:
     return name, us
 
 
-def format_sweep(rows: List[dict]) -> str:
+def format_sweep(rows: List[Dict[str, Any]]) -> str:
     lines = []
     for r in rows:
         v = r["variants"]
@@ -143,7 +144,7 @@ def format_sweep(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def step_table(rows: List[dict], shapes) -> str:
+def step_table(rows: List[Dict[str, Any]], shapes: Any) -> str:
     """ms per decode step of the six linears at each M: upstream, planned, best candidate per shape."""
     lines = ["M    upstream_ms planned_ms best_ms  (indexer_wq_b counted as wq_b)"]
     for m in sorted({r["m"] for r in rows}):
@@ -194,7 +195,7 @@ def main(argv: List[str] | None = None) -> int:
             "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed, "bw_h200": bw, "bw_source": bw_src,
             "sweep": True, "budget_s": args.budget_s, "timing": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS},
             "upstream_origin": getattr(up, "__v4flash_origin__", None), "skipped": []}
-    rows: List[dict] = []
+    rows: List[Dict[str, Any]] = []
 
     def dump(partial: bool) -> None:
         if args.json:

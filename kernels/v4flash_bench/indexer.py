@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import List
+from typing import Any, Dict, List
 
 from v4flash_kernels.kit.device import num_sms
 from v4flash_kernels.kit.measure import time_graph
@@ -81,7 +81,7 @@ def bytes_moved(shape: Shape, heads: int = 64) -> int:
     return shape.batch * (pages * 8448 + msl * 4 + heads * (128 + 4) + shape.width * 4)
 
 
-def check(out, ref, other=None) -> dict:
+def check(out: Any, ref: Any, other: Any = None) -> Dict[str, Any]:
     from v4flash_kernels.indexer.reference import logits_error
 
     e = logits_error(out, ref)
@@ -94,7 +94,8 @@ def check(out, ref, other=None) -> dict:
     return res
 
 
-def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cuda", config=None) -> dict:
+def run_shape(shape: Shape, upstream: Any, seed: int, sweep: bool, device: str = "cuda", config: Any = None) -> Dict[str,
+              Any]:
     """One shape: ours with `config` (default: the shipped one), w/o tail, upstream; `sweep`: SWEEP only."""
     import torch
 
@@ -104,7 +105,7 @@ def run_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str = "cud
     return row
 
 
-def _measure_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str, config) -> dict:
+def _measure_shape(shape: Shape, upstream: Any, seed: int, sweep: bool, device: str, config: Any) -> Dict[str, Any]:
     import torch
 
     from v4flash_kernels.indexer import op as indexer
@@ -122,11 +123,11 @@ def _measure_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str, 
                floor_h200_us=nbytes / BW_H200 * 1e6, config=cfg_main.name,
                nprog=indexer.programs_per_row(B, shape.width, sms, cfg_main), variants={})
 
-    def ours_fn(cfg, out=None, max_seq_len=msl, nprog=None):
+    def ours_fn(cfg: Any, out: Any = None, max_seq_len: Any = msl, nprog: Any = None) -> Any:
         return lambda: indexer.run(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
                                    kw["page_table"], max_seq_len, config=cfg, nprog=nprog, out=out)
 
-    def checked(cfg, other=None) -> dict:
+    def checked(cfg: Any, other: Any = None) -> Dict[str, Any]:
         poison = torch.full((B, msl), float("nan"), dtype=torch.float32, device=device)
         res = check(ours_fn(cfg, out=poison)(), ref, other)
         del poison
@@ -157,7 +158,7 @@ def _measure_shape(shape: Shape, upstream, seed: int, sweep: bool, device: str, 
     return row
 
 
-def sweep_winner(rows: List[dict]) -> str | None:
+def sweep_winner(rows: List[Dict[str, Any]]) -> str | None:
     """The SWEEP config with the lowest geometric-mean time over the sweep shapes (all checks ok)."""
     best = None
     names = [k for k in rows[0]["variants"] if k.startswith("cfg:")] if rows else []
@@ -172,7 +173,7 @@ def sweep_winner(rows: List[dict]) -> str | None:
 
 
 
-def format_table(rows: List[dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     head = (f"{'B':>3} {'context':>7} {'actual':>6} {'c4 len':>7} {'floorH200':>9} {'ours':>8} {'no-tail':>8} "
             f"{'upstream':>9} {'x_up':>6} {'err':>8} {'vs_up':>8}  check")
     lines = [head, "-" * len(head)]
@@ -190,7 +191,7 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_sweep(rows: List[dict]) -> str:
+def format_sweep(rows: List[Dict[str, Any]]) -> str:
     swept = [r for r in rows if any(k.startswith("cfg:") for k in r["variants"])]
     if not swept:
         return ""
@@ -208,7 +209,7 @@ def format_sweep(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown(rows: List[dict]) -> str:
+def format_markdown(rows: List[Dict[str, Any]]) -> str:
     lines = [
         "| B | configured context | actual | c4 positions | floor H200 | **ours** | ours w/o -inf tail | upstream "
         "| upstream / ours | rel. err vs fp64 | vs upstream | programs / row |",
@@ -254,18 +255,18 @@ def main(argv: List[str] | None = None) -> int:
 
     shapes = shapes_for([int(b) for b in args.batches.split(",")], args.contexts.split(","), args.actual.split(","))
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
-    rows: List[dict] = []
-    sweep_rows: List[dict] = []
-    failed: List[dict] = []
+    rows: List[Dict[str, Any]] = []
+    sweep_rows: List[Dict[str, Any]] = []
+    failed: List[Dict[str, Any]] = []
     t0 = time.time()
 
-    def dump(partial: bool, meta: dict) -> None:
+    def dump(partial: bool, meta: Dict[str, Any]) -> None:
         if args.json:  # rewritten after every shape so a run cut short still leaves its rows
             with open(args.json, "w") as f:
                 json.dump({"meta": dict(meta, partial=partial), "rows": rows, "sweep": sweep_rows, "failed": failed}, f,
                           indent=1)
 
-    def one(sh: Shape, i: int, sweep: bool, config=None) -> dict | None:
+    def one(sh: Shape, i: int, sweep: bool, config: Any = None) -> Dict[str, Any] | None:
         try:
             return run_shape(sh, upstream, seed + i, sweep, config=config)
         except Exception as exc:  # one broken shape must not lose the others' rows

@@ -29,7 +29,7 @@ import json
 import sys
 import time
 import types
-from typing import Callable, Dict, List, TypedDict
+from typing import Any, Callable, Dict, List, Tuple, TypedDict
 
 import torch
 
@@ -65,7 +65,7 @@ class PreScalars(TypedDict):
     sinkhorn_iters: int
 
 
-def chain_fn(kw: Dict, p: R.MhcParams, common: PreScalars) -> Callable:
+def chain_fn(kw: Dict[str, Any], p: R.MhcParams, common: PreScalars) -> Callable[..., Any]:
     """`CHAIN` fused boundaries, each with its own copy of hc_fn / scale / base / norm weight (so each
     reads them from HBM after the bench's L2 flush, as a layer does), each one's streams, post, comb
     and layer input feeding the next as its residual, post, comb and sub-layer output."""
@@ -74,7 +74,7 @@ def chain_fn(kw: Dict, p: R.MhcParams, common: PreScalars) -> Callable:
     weights = [(kw["hc_fn"].clone(), kw["hc_scale"].clone(), kw["hc_base"].clone(), kw["norm_weight"].clone())
                for _ in range(CHAIN)]
 
-    def run():
+    def run() -> Any:
         x, res, post, comb = kw["x"], kw["residual"], kw["post"], kw["comb"]
         for fn, sc, ba, w in weights:
             res, x, post, comb = op.mhc_post_pre(x, res, post, comb, fn, sc, ba, **common, norm_weight=w,
@@ -83,7 +83,7 @@ def chain_fn(kw: Dict, p: R.MhcParams, common: PreScalars) -> Callable:
     return run
 
 
-def sweep_plans(n: int, hidden: int) -> List:
+def sweep_plans(n: int, hidden: int) -> List[Any]:
     """Decode alternatives to the shipped plan: one launch with 1..16 tokens per ticketed block and
     16..256 hidden splits (up to ~4 waves of one program per SM), and the two-launch plan."""
     from v4flash_kernels.mhc import op
@@ -101,7 +101,8 @@ def sweep_plans(n: int, hidden: int) -> List:
 
 
 def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused: types.ModuleType | None,
-               sweep: bool, device: str = "cuda", hidden: int = 4096, timer: Callable | None = None) -> Dict:
+               sweep: bool, device: str = "cuda", hidden: int = 4096, timer: Callable[..., Any] | None = None) -> Dict[str,
+               Any]:
     """One token count: every variant checked against fp64, then timed (`timer`, default CUDA-graph replay)."""
     from v4flash_kernels.mhc import op
 
@@ -115,26 +116,32 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     common = PreScalars(rms_eps=p.rms_eps, hc_eps=p.pre_eps, sinkhorn_iters=p.iters)
     plan = op.plan_for(n, case.hidden, num_sms(x.device))
     floor = bytes_floor(n, hidden)
-    row: Dict = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
+    row: Dict[str, Any] = {"tokens": n, "plan": plan.name, "floor_us": {k: v / BW_H200 * 1e6 for k, v in floor.items()},
                      "variants": {}}
     v = row["variants"]
 
     ref = R.pre_ref(res, fn, sc, ba, p)
     plain = R.layer_input_ref(ref["y"], None, p.norm_eps)
     normed = R.layer_input_ref(ref["y"], w, p.norm_eps)
-    pre_fn = lambda: op.mhc_pre(res, fn, sc, ba, **common)  # noqa: E731
-    pre_norm_fn = lambda: op.mhc_pre(res, fn, sc, ba, **common, norm_weight=w, norm_eps=p.norm_eps)  # noqa: E731
+    def pre_fn() -> Tuple[Any, Any, Any]:
+        return op.mhc_pre(res, fn, sc, ba, **common)
+
+    def pre_norm_fn() -> Tuple[Any, Any, Any]:
+        return op.mhc_pre(res, fn, sc, ba, **common, norm_weight=w, norm_eps=p.norm_eps)
+
     v["pre"] = check_pre(*pre_fn(), ref, plain, tol)
     v["pre_norm"] = check_pre(*pre_norm_fn(), ref, normed, tol)
     post_ref = R.post_ref(x, res, post_in, comb_in)
-    post_fn = lambda: op.mhc_post(x, res, post_in, comb_in)  # noqa: E731
+    def post_fn() -> Any:
+        return op.mhc_post(x, res, post_in, comb_in)
+
     v["post"] = check_streams(post_fn(), post_ref, tol)
 
-    def post_pre_fn(plan_=None):
+    def post_pre_fn(plan_: Any = None) -> Any:
         return lambda: op.mhc_post_pre(x, res, post_in, comb_in, fn, sc, ba, **common, norm_weight=w,
                                        norm_eps=p.norm_eps, plan=plan_)
 
-    def check_fused(out) -> Dict:
+    def check_fused(out: Any) -> Dict[str, Any]:
         cur, y, post, comb = out
         return check_post_pre(cur, y, post, comb, kw, p, tol)
 
@@ -158,7 +165,11 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
             v[name]["us"] = _time_fn(post_pre_fn(alt)) if v[name]["ok"] else float("nan")
     if upstream is not None:
         ref = R.pre_ref(res, fn, sc, ba, p)
-        up_pre = lambda: upstream.pre(res, fn, sc, ba)  # noqa: E731
+        up = upstream
+
+        def up_pre() -> Any:
+            return up.pre(res, fn, sc, ba)
+
         y, post, comb, fused = up_pre()
         v["upstream_sm120_pre"] = check_pre(y, post, comb, ref, plain, tol)
         v["upstream_sm120_post"] = check_streams(upstream.post(x, res, post_in, comb_in), post_ref, tol)
@@ -167,7 +178,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
         if upstream_fused is not None:
             tlm = upstream_fused
 
-            def up_fused():
+            def up_fused() -> Any:
                 return tlm.mhc_fused_post_pre(x, res, post_in.unsqueeze(-1), comb_in, fn, sc, ba, p.rms_eps, p.pre_eps,
                                               p.sinkhorn_eps, p.post_mult, p.iters, norm_weight=w,
                                               norm_eps=p.norm_eps)
@@ -188,7 +199,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
     return row
 
 
-def format_table(rows: List[Dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     cols = ("pre", "pre_norm", "post", "post_pre", "post_pre_chain", "upstream_sm120_pre", "upstream_sm120_post",
             "upstream_tilelang_post_pre")
     head = (f"{'tokens':>6} {'plan':<22}" + "".join(f"{c[-18:]:>20}" for c in cols)
@@ -231,8 +242,8 @@ def main(argv: List[str] | None = None) -> int:
             up_fused = upstream_tilelang_fused() if args.upstream_fused else None
         else:
             up_note = "tilelang not importable: upstream not timed"
-    rows: List[Dict] = []
-    failed: List[Dict] = []
+    rows: List[Dict[str, Any]] = []
+    failed: List[Dict[str, Any]] = []
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,

@@ -74,7 +74,7 @@ class Shape:
 # ---------------------------------------------------------------- inputs
 
 
-def build_weights(tp: int, copies: int, seed: int) -> List[dict]:
+def build_weights(tp: int, copies: int, seed: int) -> List[Dict[str, Any]]:
     """`copies` expert sets on the GPU: the loader's tensors plus their repacked form."""
     import torch
 
@@ -84,7 +84,7 @@ def build_weights(tp: int, copies: int, seed: int) -> List[dict]:
     gd = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(copies):
-        def r(shape, lo, hi):
+        def r(shape: Any, lo: Any, hi: Any) -> Any:
             return torch.randint(lo, hi, shape, dtype=torch.uint8, device="cuda", generator=gd)
 
         w13, w2 = r((EXPERTS, 2 * inter, HIDDEN // 2), 0, 256), r((EXPERTS, HIDDEN, inter // 2), 0, 256)
@@ -96,7 +96,7 @@ def build_weights(tp: int, copies: int, seed: int) -> List[dict]:
     return out
 
 
-def build_calls(shape: Shape, weights: List[dict], seed: int) -> List[dict]:
+def build_calls(shape: Shape, weights: List[Dict[str, Any]], seed: int) -> List[Dict[str, Any]]:
     """One call's arguments per weight copy (upstream's keywords, plus the repacked experts)."""
     import torch
 
@@ -114,48 +114,48 @@ def build_calls(shape: Shape, weights: List[dict], seed: int) -> List[dict]:
     return calls
 
 
-def upstream_kwargs(kw: dict) -> dict:
+def upstream_kwargs(kw: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in kw.items() if k != "experts"}
 
 
 # ---------------------------------------------------------------- variants
 
 
-def v1_fn(plan=None) -> Callable:
+def v1_fn(plan: Any = None) -> Callable[..., Any]:
     """`fn(out=None, **call)` running v1 (the drop-in) on the loader's fp32 scales."""
     from v4flash_kernels.moe import op as v1
 
-    def call(out=None, **kw):
+    def call(out: Any = None, **kw: Any) -> Any:
         return v1.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
                       kw["topk_ids"], kw["topk_weights"], kw["intermediate_size"], kw["routed_scaling_factor"],
                       kw["clamp_limit"], plan=plan, out=out)
     return call
 
 
-def v2_fn(plan=None) -> Callable:
+def v2_fn(plan: Any = None) -> Callable[..., Any]:
     """`fn(out=None, **call)` running the repacked-experts forward (planner's plan, or `plan`)."""
     from v4flash_kernels.moe import repacked_op
 
-    def call(out=None, **kw):
+    def call(out: Any = None, **kw: Any) -> Any:
         return repacked_op.run_repacked(kw["hidden_states"], kw["experts"], kw["topk_ids"], kw["topk_weights"],
                                   kw["routed_scaling_factor"], kw["clamp_limit"], plan=plan, out=out)
     return call
 
 
-def upstream_fn(upstream) -> Callable:
-    def call(out=None, **kw):
+def upstream_fn(upstream: Any) -> Callable[..., Any]:
+    def call(out: Any = None, **kw: Any) -> Any:
         return upstream.mxfp4_moe_forward_triton(**upstream_kwargs(kw))
     return call
 
 
-def default_variants(shape: Shape, upstream) -> Dict[str, Callable]:
+def default_variants(shape: Shape, upstream: Any) -> Dict[str, Callable[..., Any]]:
     v = {"v1": v1_fn(), "v2": v2_fn()}
     if upstream is not None:
         v["upstream"] = upstream_fn(upstream)
     return v
 
 
-def _mma(bt, bn, bk, w, s, sk=1):
+def _mma(bt: Any, bn: Any, bk: Any, w: Any, s: Any, sk: int = 1) -> Any:
     from v4flash_kernels.moe.repacked_op import MmaConfig
 
     return MmaConfig(bt, bn, bk, w, s, sk)
@@ -198,12 +198,12 @@ def v2_candidates(shape: Shape) -> Dict[str, Any]:
     return out
 
 
-def v1_fast_loader_order_fn(plan) -> Callable:
+def v1_fast_loader_order_fn(plan: Any) -> Callable[..., Any]:
     """v1's tiles on the loader's nibble order with the repacked (fast, uint8) scales: isolates what
     PAIR_SPLIT costs v1's prefill tiles (`nibbles=1` permutes the activation in registers)."""
     from v4flash_kernels.moe import op as v1
 
-    def call(out=None, **kw):
+    def call(out: Any = None, **kw: Any) -> Any:
         ex = kw["experts"]
         return v1.run(kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], ex.s13, ex.s2, kw["topk_ids"],
                       kw["topk_weights"], kw["intermediate_size"], kw["routed_scaling_factor"], kw["clamp_limit"],
@@ -211,7 +211,7 @@ def v1_fast_loader_order_fn(plan) -> Callable:
     return call
 
 
-def sweep_variants(shape: Shape) -> Dict[str, Callable]:
+def sweep_variants(shape: Shape) -> Dict[str, Callable[..., Any]]:
     """The candidates as named variants: the planner's first, v1 tiles (on the fast scales) marked."""
     from v4flash_kernels.moe import op as v1
 
@@ -257,19 +257,19 @@ def prefill_candidates(shape: Shape) -> Dict[str, Any]:
     return out
 
 
-def prefill_variants(shape: Shape) -> Dict[str, Callable]:
+def prefill_variants(shape: Shape) -> Dict[str, Callable[..., Any]]:
     """The bar (v1 as the drop-in runs it), the planner's repacked path, the candidates on the
     repacked experts and v1's tiles on the loader's order with the fast scales."""
     from v4flash_kernels.moe import op as v1
 
-    out: Dict[str, Callable] = {V1_BASELINE: v1_fn(), PLANNER: v2_fn()}
+    out: Dict[str, Callable[..., Any]] = {V1_BASELINE: v1_fn(), PLANNER: v2_fn()}
     for name, p in list(prefill_candidates(shape).items())[1:]:
         out["repacked: " + name] = v2_fn(p)
     out[LOADER_FAST] = v1_fast_loader_order_fn(v1.make_plan(shape.tokens, TOPK, EXPERTS, HIDDEN, INTER[shape.tp]))
     return out
 
 
-def prefill_verdict(row: dict) -> str:
+def prefill_verdict(row: Dict[str, Any]) -> str:
     """One line per size: the planner's path against v1's, and the fastest repacked candidate."""
     v = row["variants"]
     base, plan = v[V1_BASELINE]["us"], v[PLANNER]["us"]
@@ -283,7 +283,7 @@ def prefill_verdict(row: dict) -> str:
 # ---------------------------------------------------------------- measurement
 
 
-def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
+def check(fn: Callable[..., Any], kw: Dict[str, Any], ref: Any, tokens: Any, poison: bool) -> Dict[str, Any]:
     import torch
 
     from v4flash_kernels.kit.compare import rel_err
@@ -296,12 +296,12 @@ def check(fn: Callable, kw: dict, ref, tokens, poison: bool) -> dict:
     return {"ok": (not nan) and err <= REL_TOL, "rel_err": err, "nan": nan}
 
 
-def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
+def time_calls(fn: Callable[..., Any], kws: List[Dict[str, Any]], graph: bool) -> float:
     """Median µs per call: one graph (or plain sequence) of one call per weight copy, L2 flushed."""
     import torch
     import triton
 
-    def seq():
+    def seq() -> None:
         for kw in kws:
             fn(**kw)
     if graph:
@@ -309,10 +309,10 @@ def time_calls(fn: Callable, kws: List[dict], graph: bool) -> float:
     seq()  # compile outside the timing
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(seq, warmup=25, rep=100, return_mode="median")
-    return ms * 1e3 / len(kws)
+    return float(ms) * 1e3 / len(kws)
 
 
-def time_once(fn: Callable, kw: dict) -> float:
+def time_once(fn: Callable[..., Any], kw: Dict[str, Any]) -> float:
     """µs of one call (upstream at large M; its correctness call ran just before, so it is warm)."""
     import torch
 
@@ -321,10 +321,10 @@ def time_once(fn: Callable, kw: dict) -> float:
     fn(**kw)
     b.record()
     torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3
+    return float(a.elapsed_time(b)) * 1e3
 
 
-def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
+def kernel_breakdown(fn: Callable[..., Any], kws: List[Dict[str, Any]]) -> Dict[str, float]:
     """Mean device µs per call of each kernel (torch profiler, eager calls over the weight copies);
     the n-th GEMM launch of a call is GEMM1 (w13) or GEMM2 (w2)."""
     import torch
@@ -358,7 +358,7 @@ def kernel_breakdown(fn: Callable, kws: List[dict]) -> Dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def shape_bytes(calls: List[dict]) -> Tuple[float, float, float]:
+def shape_bytes(calls: List[Dict[str, Any]]) -> Tuple[float, float, float]:
     """(experts touched, bytes with fp32 scales, bytes with uint8 scales), mean over the copies:
     touched experts' weights and scales plus activations in and out."""
     from v4flash_kernels.moe.reference import touched_experts
@@ -371,8 +371,8 @@ def shape_bytes(calls: List[dict]) -> Tuple[float, float, float]:
     return touched, touched * (w + 4 * s) + act, touched * (w + s) + act
 
 
-def run_shape(shape: Shape, weights: List[dict], variants: Dict[str, Callable], seed: int,
-              breakdown: bool = False) -> dict:
+def run_shape(shape: Shape, weights: List[Dict[str, Any]], variants: Dict[str, Callable[..., Any]], seed: int,
+              breakdown: bool = False) -> Dict[str, Any]:
     import torch
 
     from v4flash_kernels.moe.reference import flops, ref_of, subset_tokens
@@ -413,7 +413,7 @@ def run_shape(shape: Shape, weights: List[dict], variants: Dict[str, Callable], 
 # ---------------------------------------------------------------- output
 
 
-def format_table(rows: List[dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     head = (f"{'tp':>2} {'M':>5} {'routing':<8} {'exp':>4} {'floorH200':>9} {'floor6K':>8} {'v1':>8} {'v2':>8} "
             f"{'upstream':>10} {'v2/v1':>6} {'x_up':>6} {'err v2':>8}  plan v2")
     lines = [head, "-" * len(head)]
@@ -430,7 +430,7 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown(rows: List[dict]) -> str:
+def format_markdown(rows: List[Dict[str, Any]]) -> str:
     """The BENCH.md table: µs per layer call (median), the floors, v1 vs v2 vs upstream."""
     lines = [
         "| TP | M | routing | experts | floor H200 µs (u8 scales) | floor RTX 6000 µs | v1 µs | **v2 µs** | upstream µs "
@@ -462,7 +462,7 @@ def default_shapes(tps: List[int], sizes: List[int], adversarial: bool) -> List[
 # ---------------------------------------------------------------- compile up front
 
 
-def _warm_worker(job) -> int:
+def _warm_worker(job: Any) -> int:
     """Compile (populate the on-disk Triton cache for) one variant at one shape, in a subprocess."""
     shape, quick, name = job
     import torch
@@ -478,7 +478,7 @@ def _warm_worker(job) -> int:
     return 0
 
 
-def _variants(shape: Shape, quick: Any, upstream) -> Dict[str, Callable]:
+def _variants(shape: Shape, quick: Any, upstream: Any) -> Dict[str, Callable[..., Any]]:
     """quick: False (the default table), True (`--quick`) or "prefill" (`--prefill`)."""
     if quick == "prefill":
         return prefill_variants(shape)
@@ -561,8 +561,8 @@ def main(argv: List[str] | None = None) -> int:
     if args.prewarm:
         prewarm(shapes, quick, args.prewarm)
         print(f"[{time.time() - t0:6.1f}s] kernels compiled", flush=True)
-    rows: List[dict] = []
-    weights: Dict[int, List[dict]] = {}
+    rows: List[Dict[str, Any]] = []
+    weights: Dict[int, List[Dict[str, Any]]] = {}
     for i, sh in enumerate(shapes):
         if sh.tp not in weights:
             weights.clear()  # one TP's copies at a time (4 GB at TP4, 16 GB at TP1)

@@ -24,7 +24,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_kernels.kit.measure import time_graph
 from v4flash_kernels.provenance import measured_commit
@@ -102,7 +102,7 @@ def _rows(B: int) -> List[int]:
     return sorted({0, B // 3, B // 2, B - 1} | set(range(min(B, CHECK_ROWS - 4))))[:CHECK_ROWS]
 
 
-def check(kw: Dict[str, Any], exact: bool) -> dict:
+def check(kw: Dict[str, Any], exact: bool) -> Dict[str, Any]:
     """Outputs vs the reference on a few rows: exact (ours), or as per-row sets (other implementations)."""
     import torch
 
@@ -114,12 +114,14 @@ def check(kw: Dict[str, Any], exact: bool) -> dict:
     if exact:
         ok = torch.equal(got_p, want_p) and torch.equal(got_r, want_r)
     else:
-        srt = lambda t: torch.sort(t, dim=1).values  # noqa: E731
+        def srt(t: torch.Tensor) -> torch.Tensor:
+            return torch.sort(t, dim=1).values
+
         ok = torch.equal(srt(got_p), srt(want_p)) and torch.equal(srt(got_r), srt(want_r))
     return {"ok": bool(ok), "rows_checked": len(rows), "exact": exact}
 
 
-def _jit() -> tuple:
+def _jit() -> Tuple[Any, ...]:
     """(upstream's JIT function, None) or (None, why it is unavailable)."""
     try:
         from sglang.jit_kernel.dsv4 import topk_transform_512
@@ -128,8 +130,8 @@ def _jit() -> tuple:
     return topk_transform_512, None
 
 
-def run_shape(shape: Shape, torch_version, jit, jit_why, seed: int, configs=None, device: str = "cuda",
-              timer=time_graph) -> dict:
+def run_shape(shape: Shape, torch_version: Any, jit: Any, jit_why: Any, seed: int, configs: Any = None, device: str = "cuda",
+              timer: Callable[..., float] = time_graph) -> Dict[str, Any]:
     """One shape: ours (or each of `configs`), checked then timed; without `configs` also the proxy,
     the wheel's torch version and the JIT kernel where they run."""
     import torch
@@ -141,8 +143,8 @@ def run_shape(shape: Shape, torch_version, jit, jit_why, seed: int, configs=None
     lens = shape.lengths()
     row = dict(asdict(shape), label=shape.label, width=shape.width, max_valid=max(lens), variants={})
 
-    def ours(cfg):
-        return lambda: topk.run(*args, config=cfg)
+    def ours(cfg: Any) -> Any:
+        return lambda: topk.run(**kw, config=cfg)
 
     for cfg in configs or (topk.DEFAULT,):
         kw["out_page_indices"].fill_(-7)
@@ -177,7 +179,7 @@ def run_shape(shape: Shape, torch_version, jit, jit_why, seed: int, configs=None
     return row
 
 
-def format_table(rows: List[dict]) -> str:
+def format_table(rows: List[Dict[str, Any]]) -> str:
     head = f"{'shape':<34} {'valid':>6} {'ours':>8} {'proxy':>8} {'torch':>8} {'jit':>8} {'proxy/ours':>10}  check"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -217,9 +219,9 @@ def main(argv: List[str] | None = None) -> int:
                         [p for p in args.prefill.split(",") if p])
     shapes += [Shape("decode", 1, c, a) for c in contexts[1:] for a in ("8K", "full")]  # B=1 only past the first
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
-    rows: List[dict] = []
-    sweep_rows: List[dict] = []
-    failed: List[dict] = []
+    rows: List[Dict[str, Any]] = []
+    sweep_rows: List[Dict[str, Any]] = []
+    failed: List[Dict[str, Any]] = []
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": props.name,
@@ -233,7 +235,7 @@ def main(argv: List[str] | None = None) -> int:
                 json.dump({"meta": dict(meta, partial=partial), "rows": rows, "sweep": sweep_rows, "failed": failed},
                           f, indent=1)
 
-    def one(sh: Shape, i: int, configs=None) -> dict | None:
+    def one(sh: Shape, i: int, configs: Any = None) -> Dict[str, Any] | None:
         try:
             return run_shape(sh, torch_version, jit, jit_why, seed + i, configs)
         except Exception as exc:  # one broken shape must not lose the others' rows

@@ -9,6 +9,7 @@ changes how the *interpreter* converts such a scalar; nothing that runs on a GPU
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def interpreting() -> bool:
@@ -26,7 +27,7 @@ def fix_index() -> None:
         return
     orig = _i._patch_lang_tensor
 
-    def patched(tensor, scope):
+    def patched(tensor: Any, scope: Any) -> None:
         orig(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4flash_pd import __version__
-from v4flash_pd.config.types import Config
+from v4flash_pd.config.types import ClusterSpec, Config
 from v4flash_pd.errors import UserError
 from v4flash_pd.safety import check_sbatch, check_values
 
@@ -78,16 +78,24 @@ def _launcher(opts: SlurmOptions, model: str) -> str:
 
 
 def sbatch_script(cfg: Config, plan_doc: dict[str, Any], opts: SlurmOptions) -> str:
-    """Pure: the same cluster plan and options give the same script (golden-tested)."""
+    """Pure: the same cluster plan and options give the same script (golden-tested).
+
+    The script, top to bottom: the #SBATCH header, the preamble (the plan, the nodes Slurm gave, how
+    boxes reach each other, run dirs), the `step`/`stop_steps` helpers, one `up` step per box plus the
+    router's, and the wait that stops every step when one ends.
+    """
     spec = cfg.cluster
     assert spec is not None and cfg.router is not None
     check_options(opts)
     check_model_path(opts, cfg.model_path)
     gpus = sum(len(g) for g in spec.slot_gpus)
     plan_text = json.dumps(plan_doc, sort_keys=True, separators=(",", ":"))
-    rehearse = " --rehearse" if opts.rehearse else ""
-    run = _launcher(opts, cfg.model_path)
-    step_opts = "--overlap --nodes=1 --ntasks=1 --cpu-bind=none"
+    return "\n".join([*_header(spec, opts, gpus), _preamble(spec, plan_text) + _step_helpers(opts, cfg.model_path),
+                      *_steps(spec, gpus), _WAIT])
+
+
+def _header(spec: ClusterSpec, opts: SlurmOptions, gpus: int) -> list[str]:
+    """The comment lines and #SBATCH directives."""
     header = [
         "#!/bin/bash",
         f"# Rendered by v4flash-pd {__version__} (`v4flash-pd render slurm`): {spec.boxes} box(es) x "
@@ -109,7 +117,12 @@ def sbatch_script(cfg: Config, plan_doc: dict[str, Any], opts: SlurmOptions) -> 
         header.append(f"#SBATCH --time={opts.time_limit}")
     if opts.account:
         header.append(f"#SBATCH --account={opts.account}")
-    body = f'''
+    return header
+
+
+def _preamble(spec: ClusterSpec, plan_text: str) -> str:
+    """Export the plan, check the job's nodes against it, find how boxes reach each other, make run dirs."""
+    return f'''
 set -uo pipefail
 
 # The cluster plan (also written as cluster-plan.json next to this script). Every step rebuilds its
@@ -138,7 +151,15 @@ CACHE=${{V4FLASH_CACHE_DIR:-$PWD/v4flash-cache}}
 mkdir -p "$RUNS" "$CACHE"
 echo "v4flash-pd: job $SLURM_JOB_ID on ${{NODES[*]}} (hosts $V4FLASH_CLUSTER_HOSTS); run dirs under $RUNS"
 
-pids=()
+'''
+
+
+def _step_helpers(opts: SlurmOptions, model: str) -> str:
+    """`step` (one `up` on one node, in the background) and `stop_steps` (TERM to every step's task)."""
+    rehearse = " --rehearse" if opts.rehearse else ""
+    run = _launcher(opts, model)
+    step_opts = "--overlap --nodes=1 --ntasks=1 --cpu-bind=none"
+    return f'''pids=()
 step() {{  # step NODE NAME GRES UP_ARGS...: one `v4flash-pd up` on one node, in the background
   local node=$1 name=$2 gres=$3
   shift 3
@@ -155,9 +176,17 @@ stop_steps() {{  # TERM to every step's task (our `up`), never SIGKILL through t
 }}
 trap 'echo "v4flash-pd: stop requested, stopping every step" >&2; stop_steps' TERM INT
 '''
+
+
+def _steps(spec: ClusterSpec, gpus: int) -> list[str]:
+    """One `up --box K` step per box, then the router's on the first node."""
     steps = [f'step "${{NODES[{k}]}}" box{k} gpu:{gpus} --box {k}' for k in range(spec.boxes)]
     steps.append('step "${NODES[0]}" router none --role router')
-    tail = '''
+    return steps
+
+
+# Wait for the first step to end, then stop the others and collect every exit status.
+_WAIT = '''
 rc=0
 wait -n || rc=$?
 if [ "$stopping" = 1 ]; then
@@ -174,4 +203,3 @@ done
 echo "v4flash-pd: every step stopped (exit $rc)"
 exit "$rc"
 '''
-    return "\n".join(header) + "\n" + body + "\n" + "\n".join(steps) + "\n" + tail

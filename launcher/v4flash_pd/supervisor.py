@@ -93,7 +93,62 @@ def ready_line(plan: Plan, took: float) -> str:
 
 
 @dataclass
+class Reporter:
+    """What a run tells its terminal and its run dir, best effort: a full disk, a read-only run dir or a
+    closed stdout never stops the run (nor its stop); a lost stdout is remembered (`output_lost`) and
+    ends the run at the supervisor's next check, like SIGHUP."""
+
+    rundir: RunDir
+    echo: Echo
+    stamp: Callable[[], str] = _wall_clock  # the time each launcher line starts with
+    write_errors: list[str] = field(default_factory=list)
+    output_lost: str = ""
+
+    def say(self, msg: str, stamped: bool = True) -> None:
+        """A launcher line, with the time it happened (`stamped`; not the plan table, not READY).
+        It survives a closed stdout or a hung-up terminal: the first failure is remembered, later
+        output goes to /dev/null."""
+        if self.output_lost:
+            return
+        try:
+            self.echo(f"[{self.stamp()}] {msg}" if stamped else msg)
+        except OSError as exc:
+            self.output_lost = exc.strerror or str(exc)
+            try:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(fd, sys.stdout.fileno())
+                os.close(fd)
+            except (OSError, ValueError):
+                pass
+
+    def warn_write(self, exc: OSError) -> None:
+        msg = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or self.rundir.path})"
+        if msg not in self.write_errors:
+            self.write_errors.append(msg)
+            try:
+                print(f"warning: cannot write the run dir: {msg}; carrying on", file=sys.stderr, flush=True)
+            except OSError:
+                pass
+
+    def note(self, kind: str, **fields: Any) -> None:
+        """An event in events.jsonl."""
+        try:
+            self.rundir.event(kind, **fields)
+        except OSError as exc:
+            self.warn_write(exc)
+
+    def set_state(self, **fields: Any) -> None:
+        try:
+            self.rundir.set_state(**fields)
+        except OSError as exc:
+            self.warn_write(exc)
+
+
+@dataclass
 class Supervisor:
+    """One run of a Plan: processes, readiness, supervision, the stop. What it tells the terminal and
+    the run dir goes through its `Reporter`; the hang probes through `_HangWatch`."""
+
     plan: Plan
     rundir: RunDir
     echo: Echo
@@ -109,55 +164,25 @@ class Supervisor:
     signaller: Signaller = field(default_factory=Signaller)
     stamp: Callable[[], str] = _wall_clock  # the time each launcher line starts with
     group: ProcessGroup = field(init=False)
-    write_errors: list[str] = field(default_factory=list)
-    output_lost: str = ""
+    report: Reporter = field(init=False)
     _stop_signal: int | None = None
     _stop_count: int = 0
     _starting_watch: _HangWatch | None = None
 
     def __post_init__(self) -> None:
         self.group = ProcessGroup(self.signaller, self.clock)
+        self.report = Reporter(self.rundir, self.echo, self.stamp)
 
-    # ------------------------------------------------------------ terminal and run dir, best effort
+    # ------------------------------------------------------------ terminal and run dir, best effort (Reporter)
 
     def say(self, msg: str, stamped: bool = True) -> None:
-        """A launcher line, with the time it happened (`stamped`; not the plan table, not READY).
-        It survives a closed stdout or a hung-up terminal: the first failure is remembered (and stops
-        the run at the next check, like SIGHUP), later output goes to /dev/null."""
-        if self.output_lost:
-            return
-        try:
-            self.echo(f"[{self.stamp()}] {msg}" if stamped else msg)
-        except OSError as exc:
-            self.output_lost = exc.strerror or str(exc)
-            try:
-                fd = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(fd, sys.stdout.fileno())
-                os.close(fd)
-            except (OSError, ValueError):
-                pass
-
-    def _warn_write(self, exc: OSError) -> None:
-        msg = f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or self.rundir.path})"
-        if msg not in self.write_errors:
-            self.write_errors.append(msg)
-            try:
-                print(f"warning: cannot write the run dir: {msg}; carrying on", file=sys.stderr, flush=True)
-            except OSError:
-                pass
+        self.report.say(msg, stamped)
 
     def note(self, kind: str, **fields: Any) -> None:
-        """An event in events.jsonl, best effort (never fails the run or its stop)."""
-        try:
-            self.rundir.event(kind, **fields)
-        except OSError as exc:
-            self._warn_write(exc)
+        self.report.note(kind, **fields)
 
     def set_state(self, **fields: Any) -> None:
-        try:
-            self.rundir.set_state(**fields)
-        except OSError as exc:
-            self._warn_write(exc)
+        self.report.set_state(**fields)
 
     # ------------------------------------------------------------ signals
 
@@ -189,8 +214,8 @@ class Supervisor:
     def _check_stop(self) -> None:
         if self._stop_signal is not None:
             raise StopRequested(signal.Signals(self._stop_signal).name)
-        if self.output_lost:
-            raise StopRequested(f"stdout closed ({self.output_lost})", exit_code=1)
+        if self.report.output_lost:
+            raise StopRequested(f"stdout closed ({self.report.output_lost})", exit_code=1)
 
     # ------------------------------------------------------------ processes
 
@@ -241,7 +266,7 @@ class Supervisor:
                 try:
                     self._record(c.ident, name)
                 except OSError as exc:
-                    self._warn_write(exc)
+                    self.report.warn_write(exc)
 
     def exited(self) -> Child | None:
         return self.group.first_exited()
@@ -416,42 +441,22 @@ class Supervisor:
     # ------------------------------------------------------------ lifecycle
 
     def start_and_wait_ready(self) -> None:
+        """Claim the run dir, then (a cluster's router) wait for the other boxes' workers, start and gate
+        this box's workers, start and gate the router, send the smoke request, run the after-ready gate."""
         self._check_stop()  # a stop (or a closed stdout) before anything started: start nothing
         t0 = self.clock.now()
         deadline = t0 + self.ready_timeout
-        me = identify(os.getpid())
-        try:
-            self.rundir.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time(),
-                               launcher=me.to_dict() if me else None)
-            if me is not None:
-                self.rundir.file("launcher.pid").write_text(pid_file_text(me))
-        except OSError as exc:
-            raise RuntimeFailure(f"cannot write the run dir {self.rundir.path}: {exc.strerror or exc}",
-                                 "free space there or pass a writable --run-dir") from None
+        self._claim_run_dir()
         if self.plan.upstream:  # a cluster's router: the workers run on other boxes
             names = ", ".join(n for n, _ in self.plan.upstream)
             self.say(f"waiting for /health of the workers on the other boxes: {names}")
             self._health_gate(list(self.plan.upstream), deadline, "the cluster's workers to load")
-        workers = list(self.plan.workers())
-        for w in workers:
-            self.start(w)
-        if workers:
-            self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.rundir.path})")
-            self._health_gate([(w.name, w.health_url) for w in workers], deadline)
+        workers = self._start_workers(deadline)
         # from here to READY (router start, smoke, eval gate) a worker that freezes fails the start;
         # only silence counts, not 503s: the first request's cold KV path can keep SGLang busy
         self._starting_watch = _HangWatch(self, [(w.name, w.health_url) for w in workers] + list(self.plan.upstream),
                                           is_miss_while_loading)
-        router = self.plan.router()
-        if router is not None:
-            self.start(router)
-            self._wait("the router to see all workers", deadline, self._router_check(router))
-            self.note("router_ready")
-        text = ""
-        if router is not None or self.plan.mode != "pd":  # one box of a cluster has no front door of its own
-            self.say("sending one generate request through " + self.plan.probe_url)
-            text = self.smoke(deadline)
-            self.note("smoke", text=text)
+        text = self._start_router_and_smoke(deadline)
         if self.after_ready is not None:
             self._interruptible(lambda: self.after_ready(self), "during the after-ready gate")  # type: ignore[misc]
         self._starting_watch = None
@@ -459,6 +464,43 @@ class Supervisor:
         self._refresh_identities()
         self.set_state(status="ready", ready_seconds=round(took, 3), smoke_text=text)
         self.note("ready", seconds=round(took, 3))
+
+    def _claim_run_dir(self) -> None:
+        """Record this launcher (state "starting", launcher.pid) or refuse to start anything."""
+        me = identify(os.getpid())
+        try:
+            self.rundir.set_state(status="starting", launcher_pid=os.getpid(), url=self.plan.url, started=time.time(),
+                                  launcher=me.to_dict() if me else None)
+            if me is not None:
+                self.rundir.file("launcher.pid").write_text(pid_file_text(me))
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write the run dir {self.rundir.path}: {exc.strerror or exc}",
+                                 "free space there or pass a writable --run-dir") from None
+
+    def _start_workers(self, deadline: float) -> list[ProcessSpec]:
+        """Start this box's workers and wait until each answers /health 200."""
+        workers = list(self.plan.workers())
+        for w in workers:
+            self.start(w)
+        if workers:
+            self.say(f"started {', '.join(w.name for w in workers)}; waiting for /health (logs in {self.rundir.path})")
+            self._health_gate([(w.name, w.health_url) for w in workers], deadline)
+        return workers
+
+    def _start_router_and_smoke(self, deadline: float) -> str:
+        """Start the router (if this part has one) until it sees every worker, then one generate through
+        the front door; the smoke's text ("" when this part has no front door)."""
+        router = self.plan.router()
+        if router is not None:
+            self.start(router)
+            self._wait("the router to see all workers", deadline, self._router_check(router))
+            self.note("router_ready")
+        if router is None and self.plan.mode == "pd":  # one box of a cluster has no front door of its own
+            return ""
+        self.say("sending one generate request through " + self.plan.probe_url)
+        text = self.smoke(deadline)
+        self.note("smoke", text=text)
+        return text
 
     def supervise(self) -> None:
         """Block until a process exits or hangs (-> RuntimeFailure) or a stop arrives (-> StopRequested)."""

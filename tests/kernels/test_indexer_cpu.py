@@ -204,7 +204,7 @@ def test_shipped_configs_fit_sm120(tmp_path):
     code = (
         "import json\n"
         "from dataclasses import asdict\n"
-        "from v4flash_kernels.check_sm120 import compile_indexer\n"
+        "from v4flash_kernels.indexer.compile import compile_indexer\n"
         "from v4flash_kernels.indexer.op import CONFIGS\n"
         "print(json.dumps([dict(asdict(compile_indexer(c, 120)), ok=compile_indexer(c, 120).ok) for c in CONFIGS]))\n"
     )

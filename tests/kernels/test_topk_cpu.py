@@ -273,7 +273,7 @@ def test_shipped_configs_fit_sm120(tmp_path):
     code = (
         "import json\n"
         "from dataclasses import asdict\n"
-        "from v4flash_kernels.check_sm120 import check_topk\n"
+        "from v4flash_kernels.topk.compile import binaries as check_topk\n"
         "print(json.dumps([dict(asdict(r), ok=r.ok) for r in check_topk(120)]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from typing import List
+from typing import Any, Callable, Dict, List, Tuple
 
 from v4flash_bench.step import model as M
 from v4flash_bench.step import report as R
@@ -69,7 +69,7 @@ def heads_patched(tp: int = M.TP) -> int:
     return M.N_HEADS // tp if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
 
 
-def specs_from(args) -> List[M.StepSpec]:
+def specs_from(args: Any) -> List[M.StepSpec]:
     batches = parse_sizes(args.batches, "batches")
     contexts = parse_sizes(args.contexts, "contexts")
     actual = parse_sizes(args.actual_context, "actual-context")[0]
@@ -172,7 +172,8 @@ def main(argv: List[str] | None = None) -> int:
     return emit(specs, meas, gpu, meta, args, graphs)
 
 
-def step_graphs(specs: List[M.StepSpec], meas: dict, seed: int, log) -> list:
+def step_graphs(specs: List[M.StepSpec], meas: Dict[Tuple[str, str], Any], seed: int,
+                log: Callable[[str], None]) -> List[Any]:
     """Each decode step of the first TP and context, both paths, captured whole (`stepgraph`)."""
     import torch
 
@@ -195,7 +196,8 @@ def step_graphs(specs: List[M.StepSpec], meas: dict, seed: int, log) -> list:
     return out
 
 
-def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args, graphs: list | None = None) -> int:
+def emit(specs: List[M.StepSpec], meas: Dict[Tuple[str, str], Any], gpu: M.Machine, meta: Dict[str, Any], args: Any,
+         graphs: List[Any] | None = None) -> int:
     """Compose every spec from the measurements, print the tables, write JSON / markdown; 1 on a failed op."""
     from v4flash_bench.step import results as runner
 
@@ -266,7 +268,7 @@ def emit(specs: List[M.StepSpec], meas: dict, gpu: M.Machine, meta: dict, args, 
     return 0
 
 
-def from_json(path: str, args) -> int:
+def from_json(path: str, args: Any) -> int:
     """Re-compose and re-render a finished run's measurements (no GPU, no torch): same specs, new tables."""
     from v4flash_bench.step import results as runner
 

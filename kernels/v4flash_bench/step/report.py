@@ -54,7 +54,7 @@ def plan_text(specs: Sequence[M.StepSpec]) -> str:
     return "\n".join(lines)
 
 
-def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple]:
+def _per_op_rows(up: M.Composition, pa: M.Composition) -> List[Tuple[Any, ...]]:
     """(upstream line, patched line) of each op by name (attention differs by key); None where one
     path has no such op (the fused mHC boundary is patched only), placed after its patched neighbour."""
     up_by = {ln.name: ln for ln in up.lines}

@@ -7,7 +7,7 @@ anywhere (`python -m v4flash_bench.step --from-json`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 from v4flash_bench.step import model as M
 
@@ -41,7 +41,7 @@ def impls_for(op: M.Op) -> List[str]:
 FAILED = "FAILED"  # the source of a line whose implementation failed its check (model.OpLine.failed)
 
 
-def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]):
+def path_times(ops: Iterable[M.Op], meas: Dict[Tuple[str, str], Measurement]) -> Any:
     """(µs, source) keyed by (op key, path) for `model.compose`; NaN where nothing could be timed, and
     NaN with a FAILED source where the implementation failed: its time is not replaced by another's."""
     us: Dict[Tuple[str, str], float] = {}
@@ -96,5 +96,5 @@ def all_ok(meas: Dict[Tuple[str, str], Measurement]) -> bool:
     return all(m.ok for m in meas.values())
 
 
-def to_json(m: Measurement) -> dict:
+def to_json(m: Measurement) -> Dict[str, Any]:
     return asdict(m)

@@ -8,7 +8,7 @@ measurement each. Repetitions are capped by count and by time.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
@@ -51,18 +51,18 @@ def measure_one(op: M.Op, impl: str, l2: int, seed: int) -> Measurement:
             torch.cuda.empty_cache()
 
 
-def count_kernels(prep) -> float:
+def count_kernels(prep: Any) -> float:
     """Kernel nodes per call: one capture of `run()` (its `calls` calls), counted (NaN where this torch
     cannot keep a captured graph: the counts are then missing, never guessed)."""
     from v4flash_kernels.kit.graphnodes import kernels_in
 
     try:
-        return kernels_in(prep.run).kernels / prep.calls
+        return float(kernels_in(prep.run).kernels / prep.calls)
     except Exception:
         return float("nan")
 
 
-def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, str], Measurement]:
+def measure_all(ops: Dict[str, M.Op], seed: int, log: Callable[[str], None] = print) -> Dict[Tuple[str, str], Measurement]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     out: Dict[Tuple[str, str], Measurement] = {}
     t0 = time.time()
@@ -75,7 +75,7 @@ def measure_all(ops: Dict[str, M.Op], seed: int, log=print) -> Dict[Tuple[str, s
     return out
 
 
-def run(specs: List[M.StepSpec], seed: int, log=print):
+def run(specs: List[M.StepSpec], seed: int, log: Callable[[str], None]=print) -> Any:
     ops = M.unique_ops(specs)
     meas = measure_all(ops, seed, log)
     return ops, meas

@@ -304,4 +304,4 @@ def _time_replays(run: Callable[[], Any], calls: int, device: Any, reps: int = 5
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000.0 / calls)
-    return sorted(times)[len(times) // 2]
+    return float(sorted(times)[len(times) // 2])

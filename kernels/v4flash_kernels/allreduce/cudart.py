@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from typing import Any, List
 
 IPC_HANDLE_BYTES = 64  # CUDA_IPC_HANDLE_SIZE
 LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
@@ -40,7 +41,7 @@ def _loaded_cudart() -> str | None:
     return None
 
 
-def _torch_cudart_candidates() -> list:
+def _torch_cudart_candidates() -> List[Any]:
     import torch
 
     torch.cuda.init()  # loads the runtime torch links against

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -55,7 +55,7 @@ def upstream_in_place() -> Callable[[Any, torch.Tensor], None]:
         fn = getattr(getattr(mod, "GroupCoordinator", None), "_all_reduce_in_place", None)
     if fn is None or fn is group_all_reduce_in_place:
         raise NotImplementedError(f"{ALLREDUCE.upstream_function} is not loaded in this process")
-    return fn
+    return cast(Callable[[Any, torch.Tensor], None], fn)
 
 
 def _upstream_custom_active(group: Any) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def _split_signature() -> dict:
+def _split_signature() -> Dict[str, Any]:
     sig = {"Q": "*bf16", "stride_qb": "i32", "stride_qh": "i32"}
     for c in "AB":
         sig.update({
@@ -20,7 +20,7 @@ def _split_signature() -> dict:
     return sig
 
 
-def compile_split(cfg, arch: int, epilogue: int = 1) -> CompileResult:
+def compile_split(cfg: Any, arch: int, epilogue: int = 1) -> CompileResult:
     """One split-kernel binary; `epilogue` 0 = partials for the combine kernel, 1 = cooperative
     merge, 2 = one split finishes the row (see decode.epilogue_for)."""
     import triton.language as tl

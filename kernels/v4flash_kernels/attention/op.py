@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 import triton
@@ -206,7 +206,7 @@ def coop_fits(programs: int, num_sms: int) -> bool:
     return programs <= num_sms
 
 
-_DEVICE_INFO: dict = {}
+_DEVICE_INFO: Dict[int, Tuple[int, int]] = {}
 
 
 def _device_info(device: torch.device) -> Tuple[int, int]:
@@ -227,7 +227,7 @@ def _num_sms(device: torch.device) -> int:
     return _device_info(device)[0]
 
 
-def _dot_dtype(cfg: KernelConfig):
+def _dot_dtype(cfg: KernelConfig) -> Any:
     # The interpreter computes bf16 on raw bits, so bf16 configs get fp32 operands there; fp16 is
     # real numpy arithmetic and runs as on the GPU.
     if cfg.f16:
@@ -235,7 +235,7 @@ def _dot_dtype(cfg: KernelConfig):
     return tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
-def _cache_views(cache: torch.Tensor):
+def _cache_views(cache: torch.Tensor) -> Any:
     """Flat uint8 / float8 / bf16 views of a paged cache whose page stride is `stride(0)` bytes."""
     if cache.element_size() != 1:
         raise TypeError(f"fp8_ds_mla cache must be uint8 or float8 (got {cache.dtype})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -28,7 +28,7 @@ def page_stride(page_size: int) -> int:
     return math.ceil(page_size * TOKEN_BYTES / TOKEN_DATA_BYTES) * TOKEN_DATA_BYTES
 
 
-def dequant_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+def dequant_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Dequantize tokens `slots` (any shape, int, >= 0) of a paged cache -> [..., 512] `dtype`."""
     pages, page_size = cache.shape[0], cache.shape[1]
     pb = cache.stride(0)
@@ -47,7 +47,7 @@ def dequant_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype=torch.float64
     return torch.cat([nope, rope], dim=-1)
 
 
-def _gather(cache, indices, length, batch, dtype):
+def _gather(cache: Any, indices: Any, length: Any, batch: Any, dtype: torch.dtype) -> Any:
     idx = indices.reshape(batch, -1).to(torch.int64)
     w = idx.shape[1]
     valid = idx >= 0
@@ -108,7 +108,7 @@ class CacheSpec:
     fp8_view: bool = False  # hand the kernel a float8_e4m3fn view instead of uint8
 
 
-def make_cache(spec: CacheSpec, device="cpu", gen: torch.Generator | None = None) -> torch.Tensor:
+def make_cache(spec: CacheSpec, device: str | torch.device = "cpu", gen: torch.Generator | None = None) -> torch.Tensor:
     """Random fp8_ds_mla pool `[P, page_stride]` uint8, returned as SGLang's `[P, ps, 1, 584]` view.
 
     Every byte starts as garbage (including fp8 NaN patterns in page padding and the scale pad
@@ -190,7 +190,7 @@ class Case:
     ctx_tokens: int = 0  # extra-cache valid length target (0 = full width)
 
 
-def make_inputs(case: Case, device="cpu", seed: int | None = None) -> dict:
+def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int | None = None) -> Dict[str, Any]:
     """Keyword arguments for `sparse_mla_decode` (and the reference) drawn fresh for `case`."""
     g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
     B, H = case.batch, case.heads
@@ -203,7 +203,7 @@ def make_inputs(case: Case, device="cpu", seed: int | None = None) -> dict:
                 ln[2] = 0
         return ln
 
-    def cache_for(width: int, page_size: int, spr: int):
+    def cache_for(width: int, page_size: int, spr: int) -> Any:
         pages = max(1, math.ceil(B * spr / page_size))
         return make_cache(CacheSpec(pages, page_size, case.fp8_view), device, g)
 
@@ -232,7 +232,7 @@ def make_inputs(case: Case, device="cpu", seed: int | None = None) -> dict:
     return kw
 
 
-def valid_tokens(kw: dict) -> int:
+def valid_tokens(kw: Dict[str, Any]) -> int:
     """Tokens actually attended (for the bytes floor)."""
     total = 0
     for idx, ln in (("indices", "topk_length"), ("extra_indices", "extra_topk_length")):

@@ -86,7 +86,7 @@ def _poison(q: Any, heads: Tuple[int, int]) -> None:
             q[:, :, h] = _POISON[h % len(_POISON)]
 
 
-def _small(name: str, heads: Tuple[int, int], target: Target, shape: dict) -> Case:
+def _small(name: str, heads: Tuple[int, int], target: Target, shape: Dict[str, Any]) -> Case:
     from v4flash_kernels.attention.reference import Case as Shape
     from v4flash_kernels.attention.reference import make_inputs
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def compile_fp8_gemm(binary, arch: int) -> CompileResult:
+def compile_fp8_gemm(binary: Any, arch: int) -> CompileResult:
     """One block-FP8 GEMM binary (`fp8_gemm.op.Binary`) as `fp8_gemm.op.launch` passes it."""
     from v4flash_kernels.fp8_gemm import kernel as k
     from v4flash_kernels.fp8_gemm.op import FIXUP_CODE
@@ -31,7 +31,7 @@ def compile_fp8_gemm(binary, arch: int) -> CompileResult:
     return CompileResult("fp8_gemm", binary.name, arch, int(ck.metadata.shared), regs, st, ld, SMEM_LIMIT[arch])
 
 
-def compile_fp8_gemv(binary, arch: int) -> CompileResult:
+def compile_fp8_gemv(binary: Any, arch: int) -> CompileResult:
     """One block-FP8 GEMV binary (`fp8_gemm.op.GemvBinary`) as `fp8_gemm.op.launch_gemv` passes it."""
     from v4flash_kernels.fp8_gemm import kernel as k
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, cast
 
 import torch
 
@@ -528,7 +528,7 @@ def upstream_function(module: str, attr: str) -> Callable[..., Any]:
         fn = (getattr(mod, kept, None) if kept else None) or getattr(mod, attr, None)
     if fn is None or getattr(fn, "__module__", None) == __name__:
         raise NotImplementedError(f"{module}.{attr} is not loaded in this process")
-    return fn
+    return cast(Callable[..., Any], fn)
 
 
 def _fallback(module: str, attr: str, why: str) -> Callable[..., Any]:
@@ -553,7 +553,8 @@ def w8a8_block_fp8_linear(
     `fp8_utils.triton_w8a8_block_fp8_linear` (output in the input's dtype and leading shape)."""
     why = unsupported_linear(input, weight, block_size, weight_scale, input_scale)
     if why is not None:
-        return _fallback(FP8_UTILS, UPSTREAM_LINEAR, why)(input, weight, block_size, weight_scale, input_scale, bias)
+        return cast(torch.Tensor, _fallback(FP8_UTILS, UPSTREAM_LINEAR, why)(input, weight, block_size, weight_scale,
+                                                                             input_scale, bias))
     input_2d = input.view(-1, input.shape[-1])
     output_shape = [*input.shape[:-1], weight.shape[0]]
     output = linear_2d(input_2d, weight, weight_scale)
@@ -574,7 +575,7 @@ def w8a8_block_fp8_matmul(
     same contract as sglang 0.5.13.post1 `fp8_kernel.w8a8_block_fp8_matmul_triton`."""
     why = unsupported_matmul(A, B, As, Bs, block_size, output_dtype)
     if why is not None:
-        return _fallback(FP8_KERNEL, UPSTREAM_MATMUL, why)(A, B, As, Bs, block_size, output_dtype)
+        return cast(torch.Tensor, _fallback(FP8_KERNEL, UPSTREAM_MATMUL, why)(A, B, As, Bs, block_size, output_dtype))
     k = A.shape[-1]
     n = B.shape[0]
     a2 = A.view(-1, k)

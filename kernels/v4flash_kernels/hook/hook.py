@@ -22,7 +22,9 @@ import sys
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Tuple
+from importlib.abc import Loader
+from importlib.machinery import ModuleSpec
+from typing import Any, Callable, Dict, Tuple, cast
 
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.hook import hook_boot
@@ -74,7 +76,7 @@ def parse_switch(value: str | None) -> bool | None:
     return None
 
 
-def signature_params(fn: Callable[..., Any]) -> tuple:
+def signature_params(fn: Callable[..., Any]) -> Tuple[Any, ...]:
     """(name, kind, default) per parameter: what a positional/keyword caller relies on."""
     return tuple((p.name, p.kind.name, p.default) for p in inspect.signature(fn).parameters.values())
 
@@ -90,7 +92,7 @@ def signature_mismatch(upstream: Callable[..., Any], ours: Callable[..., Any]) -
     if b[: len(a)] == a and all(k == "KEYWORD_ONLY" and d is not inspect.Parameter.empty for _, k, d in extra):
         return None
 
-    def fmt(params: tuple) -> str:
+    def fmt(params: Tuple[Any, ...]) -> str:
         parts = []
         for name, kind, default in params:
             s = name if default is inspect.Parameter.empty else f"{name}={default!r}"
@@ -150,7 +152,7 @@ _decisions: Dict[str, Decision] = {}
 _installed: Dict[str, Any] = {}  # patch name -> the function we put into the target module
 
 
-def status(probe: bool = False) -> dict:
+def status(probe: bool = False) -> Dict[str, Any]:
     """This process's view of every patch (for `doctor`, `status` and the run dir's patch/ files).
 
     With `probe=True` each target module not yet imported is imported first (heavy: sglang, torch,
@@ -175,7 +177,7 @@ def status(probe: bool = False) -> dict:
     }
 
 
-def patch_status(name: str, why_undecided: str | None = None) -> dict:
+def patch_status(name: str, why_undecided: str | None = None) -> Dict[str, Any]:
     """One patch's record: decided?, active (the attribute really is ours right now), why."""
     spec = by_name(name)
     d = _decisions.get(name)
@@ -210,7 +212,7 @@ def refresh_status_file() -> None:
         _write_status_file()
 
 
-def apply() -> dict:
+def apply() -> Dict[str, Any]:
     """Patch every target module already imported, and make sure the finder will patch the rest.
 
     Idempotent; returns `status()`.
@@ -449,9 +451,9 @@ class _PatchingLoader:
         return getattr(self._inner, name)
 
 
-def find_spec_after(finder: Any, fullname: str, path: Any, target: Any) -> Any:
+def find_spec_after(finder: Any, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
     """Spec from the finders behind ours, with its loader wrapped; None if nobody finds it."""
-    spec = None
+    spec: ModuleSpec | None = None
     for f in list(sys.meta_path):
         if f is finder or getattr(f, "_v4flash_hook", False):
             continue
@@ -464,7 +466,7 @@ def find_spec_after(finder: Any, fullname: str, path: Any, target: Any) -> Any:
     if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
     if not isinstance(spec.loader, _PatchingLoader):
-        spec.loader = _PatchingLoader(spec.loader)
+        spec.loader = cast(Loader, _PatchingLoader(spec.loader))  # a Loader by delegation, not by base class
     return spec
 
 

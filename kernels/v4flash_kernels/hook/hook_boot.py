@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False  # mypy reads the block below as true; at run time this module imports nothing else
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
 # The sglang 0.5.13.post1 modules whose functions `v4flash_kernels.hook.patches.PATCHES` replace; a
 # literal here (this module imports nothing), checked against the registry by the hook tests.
 TARGET_MODULE = "sglang.srt.layers.attention.flash_mla_sm120_triton"
@@ -34,7 +38,7 @@ class SglangKernelFinder:
 
     _v4flash_hook = True  # marker: one finder per interpreter, whatever imported this module
 
-    def find_spec(self, fullname, path=None, target=None):  # the finder protocol's signature
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
         if fullname not in TARGET_MODULES:
             return None
         from v4flash_kernels.hook import hook

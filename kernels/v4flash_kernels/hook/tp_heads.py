@@ -15,7 +15,7 @@ that is always correct because the caller slices; a wrong slice would not be.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, List, Tuple
 
 import torch
 
@@ -73,7 +73,7 @@ def make_tp_aware(ours: Callable[..., Any], read: Callable[[], AttnTp | None] = 
     `read` is how the rank is found (tests pass a fake); it is retried until it gives an answer,
     then never again in this process.
     """
-    cached: list = []
+    cached: List[AttnTp] = []
 
     def rank() -> AttnTp | None:
         if not cached:
@@ -96,10 +96,11 @@ def make_tp_aware(ours: Callable[..., Any], read: Callable[[], AttnTp | None] = 
         extra_topk_length: torch.Tensor | None = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """v4flash_kernels' sparse-MLA decode, computing only this attention-TP rank's heads."""
-        return ours(
+        out: Tuple[torch.Tensor, torch.Tensor] = ours(
             q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
             extra_k_cache, extra_indices, extra_topk_length, head_range=heads_for(q.shape[-2], rank()),
         )
+        return out
 
     flash_mla_sparse_decode_triton.v4flash_attn_tp = rank  # type: ignore[attr-defined]  # for status/tests
     flash_mla_sparse_decode_triton.v4flash_ours = ours  # type: ignore[attr-defined]  # what it wraps

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def compile_indexer(cfg, arch: int) -> CompileResult:
+def compile_indexer(cfg: Any, arch: int) -> CompileResult:
     """One indexer-logits binary as `indexer.run` launches it for SGLang (64 heads, fp8 q, fp16 MMA)."""
     from v4flash_kernels.indexer import kernel as k
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 import torch
 
@@ -70,7 +70,7 @@ def indexer_logits_ref(
     return out
 
 
-def logits_error(out: torch.Tensor, ref: torch.Tensor) -> dict:
+def logits_error(out: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
     """Max error over valid positions relative to the largest |logit| of the call, and mask checks.
 
     `inf_ok`: -inf exactly where the reference is -inf; `nan`: any NaN in `out`.
@@ -119,7 +119,7 @@ class IndexerCase:
         return self.max_seq_len if self.max_seq_len is not None else PAGE * self.width
 
 
-def quantize_keys(k: torch.Tensor) -> tuple:
+def quantize_keys(k: torch.Tensor) -> Tuple[Any, ...]:
     """What `fused_store_indexer_cache` writes for keys `k` [..., 128]: fp8 values and fp32 scales."""
     amax = k.abs().amax(dim=-1).float()
     scale = torch.clamp(amax, min=1e-4) / FP8_MAX
@@ -127,7 +127,7 @@ def quantize_keys(k: torch.Tensor) -> tuple:
     return vals, scale
 
 
-def make_pool(num_pages: int, gen: torch.Generator, device="cpu", chunk: int = 8192) -> torch.Tensor:
+def make_pool(num_pages: int, gen: torch.Generator, device: str | torch.device = "cpu", chunk: int = 8192) -> torch.Tensor:
     """`[num_pages, 8448]` uint8 pool: keys of varied magnitude quantized like SGLang's store kernel.
 
     Drawn in chunks of pages on `device` (`gen` must live there) to bound the temporaries.
@@ -143,7 +143,7 @@ def make_pool(num_pages: int, gen: torch.Generator, device="cpu", chunk: int = 8
     return pool
 
 
-def make_indexer_inputs(case: IndexerCase, device="cpu", seed: int | None = None) -> dict:
+def make_indexer_inputs(case: IndexerCase, device: str | torch.device = "cpu", seed: int | None = None) -> Dict[str, Any]:
     """Positional-call kwargs for `fp8_paged_mqa_logits` (and the reference), drawn for `case`.
 
     Rows draw distinct physical pages from a shared pool in random order, so a kernel that ignores
@@ -198,6 +198,6 @@ def make_indexer_inputs(case: IndexerCase, device="cpu", seed: int | None = None
     }
 
 
-def reference_for(kw: dict) -> torch.Tensor:
+def reference_for(kw: Dict[str, Any]) -> torch.Tensor:
     return indexer_logits_ref(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"],
                               kw["page_table"], kw["max_seq_len"])

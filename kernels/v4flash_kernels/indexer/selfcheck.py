@@ -11,7 +11,7 @@ gathers every page of the table, so it runs at B=1 only.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from v4flash_kernels.selfcheck.case import PRODUCTION, SMALL, Case, Comparison, Inputs, Target, check_rows, registry_function
 
@@ -83,7 +83,7 @@ def _meta(kw: Inputs, target: Target) -> Inputs:
     return kw
 
 
-def _common(batch: int, seed: int, device: str) -> tuple:
+def _common(batch: int, seed: int, device: str) -> Tuple[Any, ...]:
     import torch
 
     from v4flash_kernels.indexer.reference import HEAD_DIM, make_pool

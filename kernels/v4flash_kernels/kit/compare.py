@@ -14,7 +14,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
         return float("nan")
     den = torch.linalg.vector_norm(r).item()
     num = torch.linalg.vector_norm(o - r).item()
-    return num / den if den > 0 else num
+    return float(num / den if den > 0 else num)
 
 
 def excess_error(out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, rtol: float, atol_mag: float) -> float:

@@ -14,7 +14,7 @@ import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 SMEM_LIMIT = {120: 101376, 90: 232448}
 
@@ -40,7 +40,7 @@ class CompileResult:
                 and not self.ptx_problem)
 
 
-def ptxas_stats(ptx: str, arch: int) -> tuple:
+def ptxas_stats(ptx: str, arch: int) -> Tuple[Any, ...]:
     """Run the ptxas Triton bundles (ptxas-blackwell for sm_120) with -v; return regs, spills."""
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -63,8 +63,8 @@ def ptxas_stats(ptx: str, arch: int) -> tuple:
     return int(used.group(1)), int(m.group(1)), int(m.group(2))
 
 
-def compile_kernel(fn, signature: dict, constexprs: dict, hinted: Sequence[str], arch: int, num_warps: int,
-             num_stages: int):
+def compile_kernel(fn: Any, signature: Dict[str, Any], constexprs: Dict[str, Any], hinted: Sequence[str], arch: int,
+                   num_warps: int, num_stages: int) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

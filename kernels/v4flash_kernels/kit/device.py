@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -16,7 +16,7 @@ class Counters:
     """
 
     def __init__(self) -> None:
-        self._live: Dict[tuple, torch.Tensor] = {}
+        self._live: Dict[Tuple[Any, ...], torch.Tensor] = {}
         self._old: List[torch.Tensor] = []
 
     def get(self, device: torch.device, n: int) -> torch.Tensor:

@@ -113,4 +113,4 @@ def copy_bandwidth() -> float:
         ts.append(start.elapsed_time(end) / 1e3)
     del a, b
     torch.cuda.empty_cache()
-    return 2 * n / min(ts)
+    return float(2 * n / min(ts))

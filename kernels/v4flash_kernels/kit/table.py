@@ -3,7 +3,7 @@ per-row summary every kernel bench's variants table shares."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 
 def table(head: Sequence[str], body: Sequence[Sequence[str]], md: bool) -> str:
@@ -24,7 +24,7 @@ def table(head: Sequence[str], body: Sequence[Sequence[str]], md: bool) -> str:
     return "\n".join([fmt(head), "-" * (sum(widths) + 2 * len(widths))] + [fmt(r) for r in body])
 
 
-def variant_summary(v: Dict[str, dict]) -> Tuple[float, str, float, float, float, str]:
+def variant_summary(v: Dict[str, Dict[str, Any]]) -> Tuple[float, str, float, float, float, str]:
     """(ours µs, fastest correct variant of ours, its µs, upstream µs, worst rel. err, "  FAIL:..." or "")
     of one row's variants: the columns every kernel bench's table shares."""
     ours = v["ours"]["us"]

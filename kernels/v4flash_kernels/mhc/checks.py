@@ -3,7 +3,7 @@ tolerances and comparisons)."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict
 
 import torch
 
@@ -15,7 +15,8 @@ from v4flash_kernels.mhc import reference as R
 TOL = {"bf16": 5e-3, "mix": 1e-4}
 
 
-def check_pre(y, post, comb, ref: Dict, layer_input: torch.Tensor, tol: Dict[str, float]) -> Dict:
+def check_pre(y: Any, post: Any, comb: Any, ref: Dict[str, Any], layer_input: torch.Tensor, tol: Dict[str,
+              float]) -> Dict[str, Any]:
     e = {"y": R.max_rel(y, layer_input), "post": R.max_abs(post, ref["post"]), "comb": R.max_abs(comb, ref["comb"])}
     shapes = (tuple(post.shape) == tuple(ref["post"].shape) and tuple(comb.shape) == tuple(ref["comb"].shape)
               and tuple(y.shape) == tuple(layer_input.shape))
@@ -24,7 +25,7 @@ def check_pre(y, post, comb, ref: Dict, layer_input: torch.Tensor, tol: Dict[str
     return {"ok": ok, "err": e}
 
 
-def check_streams(out, ref, tol: Dict[str, float]) -> Dict:
+def check_streams(out: Any, ref: Any, tol: Dict[str, float]) -> Dict[str, Any]:
     e = R.max_rel(out, ref)
     ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == torch.bfloat16 and e <= tol["bf16"]
     return {"ok": ok, "err": {"streams": e}}
@@ -35,7 +36,8 @@ def check_streams(out, ref, tol: Dict[str, float]) -> Dict:
 TIES_FRAC = 1e-3
 
 
-def check_post_pre(cur, y, post, comb, inputs: Dict, p: R.MhcParams, tol: Dict[str, float]) -> Dict:
+def check_post_pre(cur: Any, y: Any, post: Any, comb: Any, inputs: Dict[str, Any], p: R.MhcParams, tol: Dict[str,
+                   float]) -> Dict[str, Any]:
     """A fused boundary's results against what the unfused pair computes on the same inputs.
 
     The streams `cur` against the fp64 post (bf16 tolerance, and few elements rounded the other way
@@ -56,8 +58,8 @@ def check_post_pre(cur, y, post, comb, inputs: Dict, p: R.MhcParams, tol: Dict[s
 PAIR_TOL = 1e-6  # post / comb of the fused op vs the unfused pair when both wrote the same streams
 
 
-def check_against_pair(out, pair, tol: Dict[str, float], inputs: Dict | None = None,
-                       p: R.MhcParams | None = None) -> Dict:
+def check_against_pair(out: Any, pair: Any, tol: Dict[str, float], inputs: Dict[str, Any] | None = None,
+                       p: R.MhcParams | None = None) -> Dict[str, Any]:
     """The fused op's (streams, y, post, comb) against the unfused pair's on the same inputs (post,
     then pre of the streams it wrote). Same streams: the pre must agree to fp32 noise. Else (two fp32
     posts may round a tie differently) the two pres read different streams, so each may sit its own

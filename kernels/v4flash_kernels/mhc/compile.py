@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def mhc_mix_config(plan, fused: bool, norm: bool) -> str:
+def mhc_mix_config(plan: Any, fused: bool, norm: bool) -> str:
     """The compiled variant of a mix plan (its split count is a run-time value); one launch: `_k` tokens
     per ticketed block, with or without the norm."""
     name = f"{'fused' if fused else 'pre'}/t{plan.block_t}_h{plan.block_h}_w{plan.num_warps}"

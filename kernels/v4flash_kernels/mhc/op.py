@@ -353,7 +353,7 @@ def mhc_post_pre(
 
 
 def hc_pre(self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-           norm: torch.nn.Module | None = None):
+           norm: torch.nn.Module | None = None) -> Any:
     """`DeepseekV4DecoderLayer.hc_pre` on sm_120: (y bf16 `[N, H]`, post `[N, 4]`, comb `[N, 4, 4]`, False).
 
     `norm` is not applied (False says so; the layer then runs its RMSNorm), as on upstream's
@@ -369,7 +369,7 @@ def hc_pre(self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tens
     return y, post, comb, False
 
 
-def hc_post(self: Any, x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor):
+def hc_post(self: Any, x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> Any:
     """`DeepseekV4DecoderLayer.hc_post`: the next streams `[N, 4, H]` bf16."""
     if x.shape[0] == 0:
         return torch.empty((0, self.hc_mult, x.shape[-1]), dtype=x.dtype, device=x.device)

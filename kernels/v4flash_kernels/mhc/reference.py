@@ -35,7 +35,7 @@ bf16 rounding tie from the fp64 value; each such element moves one mix by up to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -92,7 +92,7 @@ def mixes_ref(x: torch.Tensor, fn: torch.Tensor, rms_eps: float) -> torch.Tensor
     return (xf @ fn.double().t()) * rs
 
 
-def pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, p: MhcParams) -> Dict:
+def pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, p: MhcParams) -> Dict[str, Any]:
     """The pre of `x` `[N, 4, H]`: y `[N, H]` (before any rounding), post, comb, mixes; all fp64."""
     mixes = mixes_ref(x, fn, p.rms_eps)
     pre, post, comb = split_mixes(mixes, scale, base, p)
@@ -116,7 +116,7 @@ def post_ref(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: 
                                                                         residual.double())
 
 
-def post_pre_ref(inputs: Dict, p: MhcParams) -> Dict:
+def post_pre_ref(inputs: Dict[str, Any], p: MhcParams) -> Dict[str, Any]:
     """The fused boundary: the post's streams (fp64, and as the bf16 the model stores), then the pre."""
     r = post_ref(inputs["x"], inputs["residual"], inputs["post"], inputs["comb"])
     rb = r.to(torch.bfloat16)
@@ -127,7 +127,7 @@ def post_pre_ref(inputs: Dict, p: MhcParams) -> Dict:
     return out
 
 
-def pre_of_streams(streams: torch.Tensor, inputs: Dict, p: MhcParams) -> Dict:
+def pre_of_streams(streams: torch.Tensor, inputs: Dict[str, Any], p: MhcParams) -> Dict[str, Any]:
     """The pre (fp64) and the sub-layer input of given bf16 streams `[N, 4, H]`: what the unfused
     pair's pre computes on whatever streams its post wrote."""
     out = pre_ref(streams, inputs["hc_fn"], inputs["hc_scale"], inputs["hc_base"], p)
@@ -135,7 +135,7 @@ def pre_of_streams(streams: torch.Tensor, inputs: Dict, p: MhcParams) -> Dict:
     return out
 
 
-def make_inputs(case: MhcCase, device: str = "cpu", seed: int = 0) -> Dict:
+def make_inputs(case: MhcCase, device: str = "cpu", seed: int = 0) -> Dict[str, Any]:
     """Random inputs of one boundary with model-like magnitudes.
 
     The streams have unequal scales (as a trained residual does); `hc_fn` is sized so the mixes

@@ -10,7 +10,7 @@ import contextlib
 import importlib.util
 import sys
 import types
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -87,7 +87,7 @@ def upstream_layer(tilelang_post: bool) -> type:
     return type("UpstreamLayer", (), {"hc_pre": mod.hc_pre, "hc_post": mod.hc_post, "origin": origin})
 
 
-def make_layer(cls: type, p: R.MhcParams = R.MhcParams()):
+def make_layer(cls: type, p: R.MhcParams = R.MhcParams()) -> Any:
     layer = cls()
     layer.hc_mult = R.HC
     layer.hc_sinkhorn_iters = p.iters
@@ -97,7 +97,7 @@ def make_layer(cls: type, p: R.MhcParams = R.MhcParams()):
 
 
 def sinkhorn_standin(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, hc_mult: int = 4,
-                     sinkhorn_iters: int = 20, eps: float = 1e-6):
+                     sinkhorn_iters: int = 20, eps: float = 1e-6) -> Any:
     """`hc_split_sinkhorn`'s contract from the fp64 reference (TileLang cannot run on CPU); fp32 out."""
     b, s, _ = mixes.shape
     p = R.MhcParams(pre_eps=eps, sinkhorn_eps=eps, iters=sinkhorn_iters, post_mult=2.0)
@@ -107,7 +107,7 @@ def sinkhorn_standin(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch
 
 
 @contextlib.contextmanager
-def mhc_module(**functions: Callable) -> Iterator[None]:
+def mhc_module(**functions: Callable[..., Any]) -> Iterator[None]:
     """Make `sglang.srt.layers.mhc` importable with these functions (unless a real one is loaded)."""
     if MHC_MODULE in sys.modules:
         yield
@@ -154,10 +154,10 @@ class UpstreamSm120:
                 cls = upstream_layer(tilelang_post=True)
         self.layer = make_layer(cls, p)
 
-    def pre(self, x, fn, scale, base):
+    def pre(self, x: Any, fn: Any, scale: Any, base: Any) -> Any:
         with mhc_module(**self.functions):
             return self.layer.hc_pre(x, fn, scale, base)
 
-    def post(self, x, residual, post, comb):
+    def post(self, x: Any, residual: Any, post: Any, comb: Any) -> Any:
         with mhc_module(**self.functions):
             return self.layer.hc_post(x, residual, post, comb)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, Dict, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def _moe_gemm_signature(scale_mode: int) -> dict:
+def _moe_gemm_signature(scale_mode: int) -> Dict[str, Any]:
     from v4flash_kernels.moe.kernel import SCALE_F32
 
     return {"A": "*bf16", "stride_am": "i32", "W": "*u8", "stride_we": "i64", "stride_wn": "i32",
@@ -17,7 +17,7 @@ def _moe_gemm_signature(scale_mode: int) -> dict:
             "stride_ap": "i32"}
 
 
-def compile_moe_gemm(cfg, gated: bool, inline: bool, scale_mode: int, arch: int, nibbles: int = 0) -> CompileResult:
+def compile_moe_gemm(cfg: Any, gated: bool, inline: bool, scale_mode: int, arch: int, nibbles: int = 0) -> CompileResult:
     """One MoE GEMM binary; inline grouping at its largest slot block (the most registers)."""
     import triton
     import triton.language as tl
@@ -75,7 +75,7 @@ def compile_moe_aux(arch: int) -> List[CompileResult]:
     return out
 
 
-def compile_moe_v2(cfg, gated: bool, inline: bool, arch: int) -> CompileResult:
+def compile_moe_v2(cfg: Any, gated: bool, inline: bool, arch: int) -> CompileResult:
     """One v2 (repacked experts) MoE GEMM binary; inline grouping at its largest slot block."""
     import triton
     import triton.language as tl

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 import triton
@@ -121,7 +121,7 @@ def fit_block_k(cfg: GemmConfig, kd: int) -> int:
 
 def max_blocks(slots: int, experts: int, block_m: int) -> int:
     """Upper bound on row blocks after padding every expert's slot list to block_m."""
-    return triton.cdiv(slots + min(experts, slots) * (block_m - 1), block_m)
+    return int(triton.cdiv(slots + min(experts, slots) * (block_m - 1), block_m))
 
 
 def _interpret() -> bool:
@@ -160,8 +160,10 @@ def _weight_view(w: torch.Tensor) -> torch.Tensor:
     return u if u.stride(-1) == 1 else u.contiguous()
 
 
-def _launch_gemm(cfg, grid, a, w, s, s_mode, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
-                 clamp, scaling, gated, inline, block_s, stride_ap=0, split_k=1, a_parts=0, nibbles=0):
+def _launch_gemm(cfg: Any, grid: Any, a: Any, w: Any, s: Any, s_mode: Any, out: Any, ids: Any, tw: Any, sorted_: Any,
+                 blk_e: Any, blk_r: Any, slots: Any, n: Any, kd: Any, a_div: Any,
+                 clamp: Any, scaling: Any, gated: Any, inline: Any, block_s: Any, stride_ap: int = 0, split_k: int = 1,
+                 a_parts: int = 0, nibbles: int = 0) -> None:
     bk = fit_block_k(cfg, kd // split_k)
     _k.gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1),
@@ -273,7 +275,7 @@ def run(
     return out
 
 
-def _sort_slots(ids: torch.Tensor, S: int, E: int, block_m: int):
+def _sort_slots(ids: torch.Tensor, S: int, E: int, block_m: int) -> Any:
     """Counting sort of slots by expert into block_m-row blocks (three launches, shapes-only sizes)."""
     dev = ids.device
     nch = triton.cdiv(S, PREP_CHUNK)

@@ -17,19 +17,20 @@ by its top-k weight and the token sum is multiplied by `routed_scaling_factor` w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Dict, List
 
 import torch
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def e2m1_values(dtype=torch.float64, device="cpu") -> torch.Tensor:
+def e2m1_values(dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.Tensor:
     """The 16 nibble values, index = nibble (bit 3 = sign)."""
     mag = torch.tensor(E2M1, dtype=dtype, device=device)
     return torch.cat([mag, -mag])
 
 
-def scale_values(scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+def scale_values(scale: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """float8_e8m0fnu bytes -> 2^(b-127) (255 = NaN); any other dtype is taken by value."""
     if scale.dtype == torch.float8_e8m0fnu:
         b = scale.view(torch.uint8).to(dtype)
@@ -37,7 +38,7 @@ def scale_values(scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
     return scale.to(dtype)
 
 
-def dequant(packed: torch.Tensor, scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+def dequant(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """[..., N, K/2] packed bytes + [..., N, K/32] scales -> [..., N, K] `dtype`."""
     b = packed.view(torch.uint8).to(torch.int64)
     lut = e2m1_values(dtype, packed.device)
@@ -106,7 +107,7 @@ class MoeCase:
 
 
 def make_weights(experts: int, hidden: int, inter: int, scale_e8m0: bool, gen: torch.Generator,
-                 device="cpu", copies: int = 1) -> list:
+                 device: str | torch.device = "cpu", copies: int = 1) -> List[Any]:
     """`copies` sets of (w13 int8 [E,2I,K/2], w2 int8 [E,K,I/2], s13, s2) with random nibbles and
     e8m0 exponents 2^-9..2^-5 (weights of magnitude ~0.01-0.1, like a real checkpoint's)."""
     res = []
@@ -123,7 +124,7 @@ def make_weights(experts: int, hidden: int, inter: int, scale_e8m0: bool, gen: t
     return res
 
 
-def make_routing(case: MoeCase, gen: torch.Generator, device="cpu"):
+def make_routing(case: MoeCase, gen: torch.Generator, device: str | torch.device = "cpu") -> Any:
     """(topk_ids int32 [M, topk], topk_weights fp32 [M, topk]) for the case's pattern."""
     M, E, k = case.tokens, case.experts, case.topk
     if case.routing == "random":
@@ -145,7 +146,7 @@ def make_routing(case: MoeCase, gen: torch.Generator, device="cpu"):
     return ids.to(device), w.to(device)
 
 
-def make_inputs(case: MoeCase, device="cpu", seed: int | None = None) -> dict:
+def make_inputs(case: MoeCase, device: str | torch.device = "cpu", seed: int | None = None) -> Dict[str, Any]:
     """Keyword arguments of the upstream signature (and the reference), drawn fresh for `case`."""
     g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
     w13, w2, s13, s2 = make_weights(case.experts, case.hidden, case.inter, case.scale_e8m0, g, device)[0]
@@ -158,7 +159,7 @@ def make_inputs(case: MoeCase, device="cpu", seed: int | None = None) -> dict:
     }
 
 
-def ref_of(kw: dict, tokens: torch.Tensor | None = None) -> torch.Tensor:
+def ref_of(kw: Dict[str, Any], tokens: torch.Tensor | None = None) -> torch.Tensor:
     """`moe_ref` on the keyword arguments of `make_inputs`."""
     return moe_ref(
         kw["hidden_states"], kw["w13_packed"], kw["w2_packed"], kw["w13_scale"], kw["w2_scale"],
@@ -171,23 +172,23 @@ def touched_experts(topk_ids: torch.Tensor) -> int:
     return int(torch.unique(topk_ids[topk_ids >= 0]).numel())
 
 
-def floor_bytes(kw: dict, experts_touched: int) -> int:
+def floor_bytes(kw: Dict[str, Any], experts_touched: int) -> int:
     """Bytes a call must move: touched experts' weights + scales as given, activations in and out."""
     per_expert = sum(kw[n][0].numel() * kw[n].element_size()
                      for n in ("w13_packed", "w2_packed", "w13_scale", "w2_scale"))
     x = kw["hidden_states"]
-    return experts_touched * per_expert + 2 * x.numel() * x.element_size() + kw["topk_ids"].numel() * 8
+    return int(experts_touched * per_expert + 2 * x.numel() * x.element_size() + kw["topk_ids"].numel() * 8)
 
 
-def flops(kw: dict) -> float:
+def flops(kw: Dict[str, Any]) -> float:
     """Useful FLOPs: 2 * valid slots * (K * 2I + I * K)."""
     valid = int((kw["topk_ids"] >= 0).sum())
     K = kw["hidden_states"].shape[1]
     I = kw["intermediate_size"]  # noqa: E741
-    return 2.0 * valid * (K * 2 * I + I * K)
+    return float(2.0 * valid * (K * 2 * I + I * K))
 
 
-def subset_tokens(M: int, limit: int, gen: torch.Generator, device="cpu") -> torch.Tensor | None:
+def subset_tokens(M: int, limit: int, gen: torch.Generator, device: str | torch.device = "cpu") -> torch.Tensor | None:
     """Tokens checked against fp64 for big M (None = all)."""
     if M <= limit:
         return None

@@ -23,6 +23,7 @@ keeps SGLang's path; `ScaleError` says which scales and why.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, List, Tuple
 
 import torch
 
@@ -137,7 +138,7 @@ def check_scales(scale: torch.Tensor, name: str = "scale") -> str | None:
         return f"{name}: dtype {scale.dtype} (only float32 values or float8_e8m0fnu bytes are repacked)"
     flat = scale.reshape(-1)
     n_bad = 0
-    first: list = []
+    first: List[Any] = []
     for lo in range(0, flat.numel(), 1 << 24):  # bounded temporaries for any size
         part = flat[lo:lo + (1 << 24)]
         bad = _bad_mask(part)
@@ -152,7 +153,7 @@ def check_scales(scale: torch.Tensor, name: str = "scale") -> str | None:
             f"[2^{FAST_MIN_BYTE - 127}, 2^{FAST_MAX_BYTE - 127}] (e.g. {examples})")
 
 
-def _index_of(flat_index: int, shape: tuple) -> list:
+def _index_of(flat_index: int, shape: Tuple[Any, ...]) -> List[Any]:
     idx = []
     for n in reversed(shape):
         idx.append(flat_index % n)
@@ -172,7 +173,7 @@ def e8m0_bytes(scale: torch.Tensor) -> torch.Tensor:
 
 
 def repack_experts(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor,
-                   *, in_place: bool = False, names: tuple = ("w13_scale", "w2_scale")) -> RepackedExperts:
+                   *, in_place: bool = False, names: Tuple[Any, ...] = ("w13_scale", "w2_scale")) -> RepackedExperts:
     """The v2 form of one layer's experts from the loader's tensors (int8/uint8 nibbles, fp32 or
     float8_e8m0fnu scales): PAIR_SPLIT weights and new uint8 e8m0 scale bytes.
 

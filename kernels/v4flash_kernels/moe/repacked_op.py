@@ -18,7 +18,7 @@ routing); every config either path can launch is in `launchable()` for `check_sm
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 import triton
@@ -142,8 +142,10 @@ def fit_block_k(cfg: MmaConfig, kd: int) -> int:
     return bk
 
 
-def _launch(cfg: MmaConfig, grid, a, w, s, out, ids, tw, sorted_, blk_e, blk_r, slots, n, kd, a_div,
-            clamp, scaling, gated, inline, block_s, ws=None, cnt=None, split_k=1) -> None:
+def _launch(cfg: MmaConfig, grid: Any, a: Any, w: Any, s: Any, out: Any, ids: Any, tw: Any, sorted_: Any, blk_e: Any,
+            blk_r: Any, slots: Any, n: Any, kd: Any, a_div: Any,
+            clamp: Any, scaling: Any, gated: Any, inline: Any, block_s: Any, ws: Any = None, cnt: Any = None,
+            split_k: int = 1) -> None:
     interp = _v1._interpret()
     _k2.mma_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), s, s.stride(0), s.stride(1),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, cast
 
 import torch
 
@@ -54,7 +54,7 @@ def _upstream(patch_name: str) -> Callable[..., Any]:
     fn = getattr(sys.modules.get(spec.target_module), upstream_keep_attr(spec), None)
     if fn is None:
         raise RuntimeError(f"{spec.upstream_function}: the hook kept no upstream original (patch not applied?)")
-    return fn
+    return cast(Callable[..., Any], fn)
 
 
 def repack_layer(layer: Any, prefix: str) -> RepackedExperts | None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def compile_qnorm_rope(cfg, arch: int) -> CompileResult:
+def compile_qnorm_rope(cfg: Any, arch: int) -> CompileResult:
     """One `qnorm_rope_kernel` binary (`qnorm_rope.op.QConfig`) as `qnorm_rope.op.launch` passes it: bf16 in
     and out, int64 positions (int32 compiles the same code with a narrower load), K = `FUSED_K`."""
     from v4flash_kernels.qnorm_rope import kernel as k

@@ -37,7 +37,7 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple, cast
 
 import torch
 
@@ -212,7 +212,7 @@ def upstream_compute_q_b() -> Callable[..., Any]:
     fn = getattr(sys.modules.get(QNORM_ROPE.target_module), upstream_keep_attr(QNORM_ROPE), None)
     if fn is None:
         raise NotImplementedError(f"{QNORM_ROPE.upstream_function} is not loaded in this process (hook not applied)")
-    return fn
+    return cast(Callable[..., Any], fn)
 
 
 _lock = threading.Lock()
@@ -250,4 +250,4 @@ def compute_q_b(self: Any, q: torch.Tensor, positions: torch.Tensor,
             with _lock:
                 _fused_calls += 1
             return qnorm_rope(q, weight, scale, self.n_local_heads, self.eps, self.freqs_cis, positions, q_out)
-    return upstream_compute_q_b()(self, q, positions, q_out)
+    return cast(torch.Tensor, upstream_compute_q_b()(self, q, positions, q_out))

@@ -14,7 +14,7 @@ element; it is derived below from the operations, not fitted.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Tuple, cast
 
 import torch
 
@@ -105,7 +105,7 @@ def error_bound(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, n_heads: int
     for j, start in enumerate((NOPE, NOPE + 1)):
         rot = into[j] + 3 * F32 * (terms[j] + into[j])
         bound[..., start::2] = rot + u * (ref[..., start::2].abs() + rot)
-    return bound
+    return cast(torch.Tensor, bound)
 
 
 def excess(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> float:

@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import sys
-from typing import List
+from typing import Any, List
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONTEXT_LOST = 0, 1, 2, 3
 
@@ -69,7 +69,7 @@ def parse(argv: List[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def options(args: argparse.Namespace):
+def options(args: argparse.Namespace) -> Any:
     """The runner's Options from the command line (imports the registry, not torch)."""
     from v4flash_kernels.selfcheck import inject
     from v4flash_kernels.selfcheck.case import Target

@@ -96,7 +96,8 @@ def registry_function(patch: str) -> Callable[..., Any]:
     from v4flash_kernels.hook.patches import by_name
 
     spec = by_name(patch)
-    return getattr(importlib.import_module(spec.ours_module), spec.ours_attr)
+    fn: Callable[..., Any] = getattr(importlib.import_module(spec.ours_module), spec.ours_attr)
+    return fn
 
 
 def check_rows(batch: int, limit: int = 24) -> List[int]:

@@ -101,13 +101,14 @@ def _kernels() -> Dict[str, Any]:
     import triton
     import triton.language as tl
 
+    # Triton kernels (pointer arguments are typed by Triton's specialisation, not by annotations)
     @triton.jit
-    def static_assert(X):
+    def static_assert(X):  # type: ignore[no-untyped-def]
         tl.static_assert(X.dtype.element_ty == tl.int8, "v4flash self-check: deliberately uncompilable kernel")
         tl.store(X, 1.0)
 
     @triton.jit
-    def wild_store(X):
+    def wild_store(X):  # type: ignore[no-untyped-def]
         tl.store(X + (1 << 40), 1.0)
 
     _CACHE.update(static_assert=static_assert, wild_store=wild_store)

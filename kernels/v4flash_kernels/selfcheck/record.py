@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 SCHEMA = "v4flash.selfcheck.gpu/1"
 PASS, FAIL, SKIP, UNCHECKED, RUNNING = "pass", "fail", "skip", "unchecked", "running"
@@ -36,7 +36,7 @@ def new(device: Dict[str, Any], target: Dict[str, Any], interpreter: bool) -> Di
             "patches": {}}
 
 
-def patch_verdict(cases: list) -> str:
+def patch_verdict(cases: List[Any]) -> str:
     """fail if any case failed; pass if at least one ran and none failed; skip if nothing ran."""
     statuses = [c.get("status") for c in cases]
     if FAIL in statuses:
@@ -44,7 +44,7 @@ def patch_verdict(cases: list) -> str:
     return PASS if PASS in statuses else SKIP
 
 
-def first_failure(cases: list) -> Dict[str, Any] | None:
+def first_failure(cases: List[Any]) -> Dict[str, Any] | None:
     return next((c for c in cases if c.get("status") == FAIL), None)
 
 

@@ -213,7 +213,7 @@ def check_graph(case: Case, ours: Callable[[Any], Any], kw: Dict[str, Any], seed
     return res
 
 
-def _upstream_pass(name: str, checked: list, opts: Options, rec: Dict[str, Any]) -> str:
+def _upstream_pass(name: str, checked: List[Any], opts: Options, rec: Dict[str, Any]) -> str:
     """Upstream's function on the cases that have one; returns a one-line summary for the patch."""
     ran, bad = 0, []
     for case, crec, seed, ref in checked:
@@ -229,7 +229,7 @@ def _upstream_pass(name: str, checked: list, opts: Options, rec: Dict[str, Any])
             bad.append(f"{case.name}: {crec['upstream']['error']}")
         if lost:
             rec["context_lost"] = True
-            return f"upstream broke the CUDA context at {case.name}: " + crec["upstream"]["error"]
+            return f"upstream broke the CUDA context at {case.name}: {crec['upstream']['error']}"
     if not ran:
         why = next((c.upstream_skip for c, *_ in checked if c.upstream_skip), "no case has it")
         return f"upstream not run: {why}"
@@ -261,7 +261,7 @@ def check_upstream(case: Case, seed: int, ref: Any, target: Target) -> Dict[str,
     return res
 
 
-def _compare(case: Case, out: Any, ref: Any, kw: Dict[str, Any]):
+def _compare(case: Case, out: Any, ref: Any, kw: Dict[str, Any]) -> Any:
     from v4flash_kernels.selfcheck.case import Comparison
 
     try:

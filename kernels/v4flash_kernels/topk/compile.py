@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 from v4flash_kernels.kit.crosscompile import SMEM_LIMIT, CompileResult, compile_kernel, ptxas_stats
 
 
-def compile_topk(cfg, k: int, spec: bool, ptb: int, arch: int) -> CompileResult:
+def compile_topk(cfg: Any, k: int, spec: bool, ptb: int, arch: int) -> CompileResult:
     """One top-K transform binary as `topk.run` launches it (raw indices written too)."""
     from v4flash_kernels.topk import kernel as tk
 

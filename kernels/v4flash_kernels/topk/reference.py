@@ -16,7 +16,7 @@ The ranking is done with exact integers (int64 keys and stable sorts), no floati
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -129,7 +129,7 @@ def make_scores(pattern: str, batch: int, width: int, g: torch.Generator) -> tor
     raise ValueError(f"unknown score pattern {pattern!r}")
 
 
-def make_topk_inputs(case: TopkCase, seed: int = 0, device: str = "cpu") -> dict:
+def make_topk_inputs(case: TopkCase, seed: int = 0, device: str = "cpu") -> Dict[str, Any]:
     """Positional kwargs of `topk_transform_512` (outputs poisoned with a sentinel that no valid
     index or -1 equals)."""
     g = torch.Generator().manual_seed(seed)

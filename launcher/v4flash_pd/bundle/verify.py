@@ -12,7 +12,7 @@ row names the file it is about.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +124,12 @@ def verify_bundle(
     log: Callable[[str], None] = lambda _m: None,
     trust: signing.TrustedKeys | None = None,
 ) -> VerifyReport:
-    """Every check in docs/bundle.md's order; with `trust`, an unsigned or badly signed bundle fails."""
+    """Every check in docs/bundle.md's order; with `trust`, an unsigned or badly signed bundle fails.
+
+    Each step appends its rows to `checks` and the first whose failure makes the rest meaningless
+    ends the walk: the file tree, SHA256SUMS, the signature, the file set, the hashes, MANIFEST.json,
+    then what it declares (lock, image, wheelhouse, model).
+    """
     bundle = Path(bundle)
     _check_dir(bundle)
     root = bundle.resolve()
@@ -139,21 +144,10 @@ def verify_bundle(
     refused = {rel for rel, _kind in tree.refused}
     for rel, kind in tree.refused:
         checks.append(Check(rel, "regular file", False, f"is {kind} (refused: a bundle holds only regular files)"))
-
-    if layout.SUMS not in tree.files:
-        if layout.SUMS not in refused:
-            checks.append(Check(layout.SUMS, "present", False, "missing (not a complete bundle)"))
+    read = _read_sums(root, tree.files, refused, checks)
+    if read is None:
         return done()
-    try:
-        sums_bytes = contain.read_regular(root / layout.SUMS)
-        listed = sums.parse_sums(sums_bytes.decode("utf-8"))
-    except OSError as exc:
-        checks.append(Check(layout.SUMS, "parse", False, f"cannot read: {exc.strerror}"))
-        return done()
-    except (ValueError, UnicodeDecodeError) as exc:
-        checks.append(Check(layout.SUMS, "parse", False, f"damaged: {exc}"))
-        return done()
-    checks.append(Check(layout.SUMS, "parse", True, f"{len(listed)} entries"))
+    sums_bytes, listed = read
 
     if trust is not None:
         if not _check_signature(root, tree, sums_bytes, trust, checks):
@@ -161,18 +155,64 @@ def verify_bundle(
     elif layout.SIGNATURE in tree.files:
         checks.append(Check(layout.SIGNATURE, "signature", True, "present, not checked (pass --trust PUBKEY)"))
 
-    # MANIFEST.json is parsed before its hash is checked only to give better messages (sizes);
-    # nothing from it is trusted until the hash row below passes.
-    manifest_error = "not a v4flash bundle manifest"
-    if layout.MANIFEST in tree.files:
-        try:
-            manifest = sums.parse_manifest(contain.read_regular(root / layout.MANIFEST).decode("utf-8"))
-        except (OSError, UnicodeDecodeError):
-            manifest = None
-        except ValueError as exc:
-            manifest, manifest_error = None, str(exc)
+    manifest, manifest_error = _read_manifest(root, tree.files)
+    present = _check_file_set(root, set(tree.files), listed, refused, checks)
+    good = _check_hashes(root, present, listed, manifest, jobs, show_progress, checks)
 
-    on_disk = set(tree.files)
+    if layout.MANIFEST not in good:
+        if layout.MANIFEST not in listed:
+            checks.append(Check(layout.MANIFEST, "listed", False, "not in SHA256SUMS"))
+        return done()  # otherwise already reported (missing, refused or a hash failure)
+    if manifest is None:
+        checks.append(Check(layout.MANIFEST, "parse", False, manifest_error))
+        return done()
+    _check_manifest_agrees(manifest, listed, checks)
+
+    lock = _check_lock(root, manifest, good, checks)
+    if manifest.image:
+        _check_image(root, manifest, good, checks, show_progress)
+    if manifest.wheelhouse and lock is not None:
+        _check_wheelhouse(manifest, listed, lock, checks)
+    _check_model(root, manifest, good, checks, model, full, show_progress)
+    return done()
+
+
+def _read_sums(root: Path, files: Collection[str], refused: set[str],
+               checks: list[Check]) -> tuple[bytes, dict[str, str]] | None:
+    """SHA256SUMS's bytes and rows, or None (and the row saying why) when it is missing or damaged."""
+    if layout.SUMS not in files:
+        if layout.SUMS not in refused:
+            checks.append(Check(layout.SUMS, "present", False, "missing (not a complete bundle)"))
+        return None
+    try:
+        sums_bytes = contain.read_regular(root / layout.SUMS)
+        listed = sums.parse_sums(sums_bytes.decode("utf-8"))
+    except OSError as exc:
+        checks.append(Check(layout.SUMS, "parse", False, f"cannot read: {exc.strerror}"))
+        return None
+    except (ValueError, UnicodeDecodeError) as exc:
+        checks.append(Check(layout.SUMS, "parse", False, f"damaged: {exc}"))
+        return None
+    checks.append(Check(layout.SUMS, "parse", True, f"{len(listed)} entries"))
+    return sums_bytes, listed
+
+
+def _read_manifest(root: Path, files: Collection[str]) -> tuple[sums.BundleManifest | None, str]:
+    """MANIFEST.json parsed before its hash is checked, only to give better messages (sizes); nothing
+    from it is trusted until its hash row passes. (manifest or None, why it did not parse)."""
+    if layout.MANIFEST not in files:
+        return None, "not a v4flash bundle manifest"
+    try:
+        return sums.parse_manifest(contain.read_regular(root / layout.MANIFEST).decode("utf-8")), ""
+    except (OSError, UnicodeDecodeError):
+        return None, "not a v4flash bundle manifest"
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def _check_file_set(root: Path, on_disk: set[str], listed: dict[str, str], refused: set[str],
+                    checks: list[Check]) -> list[str]:
+    """Rows for missing and unexpected files; the listed files present inside the bundle, to hash."""
     expected = set(listed) | {layout.SUMS} | ({layout.SIGNATURE} & on_disk)
     missing = sorted(expected - on_disk - refused)
     extra = sorted(on_disk - expected)
@@ -182,7 +222,6 @@ def verify_bundle(
         checks.append(Check(rel, "expected", False, "unexpected file (not in SHA256SUMS): remove it"))
     if not missing and not extra and not refused:
         checks.append(Check("*", "file set", True, f"{len(on_disk)} files, none missing or unexpected"))
-
     present = []
     for rel in sorted(set(listed) & on_disk):
         try:
@@ -191,6 +230,12 @@ def verify_bundle(
             checks.append(Check(rel, "inside the bundle", False, str(exc)))
             continue
         present.append(rel)
+    return present
+
+
+def _check_hashes(root: Path, present: list[str], listed: dict[str, str], manifest: sums.BundleManifest | None,
+                  jobs: int | None, show_progress: bool, checks: list[Check]) -> set[str]:
+    """Hash every present file against SHA256SUMS (in parallel); the files that match."""
     sizes = {r: (root / r).stat().st_size for r in present}
     total = sum(sizes.values())
     progress = Progress("checksums", enabled=show_progress)
@@ -215,15 +260,11 @@ def verify_bundle(
             good.add(rel)
     if good:
         checks.append(Check("*", "sha256", True, f"{len(good)} files, {human_bytes(total)} match SHA256SUMS"))
+    return good
 
-    if layout.MANIFEST not in good:
-        if layout.MANIFEST not in listed:
-            checks.append(Check(layout.MANIFEST, "listed", False, "not in SHA256SUMS"))
-        return done()  # otherwise already reported (missing, refused or a hash failure)
-    if manifest is None:
-        checks.append(Check(layout.MANIFEST, "parse", False, manifest_error))
-        return done()
 
+def _check_manifest_agrees(manifest: sums.BundleManifest, listed: dict[str, str], checks: list[Check]) -> None:
+    """MANIFEST.json and SHA256SUMS list the same files and hashes, and every path it declares is listed."""
     cross = sorted(
         r for r in set(listed) | set(manifest.files)
         if r != layout.MANIFEST and (r not in manifest.files or listed.get(r) != manifest.files[r].sha256)
@@ -239,14 +280,6 @@ def verify_bundle(
     if not uncovered:
         declared = ", ".join(sorted(manifest.declared()))
         checks.append(Check(layout.MANIFEST, "declared paths in SHA256SUMS", True, declared))
-
-    lock = _check_lock(root, manifest, good, checks)
-    if manifest.image:
-        _check_image(root, manifest, good, checks, show_progress)
-    if manifest.wheelhouse and lock is not None:
-        _check_wheelhouse(manifest, listed, lock, checks)
-    _check_model(root, manifest, good, checks, model, full, show_progress)
-    return done()
 
 
 def _check_wheelhouse(manifest: sums.BundleManifest, listed: dict[str, str], lock: StackLock, checks: list[Check]) -> None:

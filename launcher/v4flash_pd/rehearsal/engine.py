@@ -169,192 +169,200 @@ def _sleep_ms(state: EngineState, ms: float) -> None:
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
-def make_handler(state: EngineState) -> type[JsonHandler]:
-    args = state.args
+class EngineHandler(JsonHandler):
+    """One stand-in engine's HTTP routes: SGLang's GET routes, its generate and OpenAI routes (POST/PUT),
+    its `--api-key` check; `state` is the engine's (set by `make_handler` on a subclass per engine)."""
 
-    class Handler(JsonHandler):
-        def _log(self, status: int, t0: float, **extra: Any) -> None:
-            state.log({"method": self.command, "path": urlsplit(self.path).path,
-                       "status": status, "ms": round((time.monotonic() - t0) * 1000, 1),
-                       **extra})
+    state: EngineState
 
-        def _refused(self, path: str, t0: float) -> bool:
-            """SGLang's --api-key: every route but /health* and /metrics* wants `Authorization: Bearer KEY`
-            (401 otherwise); the router passes its own key on, so only it gets through."""
-            key = args.api_key
-            if not key or path.startswith(("/health", "/metrics")):
-                return False
-            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-            if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
-                return False
-            self.send_json(401, {"error": "Unauthorized"})
-            self._log(401, t0)
-            return True
+    @property
+    def args(self) -> EngineArgs:
+        return self.state.args
 
-        def do_GET(self) -> None:
-            t0 = time.monotonic()
-            path = urlsplit(self.path).path
-            if self._refused(path, t0):
-                return
-            status = self._get(path)
-            self._log(status, t0)
+    def _log(self, status: int, t0: float, **extra: Any) -> None:
+        self.state.log({"method": self.command, "path": urlsplit(self.path).path,
+                        "status": status, "ms": round((time.monotonic() - t0) * 1000, 1), **extra})
 
-        def do_HEAD(self) -> None:
-            self.do_GET()
+    def _refused(self, path: str, t0: float) -> bool:
+        """SGLang's --api-key: every route but /health* and /metrics* wants `Authorization: Bearer KEY`
+        (401 otherwise); the router passes its own key on, so only it gets through."""
+        key = self.args.api_key
+        if not key or path.startswith(("/health", "/metrics")):
+            return False
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
+            return False
+        self.send_json(401, {"error": "Unauthorized"})
+        self._log(401, t0)
+        return True
 
-        def _get(self, path: str) -> int:
-            state.check_ready_logged()
-            if path in ("/health", "/health_generate"):
-                ok = not state.loading and not state.stopping.is_set()
-                self.send_bytes(200 if ok else 503, b"", "text/plain")
-                return 200 if ok else 503
-            if path == "/ping":
-                self.send_text(200, "pong")
-                return 200
-            if path in ("/server_info", "/get_server_info"):
-                self.send_json(200, P.server_info(args, state.active,
-                                                  avg_spec_accept_length=state.avg_accept_length()))
-                return 200
-            if path in ("/model_info", "/get_model_info"):
-                self.send_json(200, P.model_info(args))
-                return 200
-            if path == "/get_load":
-                self.send_json(200, P.get_load(state.active, state.tokens_in_flight))
-                return 200
-            if path == "/v1/models":
-                self.send_json(200, P.models_list(args))
-                return 200
-            if path.startswith("/v1/models/"):
-                name = path[len("/v1/models/"):]
-                if name != args.model_name:
-                    self.send_json(404, {"error": {"message": f"The model '{name}' does not "
-                                                              "exist", "code": "model_not_found"}})
-                    return 404
-                self.send_json(200, P.model_card(args))
-                return 200
-            if path == "/flush_cache":
-                self.send_text(200, "Cache flushed.\n")
-                return 200
+    def do_GET(self) -> None:
+        t0 = time.monotonic()
+        path = urlsplit(self.path).path
+        if self._refused(path, t0):
+            return
+        status = self._get(path)
+        self._log(status, t0)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def _get(self, path: str) -> int:
+        self.state.check_ready_logged()
+        if path in ("/health", "/health_generate"):
+            ok = not self.state.loading and not self.state.stopping.is_set()
+            self.send_bytes(200 if ok else 503, b"", "text/plain")
+            return 200 if ok else 503
+        if path == "/ping":
+            self.send_text(200, "pong")
+            return 200
+        if path in ("/server_info", "/get_server_info"):
+            self.send_json(200, P.server_info(self.args, self.state.active,
+                                              avg_spec_accept_length=self.state.avg_accept_length()))
+            return 200
+        if path in ("/model_info", "/get_model_info"):
+            self.send_json(200, P.model_info(self.args))
+            return 200
+        if path == "/get_load":
+            self.send_json(200, P.get_load(self.state.active, self.state.tokens_in_flight))
+            return 200
+        if path == "/v1/models":
+            self.send_json(200, P.models_list(self.args))
+            return 200
+        if path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if name != self.args.model_name:
+                self.send_json(404, {"error": {"message": f"The model '{name}' does not "
+                                                          "exist", "code": "model_not_found"}})
+                return 404
+            self.send_json(200, P.model_card(self.args))
+            return 200
+        if path == "/flush_cache":
+            self.send_text(200, "Cache flushed.\n")
+            return 200
+        self.send_json(404, {"detail": "Not Found"})
+        return 404
+
+    def do_POST(self) -> None:
+        t0 = time.monotonic()
+        path = urlsplit(self.path).path
+        try:
+            raw = self.read_body()  # read first: the connection may carry the next request
+        except (ValueError, OSError) as e:
+            self.send_json(400, P.bad_request_body(P.API_GENERATE, str(e)))
+            return self._log(400, t0)
+        if self._refused(path, t0):
+            return
+        if path == "/flush_cache":
+            self.send_text(200, "Cache flushed.\n")
+            return self._log(200, t0)
+        parser = P.PARSERS.get(path)
+        if parser is None:
             self.send_json(404, {"detail": "Not Found"})
-            return 404
+            return self._log(404, t0)
+        api = {"/generate": P.API_GENERATE, "/v1/completions": P.API_COMPLETIONS}.get(
+            path, P.API_CHAT)
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise P.BadRequest("the request body must be a JSON object")
+            req = parser(body)
+        except (ValueError, P.BadRequest) as e:
+            self.send_json(400, P.bad_request_body(api, str(e)))
+            return self._log(400, t0, error=str(e))
+        self._generate(req, t0)
 
-        def do_POST(self) -> None:
-            t0 = time.monotonic()
-            path = urlsplit(self.path).path
-            try:
-                raw = self.read_body()  # read first: the connection may carry the next request
-            except (ValueError, OSError) as e:
-                self.send_json(400, P.bad_request_body(P.API_GENERATE, str(e)))
-                return self._log(400, t0)
-            if self._refused(path, t0):
-                return
-            if path == "/flush_cache":
-                self.send_text(200, "Cache flushed.\n")
-                return self._log(200, t0)
-            parser = P.PARSERS.get(path)
-            if parser is None:
-                self.send_json(404, {"detail": "Not Found"})
-                return self._log(404, t0)
-            api = {"/generate": P.API_GENERATE, "/v1/completions": P.API_COMPLETIONS}.get(
-                path, P.API_CHAT)
-            try:
-                body = json.loads(raw or b"{}")
-                if not isinstance(body, dict):
-                    raise P.BadRequest("the request body must be a JSON object")
-                req = parser(body)
-            except (ValueError, P.BadRequest) as e:
-                self.send_json(400, P.bad_request_body(api, str(e)))
-                return self._log(400, t0, error=str(e))
-            self._generate(req, t0)
+    do_PUT = do_POST  # SGLang routes /generate for POST and PUT
 
-        do_PUT = do_POST  # SGLang routes /generate for POST and PUT
+    def _generate(self, req: P.GenRequest, t0: float) -> None:
+        fields = {"rid": req.rid, "bootstrap_host": req.bootstrap_host,
+                  "bootstrap_port": req.bootstrap_port,
+                  "bootstrap_room": req.bootstrap_room, "stream": req.stream,
+                  "prompt_tokens": req.prompt.n_tokens}
+        if self.state.loading:
+            self.send_json(503, P.http_exception_body(503, "The server is still loading "
+                                                           "(rehearsal load time)."))
+            return self._log(503, t0, **fields)
+        self.state.begin(req.prompt.n_tokens)
+        try:
+            status, n, err = self._serve(req, t0)
+        except (BrokenPipeError, ConnectionResetError):
+            status, n, err = 499, 0, "client disconnected"
+        finally:
+            self.state.end(req.prompt.n_tokens)
+        extra: dict[str, int | str] = {"completion_tokens": n}
+        if err:
+            extra["error"] = err
+        self._log(status, t0, **fields, **extra)
 
-        def _generate(self, req: P.GenRequest, t0: float) -> None:
-            fields = {"rid": req.rid, "bootstrap_host": req.bootstrap_host,
-                      "bootstrap_port": req.bootstrap_port,
-                      "bootstrap_room": req.bootstrap_room, "stream": req.stream,
-                      "prompt_tokens": req.prompt.n_tokens}
-            if state.loading:
-                self.send_json(503, P.http_exception_body(503, "The server is still loading "
-                                                               "(rehearsal load time)."))
-                return self._log(503, t0, **fields)
-            state.begin(req.prompt.n_tokens)
-            try:
-                status, n, err = self._serve(req, t0)
-            except (BrokenPipeError, ConnectionResetError):
-                status, n, err = 499, 0, "client disconnected"
-            finally:
-                state.end(req.prompt.n_tokens)
-            extra: dict[str, int | str] = {"completion_tokens": n}
-            if err:
-                extra["error"] = err
-            self._log(status, t0, **fields, **extra)
-
-        def _serve(self, req: P.GenRequest, t0: float) -> tuple[int, int, str | None]:
-            knobs = state.knobs
-            try:
-                paid = pd_handshake(state, req)
-            except Failure as f:
-                self._fail(req, f)
-                return (200 if req.stream else f.status), 0, f.message
-            corrupt = max(knobs.corrupt_rate, knobs.spec_corrupt_rate if args.speculative else 0.0)
-            comp = generate(req.prompt, req.max_new_tokens, req.ignore_eos, corrupt, knobs.natural_tokens)
-            if args.disaggregation_mode == "prefill" and paid == "none":
-                comp = comp.truncated(1)  # prefill computes the first token; decode the rest
-            first_ms = knobs.ttft_ms if paid == "ttft" else 0.0
-            spec = state.spec_metrics(comp.n_tokens)
-            if req.stream:
-                self._stream(req, comp, t0, first_ms, spec)
-            else:
-                _sleep_ms(state, first_ms + knobs.itl_ms * max(0, comp.n_tokens - 1))
-                if req.api == P.API_GENERATE:
-                    self.send_json(200, P.generate_reply(req, comp, comp.n_tokens, True,
-                                                         time.monotonic() - t0,
-                                                         args.weight_version, spec))
-                else:
-                    self.send_json(200, P.openai_reply(req, comp, req.model or args.model_name,
-                                                       P.now()))
-            return 200, comp.n_tokens, None
-
-        def _fail(self, req: P.GenRequest, f: Failure) -> None:
-            """Non-streamed: an error status. Streamed: SGLang has already sent 200 and puts the
-            abort into the stream, so do the same."""
-            if not req.stream:
-                body = (P.bad_request_body(req.api, f.message) if f.status == 400
-                        else P.http_exception_body(f.status, f.message))
-                return self.send_json(f.status, body)
-            self.start_sse()
+    def _serve(self, req: P.GenRequest, t0: float) -> tuple[int, int, str | None]:
+        knobs = self.state.knobs
+        try:
+            paid = pd_handshake(self.state, req)
+        except Failure as f:
+            self._fail(req, f)
+            return (200 if req.stream else f.status), 0, f.message
+        corrupt = max(knobs.corrupt_rate, knobs.spec_corrupt_rate if self.args.speculative else 0.0)
+        comp = generate(req.prompt, req.max_new_tokens, req.ignore_eos, corrupt, knobs.natural_tokens)
+        if self.args.disaggregation_mode == "prefill" and paid == "none":
+            comp = comp.truncated(1)  # prefill computes the first token; decode the rest
+        first_ms = knobs.ttft_ms if paid == "ttft" else 0.0
+        spec = self.state.spec_metrics(comp.n_tokens)
+        if req.stream:
+            self._stream(req, comp, t0, first_ms, spec)
+        else:
+            _sleep_ms(self.state, first_ms + knobs.itl_ms * max(0, comp.n_tokens - 1))
             if req.api == P.API_GENERATE:
-                self.sse(P.generate_abort_chunk(req, f.message, f.status))
+                self.send_json(200, P.generate_reply(req, comp, comp.n_tokens, True,
+                                                     time.monotonic() - t0,
+                                                     self.args.weight_version, spec))
             else:
-                self.sse(P.openai_stream_error(f.message, f.status))
-            self.end_sse()
+                self.send_json(200, P.openai_reply(req, comp, req.model or self.args.model_name,
+                                                   P.now()))
+        return 200, comp.n_tokens, None
 
-        def _stream(self, req: P.GenRequest, comp: Completion, t0: float,
-                    first_ms: float, spec: dict[str, Any]) -> None:
-            self.start_sse()
-            itl = state.knobs.itl_ms
-            if req.api == P.API_GENERATE:
-                _sleep_ms(state, first_ms)
-                for k in range(1, comp.n_tokens + 1):
-                    if k > 1:
-                        _sleep_ms(state, itl)
-                    self.sse(P.generate_reply(req, comp, k, k == comp.n_tokens,
-                                              time.monotonic() - t0, args.weight_version, spec))
-                if comp.n_tokens == 0:
-                    self.sse(P.generate_reply(req, comp, 0, True, time.monotonic() - t0,
-                                              args.weight_version))
-            else:
-                model = req.model or args.model_name
-                for i, chunk in P.openai_chunks(req, comp, model, P.now()):
-                    if i == 0:
-                        _sleep_ms(state, first_ms)
-                    elif i is not None:
-                        _sleep_ms(state, itl)
-                    self.sse(chunk)
-            self.end_sse()
+    def _fail(self, req: P.GenRequest, f: Failure) -> None:
+        """Non-streamed: an error status. Streamed: SGLang has already sent 200 and puts the
+        abort into the stream, so do the same."""
+        if not req.stream:
+            body = (P.bad_request_body(req.api, f.message) if f.status == 400
+                    else P.http_exception_body(f.status, f.message))
+            return self.send_json(f.status, body)
+        self.start_sse()
+        if req.api == P.API_GENERATE:
+            self.sse(P.generate_abort_chunk(req, f.message, f.status))
+        else:
+            self.sse(P.openai_stream_error(f.message, f.status))
+        self.end_sse()
 
-    return Handler
+    def _stream(self, req: P.GenRequest, comp: Completion, t0: float,
+                first_ms: float, spec: dict[str, Any]) -> None:
+        self.start_sse()
+        itl = self.state.knobs.itl_ms
+        if req.api == P.API_GENERATE:
+            _sleep_ms(self.state, first_ms)
+            for k in range(1, comp.n_tokens + 1):
+                if k > 1:
+                    _sleep_ms(self.state, itl)
+                self.sse(P.generate_reply(req, comp, k, k == comp.n_tokens,
+                                          time.monotonic() - t0, self.args.weight_version, spec))
+            if comp.n_tokens == 0:
+                self.sse(P.generate_reply(req, comp, 0, True, time.monotonic() - t0,
+                                          self.args.weight_version))
+        else:
+            model = req.model or self.args.model_name
+            for i, chunk in P.openai_chunks(req, comp, model, P.now()):
+                if i == 0:
+                    _sleep_ms(self.state, first_ms)
+                elif i is not None:
+                    _sleep_ms(self.state, itl)
+                self.sse(chunk)
+        self.end_sse()
+
+
+def make_handler(state: EngineState) -> type[JsonHandler]:
+    """The handler class of one engine's server: `EngineHandler` bound to its state."""
+    return type("Handler", (EngineHandler,), {"state": state})
 
 
 # -- process -------------------------------------------------------------------------------------

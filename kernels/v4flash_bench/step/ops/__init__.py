@@ -34,4 +34,5 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     """Raise `common.Unavailable` when `impl` == "ours" and that patch does not exist yet."""
     if op.patch is None:
         return unpatched.build(op, impl, l2, seed)
-    return importlib.import_module(builder_module(op.patch)).build(op, impl, l2, seed)
+    prepared: Prepared = importlib.import_module(builder_module(op.patch)).build(op, impl, l2, seed)
+    return prepared

@@ -4,7 +4,7 @@ adapter), checked vs the fp64 reference on real-layout caches."""
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Any, Dict
 
 import torch
 import torch.nn.functional as F
@@ -16,11 +16,11 @@ from v4flash_kernels import upstream as _up
 from v4flash_kernels.kit.compare import rel_err
 
 
-def upstream_attention():
+def upstream_attention() -> Any:
     return _up.load_upstream()
 
 
-def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
+def decode_attention_inputs(p: Dict[str, object], seed: int) -> Dict[str, Any]:
     from v4flash_kernels.attention.reference import Case, make_inputs
 
     kind, rows, heads = str(p["kind"]), C.int_param(p, "rows"), M.N_HEADS  # q always holds all 64 heads at TP4
@@ -35,7 +35,7 @@ def decode_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     return expand_rows(make_inputs(case, device=C.DEVICE, seed=seed), C.int_param(p, "reps", 1), seed)
 
 
-def expand_rows(kw: dict, reps: int, seed: int) -> dict:
+def expand_rows(kw: Dict[str, Any], reps: int, seed: int) -> Dict[str, Any]:
     """A verify step: each request's row repeated `reps` times (its k+1 draft positions) with fresh q,
     the same indices (one cache, read by all its rows) and consecutive lengths where the index width
     leaves room (a row's window and compressed tokens grow by one position per draft token)."""
@@ -60,7 +60,7 @@ def expand_rows(kw: dict, reps: int, seed: int) -> dict:
     return out
 
 
-def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
+def prefill_attention_inputs(p: Dict[str, object], seed: int) -> Dict[str, Any]:
     """One request's chunk of T tokens (positions 0..T-1), one row per token, shared caches.
 
     Row t: window = tokens max(0, t-127)..t; c4 = a random 512-subset of its (t+1)//4 compressed
@@ -113,7 +113,7 @@ def prefill_attention_inputs(p: Dict[str, object], seed: int) -> dict:
     return kw
 
 
-def _rows_of(kw: dict, rows: torch.Tensor, heads: int) -> dict:
+def _rows_of(kw: Dict[str, Any], rows: torch.Tensor, heads: int) -> Dict[str, Any]:
     out = dict(kw)
     for key in ("q", "indices", "topk_length", "extra_indices", "extra_topk_length"):
         if kw.get(key) is not None:
@@ -134,7 +134,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         up = upstream_attention()
         src = "upstream flash_mla_sparse_decode_triton (wheel), all 64 heads (q padded at TP4)"
 
-        def call():
+        def call() -> Any:
             return up.flash_mla_sparse_decode_triton(
                 q=kw["q"], k_cache=kw["k_cache"], indices=kw["indices"], topk_length=kw["topk_length"],
                 attn_sink=kw["attn_sink"], head_dim_v=kw["head_dim_v"], softmax_scale=kw["softmax_scale"],
@@ -151,7 +151,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             fn = make_tp_aware(fn, read=lambda: AttnTp(0, M.N_HEADS // heads))
             src = f"{why} via tp_heads adapter: {heads} of {M.N_HEADS} heads (rank 0 of {M.N_HEADS // heads})"
 
-        def call():
+        def call() -> Any:
             return fn(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"], kw["head_dim_v"],
                       kw["softmax_scale"], kw.get("extra_k_cache"), kw.get("extra_indices"),
                       kw.get("extra_topk_length"))

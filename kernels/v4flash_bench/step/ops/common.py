@@ -11,7 +11,7 @@ import math
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
@@ -76,7 +76,7 @@ def int_param(p: Dict[str, object], key: str, default: int | None = None) -> int
 loaded: Dict[str, object] = {}
 
 
-def patch_function(patch: str) -> Tuple[Callable | None, str]:
+def patch_function(patch: str) -> Tuple[Callable[..., Any] | None, str]:
     """(our function of the registry's patch `patch`, or None, why): None with "no patch yet" when
     its module does not exist."""
     spec = by_name(patch)
@@ -133,5 +133,5 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
-def randn(shape, gen, dtype=torch.bfloat16, scale=1.0) -> torch.Tensor:
+def randn(shape: Any, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dtype)

@@ -12,7 +12,7 @@ on the same inputs, within `NO_WORSE`.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 
@@ -49,7 +49,7 @@ def select_w8a8_block_fp8_matmul_kernel(M, N, META):
 """
 
 
-def upstream_fp8():
+def upstream_fp8() -> Any:
     if "fp8" not in C.loaded:
         C.loaded["fp8"] = _up.load_defs(
             FP8_KERNEL_PATH,
@@ -60,7 +60,7 @@ def upstream_fp8():
     return C.loaded["fp8"]
 
 
-def fp8_weight(n: int, k: int, gen) -> Tuple[torch.Tensor, torch.Tensor]:
+def fp8_weight(n: int, k: int, gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
     w = torch.randn((n, k), generator=gen, device=C.DEVICE).to(FP8)
     s = torch.rand((math.ceil(n / 128), math.ceil(k / 128)), generator=gen, device=C.DEVICE) * 0.02 + 0.005
     return w, s
@@ -78,7 +78,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tenso
     xs = torch.empty((m, k // 128), dtype=torch.float32, device=x.device)
     mod._per_token_group_quant_8bit[(m * (k // 128),)](
         x, xq, xs, 128, 128, 1e-10, -448.0, 448.0, BLOCK=128, num_warps=1, num_stages=1)
-    return mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
+    out: torch.Tensor = mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
+    return out
 
 
 def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -90,14 +91,14 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     x = C.randn((m, k), g)
     src = "upstream group quant + Triton _w8a8_block_fp8_matmul, default config"
     if impl == "upstream":
-        def linear(w, s):
+        def linear(w: Any, s: Any) -> Any:
             return fp8_linear(x, w, s)
     else:
         ours, src = C.patch_function("fp8_gemm")  # the linear itself: quant fused into the GEMM
         if ours is None:
             raise Unavailable(src)
 
-        def linear(w, s):
+        def linear(w: Any, s: Any) -> Any:
             return ours(x, w, [128, 128], s)
 
     def one(i: int) -> None:

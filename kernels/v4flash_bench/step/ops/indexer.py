@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 
@@ -24,14 +24,14 @@ FP8_DTYPE = torch.float8_e4m3fn
 """
 
 
-def upstream_indexer():
+def upstream_indexer() -> Any:
     if "indexer" not in C.loaded:
         C.loaded["indexer"] = _up.load_defs(INDEXER_PATH, ["fp8_paged_mqa_logits_torch_sm120"],
                                            prelude=_INDEXER_PRELUDE)
     return C.loaded["indexer"]
 
 
-def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
+def indexer_inputs(p: Dict[str, object], seed: int) -> Dict[str, Any]:
     """Paged fp8 index-key cache [P, 64, 1, 132] (64x128 fp8 then 64 fp32 scales per page) and a
     page table over the configured context (unused entries 0, as in a fresh req_to_token pool)."""
     rows, conf, actual = C.int_param(p, "rows"), C.int_param(p, "configured_ctx"), C.int_param(p, "actual_ctx")
@@ -67,7 +67,7 @@ def indexer_inputs(p: Dict[str, object], seed: int) -> dict:
                 "deep_gemm_metadata": None, "max_seq_len": width * M.INDEX_PAGE, "clean_logits": False}
 
 
-def indexer_ref(kw: dict, rows: List[int]) -> torch.Tensor:
+def indexer_ref(kw: Dict[str, Any], rows: List[int]) -> torch.Tensor:
     """fp64 logits from the format's definition for `rows`: sum_h relu(q_h . k_t) w_h * scale_t."""
     kv = kw["kvcache_fp8"]
     P = kv.shape[0]
@@ -99,7 +99,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             raise Unavailable(why)
         src = why
 
-    def call():
+    def call() -> Any:
         return fn(kw["q_fp8"], kw["kvcache_fp8"], kw["weight"], kw["seq_lens"], kw["page_table"],
                   kw["deep_gemm_metadata"], kw["max_seq_len"], kw["clean_logits"])
 

@@ -3,7 +3,7 @@ boundary, checked vs the fp64 hyper-connection definition."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 
@@ -14,7 +14,7 @@ from v4flash_kernels import upstream as _up
 from v4flash_kernels.kit.compare import rel_err
 
 
-def upstream_mhc():
+def upstream_mhc() -> Any:
     """The pinned `DeepseekV4DecoderLayer.hc_pre` / `hc_post` (their TileLang kernels included) as
     functions of a stand-in layer, compiled once at one token so that a machine without a working
     TileLang says so once (`Unavailable`, the op falls back to its labelled estimate)."""
@@ -42,7 +42,7 @@ def upstream_mhc():
     return mod
 
 
-def mhc_layer():
+def mhc_layer() -> Any:
     """The attributes `hc_pre`/`hc_post` read from the layer (DeepSeek-V4-Flash config)."""
     from types import SimpleNamespace
 
@@ -50,7 +50,7 @@ def mhc_layer():
                            rms_norm_eps=M.RMS_EPS)
 
 
-def mhc_params(gen) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def mhc_params(gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """fp32 hc_fn [24, 4*4096] scaled so the mixing logits are O(1), hc_scale [3], hc_base [24]."""
     k = M.HC_MULT * M.HIDDEN
     fn = torch.randn((M.HC_MIX, k), generator=gen, device=C.DEVICE) * k ** -0.5
@@ -59,7 +59,7 @@ def mhc_params(gen) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return fn, scale, base
 
 
-def mhc_pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor):
+def mhc_pre_ref(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor) -> Any:
     """fp64 hyper-connection pre from its definition: RMS-normalised mix logits of the flattened
     residual, pre = sigmoid + eps, post = 2 sigmoid, comb = row-softmax + eps then 20 alternating
     column/row normalisations (each divisor + eps), y = sum_j pre_j x_j."""
@@ -113,7 +113,7 @@ def build_mhc_fused(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     w = (1.0 + 0.1 * torch.randn((M.HIDDEN,), generator=g, device=C.DEVICE)).to(torch.bfloat16)
     consts = (M.RMS_EPS, M.HC_EPS, M.HC_EPS, 2.0, M.HC_SINKHORN_ITERS)
 
-    def call(fn, scale, base):  # post as the model passes it, [rows, 4, 1]
+    def call(fn: Any, scale: Any, base: Any) -> Any:  # post as the model passes it, [rows, 4, 1]
         return fn_impl(sub, x, post_in.unsqueeze(-1), comb_in, fn, scale, base, *consts, norm_weight=w,
                        norm_eps=M.RMS_EPS)
 

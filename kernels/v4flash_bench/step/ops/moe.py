@@ -23,7 +23,7 @@ ROUTED_SCALING = 1.5
 SWIGLU_LIMIT = 10.0
 
 
-def upstream_moe():
+def upstream_moe() -> Any:
     if "moe" not in C.loaded:
         C.loaded["moe"] = _up.load_module(MOE_PATH)
     return C.loaded["moe"]
@@ -40,7 +40,7 @@ def mxfp4_dequant(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return vals * scale.double().repeat_interleave(M.MXFP4_GROUP, dim=-1)
 
 
-def moe_ref(x, w13, w2, s13, s2, ids, weights, rows: List[int]) -> torch.Tensor:
+def moe_ref(x: Any, w13: Any, w2: Any, s13: Any, s2: Any, ids: Any, weights: Any, rows: List[int]) -> torch.Tensor:
     inter = w2.shape[-1] * 2
     out = torch.zeros((len(rows), x.shape[1]), dtype=torch.float64, device=x.device)
     for i, r in enumerate(rows):
@@ -56,7 +56,7 @@ def moe_ref(x, w13, w2, s13, s2, ids, weights, rows: List[int]) -> torch.Tensor:
     return out * ROUTED_SCALING
 
 
-def moe_weights(seed: int, tp: int = M.TP):
+def moe_weights(seed: int, tp: int = M.TP) -> Any:
     """All 256 experts of one layer at `tp` in the pinned load path's layout: int8 nibbles, fp32 scales."""
     g = C.gen(seed)
     inter = M.MOE_INTER // tp
@@ -71,7 +71,7 @@ def moe_weights(seed: int, tp: int = M.TP):
 _moe_w: Dict[Any, Any] = {}  # tp -> loader-layout experts; ("repacked", tp) -> their v2 form
 
 
-def _moe_repacked(tp: int):
+def _moe_repacked(tp: int) -> Any:
     """This TP's bench experts in the load-time repacked layout (None when the repack is absent)."""
     if importlib.util.find_spec("v4flash_kernels.moe.repack") is None:
         return None
@@ -84,8 +84,9 @@ def _moe_repacked(tp: int):
     return _moe_w[key]
 
 
-def _moe_v2_call(forward, experts, *, hidden_states, topk_ids, topk_weights, routed_scaling_factor, clamp_limit,
-                 **_upstream_only):
+def _moe_v2_call(forward: Any, experts: Any, *, hidden_states: Any, topk_ids: Any, topk_weights: Any,
+                 routed_scaling_factor: Any, clamp_limit: Any,
+                 **_upstream_only: Any) -> Any:
     return forward(hidden_states, experts, topk_ids, topk_weights, routed_scaling_factor, clamp_limit)
 
 
@@ -118,7 +119,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             fn = functools.partial(_moe_v2_call, moe_forward_repacked, repacked)
             src = "ours: v4flash_kernels.moe.repacked_op.moe_forward_repacked on experts repacked at load time"
 
-    def one(ids, wts):
+    def one(ids: Any, wts: Any) -> Any:
         return fn(hidden_states=x, w13_packed=w13, w2_packed=w2, w13_scale=s13, w2_scale=s2, topk_ids=ids,
                   topk_weights=wts, hidden_size=M.HIDDEN, intermediate_size=M.MOE_INTER // tp,
                   routed_scaling_factor=ROUTED_SCALING, clamp_limit=SWIGLU_LIMIT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     head = logits[:, :valid]
     k = min(M.INDEX_TOPK, valid)
     if impl == "upstream":
-        def call():
+        def call() -> Any:
             return torch.topk(head, k, dim=1, largest=True, sorted=False)
 
         def check() -> Check:

@@ -4,7 +4,7 @@ kernels' proxies), upstream only, each checked against fp64 or for exact copies.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,17 +27,17 @@ def build_bf16_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     ws = [C.randn((groups, n, k) if groups > 1 else (n, k), g, scale=k ** -0.5) for _ in range(r)]
 
     if groups > 1:  # wo_a: models/deepseek_v4.py, torch.einsum("tgd,grd->tgr") with the bf16 weight
-        def one(w):
+        def one(w: Any) -> Any:
             return torch.einsum("tgd,grd->tgr", x, w)
         src = "torch.einsum (cuBLAS), as deepseek_v4.py runs wo_a on sm_120"
     elif out_fp32:  # compressor wkv_gate: jit_kernel/dsv4/gemm.py linear_bf16_fp32, "cublas" algo
-        def one(w):
+        def one(w: Any) -> Any:
             if C.DEVICE == "cpu":  # no CPU kernel for mm.dtype; CPU runs only check the plumbing
                 return torch.mm(x.float(), w.float().t())
             return torch.mm(x, w.t(), out_dtype=torch.float32)
         src = "torch.mm(out_dtype=fp32) (cuBLAS), as linear_bf16_fp32 runs"
     else:
-        def one(w):
+        def one(w: Any) -> Any:
             return F.linear(x, w)
         src = "F.linear (cuBLAS)"
 
@@ -64,14 +64,15 @@ def build_bf16_gemm(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     return Prepared(run, r, check, src + " (no patch)", one_call)
 
 
-@triton.jit
-def _copy_words(src, dst, n_in, n_out, BLOCK: tl.constexpr):
+# A Triton kernel: its pointer and size arguments are typed by Triton's specialisation, not by annotations.
+@triton.jit  # type: ignore[untyped-decorator]
+def _copy_words(src, dst, n_in, n_out, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(src + offs, mask=offs < n_in, other=0)
     tl.store(dst + offs, v, mask=offs < n_out)
 
 
-def upstream_rmsnorm():
+def upstream_rmsnorm() -> Any:
     """deepseek_v4.py's Triton `rms_normalize_triton` (in place, one program per row)."""
     if "rms" not in C.loaded:
         C.loaded["rms"] = _up.load_defs(_up.DSV4_MODEL_PATH, ["_rms_normalize_kernel", "rms_normalize_triton"],
@@ -109,7 +110,7 @@ def build_glue(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     return _build_proxy(op.p["launches"], g)  # type: ignore[arg-type]
 
 
-def _build_add(rows: int, dim: int, g) -> Prepared:
+def _build_add(rows: int, dim: int, g: torch.Generator) -> Prepared:
     a, b = C.randn((rows, dim), g), C.randn((rows, dim), g)
 
     def run() -> None:
@@ -122,7 +123,7 @@ def _build_add(rows: int, dim: int, g) -> Prepared:
     return Prepared(run, 1, check, "torch add (eager), as deepseek_v2's MoE adds the shared expert")
 
 
-def _build_proxy(launches: Tuple[Tuple[int, int], ...], g) -> Prepared:
+def _build_proxy(launches: Tuple[Tuple[int, int], ...], g: torch.Generator) -> Prepared:
     bufs = []
     for n_in, n_out in launches:
         wi, wo = max(1, math.ceil(n_in / 4)), max(1, math.ceil(n_out / 4))
