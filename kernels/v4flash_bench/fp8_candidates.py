@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from v4flash_kernels.fp8_gemm import op
-from v4flash_kernels.fp8_gemm.kernel import AMAX_FLOOR, FP8_MAX, GROUP, quant_groups, round_e4m3
+from v4flash_kernels.kit.e4m3 import AMAX_FLOOR, FP8_MAX, GROUP, quant_groups, round_e4m3
 
 MODES = {"whole": 0, "ticket": 1, "reduce": 2, "serial": 3}
 

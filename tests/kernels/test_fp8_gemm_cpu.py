@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from v4flash_kernels.fp8_gemm import op
-from v4flash_kernels.fp8_gemm.kernel import round_e4m3
 from v4flash_kernels.fp8_gemm.reference import (
     linear_ref,
     make_activation,
@@ -28,6 +27,7 @@ from v4flash_kernels.fp8_gemm.reference import (
     matmul_ref,
 )
 from v4flash_kernels.kit.compare import excess_error
+from v4flash_kernels.kit.e4m3 import round_e4m3
 from v4flash_kernels.kit.fp8 import FP8, quantize_activation_ref
 
 pytestmark = pytest.mark.skipif(

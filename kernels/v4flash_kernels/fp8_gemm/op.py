@@ -37,9 +37,10 @@ import torch
 from v4flash_kernels.fp8_gemm import kernel as _k
 from v4flash_kernels.hook.patches import FP8_GEMM
 from v4flash_kernels.kit.device import Counters, num_sms
+from v4flash_kernels.kit.e4m3 import GROUP as E4M3_GROUP
 
 FP8 = torch.float8_e4m3fn
-GROUP = int(_k.GROUP)
+GROUP = int(E4M3_GROUP)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_UTILS, UPSTREAM_LINEAR = FP8_GEMM.target_module, FP8_GEMM.target_attr  # what the hook replaces with ours
 FP8_KERNEL = "sglang.srt.layers.quantization.fp8_kernel"

@@ -47,6 +47,9 @@ class Switch:
     step: str | None = None
     scope: str = "gpu"
     verified_only: bool = False
+    # a fusion's kernel computes another op's work too (the q path fuses fp8_gemm's linear): the op
+    # folders whose public `op` module it may import (to take the fused path only where that op serves)
+    fuses: Tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
@@ -121,7 +124,7 @@ SWITCHES: Tuple[Switch, ...] = (
            "DeepSeek-V4's q path after wq_b (block-FP8 GEMM, per-head RMSNorm, RoPE) as one Triton kernel at decode "
            "rows in SGLang workers, where wq_b runs our block-FP8 linear (on), or upstream's two kernels (off).",
            selfcheck="v4flash_kernels.qnorm_rope.selfcheck", compile="v4flash_kernels.qnorm_rope.compile",
-           step="v4flash_bench.step.ops.qnorm_rope"),
+           step="v4flash_bench.step.ops.qnorm_rope", fuses=("fp8_gemm",)),
     Switch("allreduce", "IPC all-reduce",
            "Our CUDA-IPC one-/two-shot all-reduce for TP groups SGLang sends to NCCL (> 2 PCIe GPUs) (on) or NCCL "
            "(off); by default on only once its self-check passed across the TP group's GPUs in `up`.",

@@ -4,7 +4,7 @@ What it computes, for `M <= BM` rows (decode and speculative verify) and one att
 program (grid = the heads of this rank):
 
 1. `q[m, h*512:(h+1)*512] = quant(x[m]) . dequant(W[h*512:(h+1)*512])^T` in `fp8_gemm`'s arithmetic:
-   the activation quantized per row and 128-wide K group by `fp8_gemm.kernel.quant_groups` (the same
+   the activation quantized per row and 128-wide K group by `kit.e4m3.quant_groups` (the same
    e4m3 codes and scales, bit for bit, as the separate per-token-group quant and our fused GEMMs),
    e4m3 x e4m3 products on the tensor cores, each step's `(dot * a_scale) * w_scale` added to an fp32
    accumulator (as `gemm_kernel`'s swap-AB tile does per 128-wide group; here per BLOCK_K-wide step,
@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from v4flash_kernels.fp8_gemm.kernel import GROUP, quant_groups
+from v4flash_kernels.kit.e4m3 import GROUP, quant_groups
 
 
 @triton.jit
