@@ -102,8 +102,7 @@ def _hadamard128(y, ROWS: tl.constexpr):
     """The 128-point Sylvester Hadamard of each row, index bit 0 first (upstream's butterfly order:
     the lower index keeps the sum, the upper the difference), then x rsqrt(128)."""
     for b in tl.static_range(7):
-        h: tl.constexpr = 1 << b
-        y4 = tl.permute(tl.reshape(y, (ROWS, 64 // h, 2, h)), (0, 1, 3, 2))
+        y4 = tl.permute(tl.reshape(y, (ROWS, 64 >> b, 2, 1 << b)), (0, 1, 3, 2))
         lo, hi = tl.split(y4)
         y = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), (0, 1, 3, 2)), (ROWS, 128))
     return y * tl.rsqrt(tl.full((ROWS, 128), 128.0, tl.float32))

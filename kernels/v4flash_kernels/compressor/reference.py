@@ -104,8 +104,8 @@ def make_case(rows: int, ratio: int, head_dim: int, k: int, seed: int, device: s
     w = (torch.randn((n, k), generator=g) * k ** -0.5).to(torch.bfloat16)
     ape = torch.randn((ratio * coff, head_dim), generator=g) * 0.5
     norm_w = 1.0 + 0.25 * torch.randn((head_dim,), generator=g)
-    positions = max(seqs) + 1
-    freqs = rope_table(positions)
+    # a fixed table (one size for any draw: a captured graph's inputs keep their shapes)
+    freqs = rope_table(max(max(seqs), 401 * ratio) + 1)
     indexer = head_dim == INDEX_DIM
     ps = page_size or (64 if indexer or ratio == 4 else 2)
     pb = index_page_bytes(ps) if indexer else mla_page_bytes(ps)
