@@ -106,7 +106,8 @@ class Backend(cv2.CompressorBackendMixin):
 plan_d = case["plan_d"].view(torch.uint8)
 x, out_loc = case["x"], case["out_loc"]
 if scenario == "prefill":
-    plan = CompressorPrefillPlan(ratio, torch.zeros((rows, 16), dtype=torch.uint8), torch.zeros((rows, 8), dtype=torch.uint8))
+    plan = CompressorPrefillPlan(ratio, torch.zeros((rows, 16), dtype=torch.uint8),
+                                 torch.zeros((rows, 8), dtype=torch.uint8))
 else:
     plan = CompressorDecodePlan(ratio, plan_d)
 if scenario == "rows17":
@@ -138,9 +139,8 @@ except Exception as exc:
 finally:
     sys.setprofile(None)
 torch.save({"state": case["state"], "cache": case["cache"]}, out_path)
-print("PROBE-JSON " + json.dumps({"entered": entered, "error": error,
-                                  "status": {s: hook.patch_status(s)["active"] for s in ("compressor_core", "compressor_indexer")}},
-                                 default=str))
+active = {s: hook.patch_status(s)["active"] for s in ("compressor_core", "compressor_indexer")}
+print("PROBE-JSON " + json.dumps({"entered": entered, "error": error, "status": active}, default=str))
 """
 
 ENV = {"TRITON_INTERPRET": "1"}

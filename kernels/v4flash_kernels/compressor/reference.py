@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -87,7 +87,7 @@ def default_seq_lens(rows: int, ratio: int, gen: torch.Generator) -> List[int]:
 
 
 def make_case(rows: int, ratio: int, head_dim: int, k: int, seed: int, device: str = "cpu",
-              seq_lens: List[int] | None = None, page_size: int | None = None) -> Dict[str, object]:
+              seq_lens: List[int] | None = None, page_size: int | None = None) -> Dict[str, Any]:
     """One decode step of one compressor with a realistic ring: each request's ring holds history
     (random fp32 kv and scores, as earlier steps wrote them), the cache is random bytes (what a
     store leaves untouched must stay as it was). Keys: the tensors `compress_decode` takes plus
@@ -143,16 +143,16 @@ def hadamard(n: int) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
-def step_ref(case: Dict[str, object]) -> StepRef:
-    x = case["x"].double().cpu()  # type: ignore[union-attr]
-    w = case["weight"].double().cpu()  # type: ignore[union-attr]
-    state = case["state"].double().cpu()  # type: ignore[union-attr]
-    plan = case["plan_d"].long().cpu()  # type: ignore[union-attr]
-    ape = case["ape"].double().cpu()  # type: ignore[union-attr]
-    gw = case["norm_weight"].double().cpu()  # type: ignore[union-attr]
-    freqs = torch.view_as_real(case["freqs_cis"].cpu()).double()  # type: ignore[union-attr]
-    eps = float(case["eps"])  # type: ignore[arg-type]
-    ratio, hd = int(case["ratio"]), int(case["head_dim"])  # type: ignore[call-overload]
+def step_ref(case: Dict[str, Any]) -> StepRef:
+    x = case["x"].double().cpu()
+    w = case["weight"].double().cpu()
+    state = case["state"].double().cpu()
+    plan = case["plan_d"].long().cpu()
+    ape = case["ape"].double().cpu()
+    gw = case["norm_weight"].double().cpu()
+    freqs = torch.view_as_real(case["freqs_cis"].cpu()).double()
+    eps = float(case["eps"])
+    ratio, hd = int(case["ratio"]), int(case["head_dim"])
     k = x.shape[1]
     T = x.shape[0]
     kvs = x @ w.t()
@@ -293,13 +293,13 @@ def store_bound(y: torch.Tensor, dy: torch.Tensor, head_dim: int) -> Dict[str, t
     return {"bound": torch.cat([nope, rope], 1), "e_lo": e_lo, "e_hi": e_hi}
 
 
-def check_step(case: Dict[str, object], ref: StepRef, state_after: torch.Tensor, cache_after: torch.Tensor,
+def check_step(case: Dict[str, Any], ref: StepRef, state_after: torch.Tensor, cache_after: torch.Tensor,
                cache_before: torch.Tensor, rows: List[int] | None = None) -> Tuple[bool, Dict[str, float], str]:
     """(ok, metrics, why): the ring against the reference within its bound (rows never written
     bit-identical), each completed row's stored token within `store_bound` with its scales among the
     ones the computation may pick, and every other cache byte untouched."""
-    hd = int(case["head_dim"])  # type: ignore[call-overload]
-    ps = int(case["page_size"])  # type: ignore[call-overload]
+    hd = int(case["head_dim"])
+    ps = int(case["page_size"])
     st = state_after.double().cpu()
     written = ref.state_bound.abs().sum(1) > 0
     problems = []
@@ -310,7 +310,7 @@ def check_step(case: Dict[str, object], ref: StepRef, state_after: torch.Tensor,
     if not ex_state <= 1.0:
         problems.append(f"state rows off by {ex_state:.2f} of their rounding bound")
     done = [t for t in ref.done if rows is None or t in rows]
-    locs = [int(case["out_loc"][t]) for t in done]  # type: ignore[index]
+    locs = [int(case["out_loc"][t]) for t in done]
     ex_store, rel = 0.0, 0.0
     if done:
         got = read_tokens(cache_after, locs, ps, hd)
@@ -332,7 +332,7 @@ def check_step(case: Dict[str, object], ref: StepRef, state_after: torch.Tensor,
     mask = torch.ones_like(cache_before, dtype=torch.bool, device="cpu")
     bits = ps.bit_length() - 1
     for t in ref.done:
-        loc = int(case["out_loc"][t])  # type: ignore[index]
+        loc = int(case["out_loc"][t])
         page, slot = loc >> bits, loc & (ps - 1)
         if hd == INDEX_DIM:
             mask[page, slot * 128:(slot + 1) * 128] = False

@@ -17,7 +17,7 @@ kernels are launched with the wrappers' own arguments instead (`_hip_compress_cp
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -41,8 +41,8 @@ def plans() -> ModuleType:
     """compress_old's `CompressorDecodePlan` / `CompressorPrefillPlan` (the v1 plan types), verbatim."""
     if "plans" not in _loaded:
         _loaded["plans"] = _up.load_defs(COMPRESS_OLD_PATH, ("CompressorPrefillPlan", "CompressorDecodePlan"),
-                                         "from __future__ import annotations\n\nfrom typing import Literal, NamedTuple, Optional, Union\n\n"
-                                         "import torch\n")
+                                         "from __future__ import annotations\n\n"
+                                         "from typing import Literal, NamedTuple, Optional, Union\n\nimport torch\n")
     return _loaded["plans"]
 
 
@@ -53,7 +53,8 @@ def hip() -> ModuleType:
         import sys
 
         sys.modules.setdefault(p.__name__, p)
-        prelude = ("from __future__ import annotations\n\nfrom typing import Optional, Union\n\nimport torch\nimport triton\nimport triton.language as tl\n\n"
+        prelude = ("from __future__ import annotations\n\nfrom typing import Optional, Union\n\n"
+                   "import torch\nimport triton\nimport triton.language as tl\n\n"
                    f"from {p.__name__} import CompressorDecodePlan, CompressorPrefillPlan\n")
         _loaded["hip"] = _up.load_defs(FUSED_PATH, _FUSED_DEFS, prelude)
     return _loaded["hip"]
@@ -75,7 +76,8 @@ def store() -> Tuple[ModuleType, ModuleType]:
         _loaded["mla"] = quant
         _loaded["mla_acc"] = acc
         aq = _up.load_defs(DSA_KERNEL_PATH, ("_act_quant_kernel", "act_quant"),
-                           "from typing import Optional, Tuple\n\nimport torch\nimport triton\nimport triton.language as tl\n")
+                           "from typing import Optional, Tuple\n\nimport torch\nimport triton\n"
+                           "import triton.language as tl\n")
         idx = _up.load_defs(DSA_ACCESSOR_PATH, ("_set_k_and_s_triton", "_set_k_and_s_triton_kernel"),
                             "import torch\nimport triton\nimport triton.language as tl\n\n_is_hip = False\n"
                             "_use_aiter_preshuffle = False\n_is_fp8_fnuz = False\n")
@@ -141,8 +143,9 @@ def norm_rope(kv: torch.Tensor, weight: torch.Tensor, eps: float, freqs_cis: tor
     import triton
 
     freqs = torch.view_as_real(freqs_cis).flatten(-2)
-    common = dict(HEAD_DIM=hd, ROPE_DIM=freqs.shape[-1], HEAD_BLOCK=triton.next_power_of_2(hd),
-                  ROPE_PAIR_BLOCK=triton.next_power_of_2(freqs.shape[-1] // 2), COMPRESS_RATIO=ratio, IS_DECODE=True)
+    common = {"HEAD_DIM": hd, "ROPE_DIM": freqs.shape[-1], "HEAD_BLOCK": triton.next_power_of_2(hd),
+              "ROPE_PAIR_BLOCK": triton.next_power_of_2(freqs.shape[-1] // 2), "COMPRESS_RATIO": ratio,
+              "IS_DECODE": True}
     if rotate:
         h._compress_norm_rope_hadamard_kernel[(seq.numel(),)](kv, weight, freqs, seq, eps, hd ** -0.5, kv.stride(0),
                                                                freqs.stride(0), 0, LOG2_HEAD_DIM=hd.bit_length() - 1,
@@ -165,20 +168,20 @@ def store_rows(y: torch.Tensor, out_loc: torch.Tensor, cache: torch.Tensor, page
         _loaded["mla_acc"]._set_k_and_s_triton(cache, out_loc, pack, page_size)
 
 
-def step(case: Dict[str, object], with_store: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+def step(case: Dict[str, Any], with_store: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Upstream's step on `case` (the tensors of `reference.make_case`), in place on its state (and cache
     when `with_store`): returns (kv_score [T, N] fp32, y [T, hd] fp32: the rows after norm + RoPE
     (+ Hadamard), meaningful where a window completed)."""
-    ratio, hd = int(case["ratio"]), int(case["head_dim"])  # type: ignore[call-overload]
+    ratio, hd = int(case["ratio"]), int(case["head_dim"])
     plan_d = case["plan_d"]
-    kvs = kv_score(case["x"], case["weight"])  # type: ignore[arg-type]
-    y = compress(case["state"], kvs, case["ape"], plan_d, ratio, hd)  # type: ignore[arg-type]
-    norm_rope(y, case["norm_weight"], float(case["eps"]), case["freqs_cis"], plan_d, ratio,  # type: ignore[arg-type]
+    kvs = kv_score(case["x"], case["weight"])
+    y = compress(case["state"], kvs, case["ape"], plan_d, ratio, hd)
+    norm_rope(y, case["norm_weight"], float(case["eps"]), case["freqs_cis"], plan_d, ratio,
               rotate=hd == 128)
     if with_store:
-        i32 = plan_d.view(torch.int32) if plan_d.dtype == torch.uint8 else plan_d  # type: ignore[union-attr]
+        i32 = plan_d.view(torch.int32) if plan_d.dtype == torch.uint8 else plan_d
         seq = i32[:, 0]
         done = ((seq > 0) & (seq % ratio == 0)).nonzero().flatten()
-        store_rows(y[done], case["out_loc"][done].contiguous(), case["cache"], int(case["page_size"]),  # type: ignore
+        store_rows(y[done], case["out_loc"][done].contiguous(), case["cache"], int(case["page_size"]),
                    indexer=hd == 128)
     return kvs, y

@@ -11,7 +11,7 @@ step after step.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from v4flash_bench.step import model as M
 from v4flash_bench.step.ops import common as C
@@ -35,7 +35,7 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
     rows, ratio, hd = C.int_param(p, "rows"), C.int_param(p, "ratio"), C.int_param(p, "head_dim")
     n = 2 * (2 if ratio == 4 else 1) * hd
     r = C.rotations(n * M.HIDDEN * 2, l2)
-    calls: List[Dict[str, object]] = []
+    calls: List[Dict[str, Any]] = []
     for i in range(r):
         case = make_case(rows, ratio, hd, M.HIDDEN, seed + i, C.DEVICE, seq_lens=positions(rows, ratio, seed, i))
         calls.append(objects(case))
@@ -53,10 +53,10 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
         seqs = [ratio * (2 + b) if b % 2 == 0 else ratio * (2 + b) + 1 for b in range(rows)]
         case = make_case(rows, ratio, hd, M.HIDDEN, seed + 999, C.DEVICE, seq_lens=seqs)
         ref = step_ref(case)
-        before = case["cache"].cpu().clone()  # type: ignore[union-attr]
+        before = case["cache"].cpu().clone()
         fn(**objects(case))
         C.sync()
-        ok, metrics, why = check_step(case, ref, case["state"], case["cache"], before)  # type: ignore[arg-type]
+        ok, metrics, why = check_step(case, ref, case["state"], case["cache"], before)
         detail = f"vs fp64: ring {metrics['state_excess']:.2f}, stored tokens {metrics['store_excess']:.2f} of " \
                  f"their rounding bounds, {metrics['rows_completed']} window(s)" + (f"; {why}" if why else "")
         return Check(ok, float(metrics["store_rel_err"]), detail)
