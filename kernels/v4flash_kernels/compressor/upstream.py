@@ -60,29 +60,29 @@ def hip() -> ModuleType:
     return _loaded["hip"]
 
 
+_HEAD = "from __future__ import annotations\n\nfrom typing import Any, Optional, Tuple\n\n"
+_TRITON = "import torch\nimport triton\nimport triton.language as tl\n\n"
+
+
 def store() -> Tuple[ModuleType, ModuleType]:
-    """(FlashMLA quant + store, indexer quant + store): upstream's non-fused Triton store path, verbatim."""
+    """(FlashMLA quant + store, indexer quant + store): upstream's non-fused Triton store path, verbatim
+    (its CUDA branches: e4m3fn, no HIP preshuffle)."""
     if "mla" not in _loaded:
-        acc = _up.load_defs(MLA_ACCESSOR_PATH, ("NopeFp8RopeBf16Pack", "_set_k_and_s_triton",
-                                                "_set_k_and_s_triton_kernel"),
-                            "from dataclasses import dataclass\nfrom typing import Any\n\nimport torch\nimport triton\n"
-                            "import triton.language as tl\n\nfp8_dtype = torch.float8_e4m3fn\n")
         import sys
 
+        acc = _up.load_defs(MLA_ACCESSOR_PATH, ("NopeFp8RopeBf16Pack", "_set_k_and_s_triton",
+                                                "_set_k_and_s_triton_kernel"),
+                            _HEAD + "from dataclasses import dataclass\n\n" + _TRITON + "fp8_dtype = torch.float8_e4m3fn\n")
         sys.modules.setdefault(acc.__name__, acc)
-        quant = _up.load_defs(QUANT_PATH, ("_quant_k_cache_fused_kernel", "quant_to_nope_fp8_rope_bf16_pack_triton"),
-                              "import torch\nimport triton\nimport triton.language as tl\n\n"
-                              f"from {acc.__name__} import NopeFp8RopeBf16Pack\n\nfp8_dtype = torch.float8_e4m3fn\n")
-        _loaded["mla"] = quant
         _loaded["mla_acc"] = acc
-        aq = _up.load_defs(DSA_KERNEL_PATH, ("_act_quant_kernel", "act_quant"),
-                           "from typing import Optional, Tuple\n\nimport torch\nimport triton\n"
-                           "import triton.language as tl\n")
-        idx = _up.load_defs(DSA_ACCESSOR_PATH, ("_set_k_and_s_triton", "_set_k_and_s_triton_kernel"),
-                            "import torch\nimport triton\nimport triton.language as tl\n\n_is_hip = False\n"
-                            "_use_aiter_preshuffle = False\n_is_fp8_fnuz = False\n")
-        _loaded["idx"] = aq
-        _loaded["idx_acc"] = idx
+        _loaded["mla"] = _up.load_defs(QUANT_PATH, ("_quant_k_cache_fused_kernel",
+                                                    "quant_to_nope_fp8_rope_bf16_pack_triton"),
+                                       _HEAD + _TRITON + f"from {acc.__name__} import NopeFp8RopeBf16Pack\n\n"
+                                       "fp8_dtype = torch.float8_e4m3fn\n")
+        _loaded["idx"] = _up.load_defs(DSA_KERNEL_PATH, ("_act_quant_kernel", "act_quant"), _HEAD + _TRITON)
+        _loaded["idx_acc"] = _up.load_defs(DSA_ACCESSOR_PATH, ("_set_k_and_s_triton", "_set_k_and_s_triton_kernel"),
+                                           _HEAD + _TRITON + "_is_hip = False\n_use_aiter_preshuffle = False\n"
+                                           "_is_fp8_fnuz = False\n")
     return _loaded["mla"], _loaded["idx"]
 
 
