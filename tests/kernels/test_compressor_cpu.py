@@ -56,15 +56,22 @@ def _check(case, rows=None):
 # ----------------------------------------------------------------------------- the plan
 
 
-def test_plan_is_a_function_of_the_compressor_kind():
-    """About 128 programs per kind, each owning whole kv + score columns of its head dims; one variant per
-    kind whatever the rows; no plan for a kind DeepSeek-V4 does not have."""
+def test_plan_is_a_function_of_the_compressor_kind_and_the_rows():
+    """Per kind two variants: up to 4 rows the CUDA-core GEMV from one load of each program's whole tile
+    (8 or 4 weight rows x K, unpadded), 5-16 rows the tensor-core GEMV (T and the rows padded to 16);
+    128-256 programs, each owning whole kv + score columns of its head dims; no plan for a kind
+    DeepSeek-V4 does not have."""
     for ratio, hd in KINDS:
-        p = op.plan_for(ratio, hd, 4096)
-        assert p.programs == 128 and hd % p.bd == 0
-        assert p.rows_pad >= 2 * p.coff * p.bd and p.rows_pad >= 16 and p.rows_pad & (p.rows_pad - 1) == 0
-        assert p.block_t == op.MAX_ROWS and 4096 % p.bk == 0 and p.indexer == (hd == 128)
-    assert {(p.ratio, p.head_dim) for p in op.launchable()} == set(KINDS)
+        sections = 4 if ratio == 4 else 2
+        for rows in range(1, op.MAX_ROWS + 1):
+            p = op.plan_for(ratio, hd, 4096, rows)
+            assert p.mma == (rows > op.FMA_ROWS) and rows <= p.block_t and hd % p.bd == 0
+            assert p.programs in (128, 256) and p.indexer == (hd == 128) and 4096 % p.bk == 0
+            assert p.rows_pad & (p.rows_pad - 1) == 0 and p.rows_pad >= sections * p.bd
+            assert p.rows_pad == (max(16, sections * p.bd) if p.mma else sections * p.bd)
+        assert op.plan_for(ratio, hd, 4096, 4) != op.plan_for(ratio, hd, 4096, 5)
+    assert len(op.launchable()) == 6 and {(p.ratio, p.head_dim, p.mma) for p in op.launchable()} == {
+        (r, d, m) for r, d in KINDS for m in (False, True)}
     with pytest.raises(KeyError):
         op.plan_for(128, 128, 4096)
 
@@ -72,14 +79,17 @@ def test_plan_is_a_function_of_the_compressor_kind():
 # ----------------------------------------------------------------------------- the step against fp64
 
 
+@pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("ratio,hd", KINDS, ids=IDS)
-def test_production_step_matches_fp64(ratio, hd):
-    """DeepSeek-V4-Flash's wkv_gate (2048 / 1024 / 512 x 4096) on a realistic ring: the first window,
-    deep windows, one just past an SWA page, rows that complete none, a CUDA-graph padding row."""
-    case = R.make_case(5, ratio, hd, 4096, seed=11)
+def test_production_step_matches_fp64(ratio, hd, rows):
+    """DeepSeek-V4-Flash's wkv_gate (2048 / 1024 / 512 x 4096), on the CUDA cores (1 row) and the tensor
+    cores (5 rows), on a realistic ring: the first window, deep windows, one just past an SWA page, rows
+    that complete none, a CUDA-graph padding row."""
+    case = R.make_case(rows, ratio, hd, 4096, seed=11)
+    assert op.plan_for(ratio, hd, 4096, rows).mma == (rows == 5)
     ref, metrics = _check(case)
     seqs = case["seq_lens"]
-    assert list(ref.done) == [t for t, s in enumerate(seqs) if s % ratio == 0] and len(ref.done) == 2
+    assert list(ref.done) == [t for t, s in enumerate(seqs) if s % ratio == 0] and len(ref.done) == {1: 1, 5: 2}[rows]
     assert metrics["store_excess"] > 0  # the tokens were read back and compared, not skipped
 
 

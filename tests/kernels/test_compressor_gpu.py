@@ -122,4 +122,4 @@ def test_gpu_ring_matches_upstream_over_consecutive_steps():
 
 
 def test_gpu_plans_are_what_check_sm120_compiles():
-    assert {p.name for p in op.launchable()} == {op.plan_for(r, d, 4096).name for r, d in KINDS}
+    assert {p.name for p in op.launchable()} == {op.plan_for(r, d, 4096, t).name for r, d in KINDS for t in (1, 16)}

@@ -17,7 +17,7 @@ def compile_plan(plan, arch: int) -> CompileResult:
            "POOLED": "*fp32", "CNT": "*i32", "T": "i32"}
     const = {"K": plan.k, "HD": plan.head_dim, "RATIO": plan.ratio, "INDEXER": plan.indexer, "BD": plan.bd,
              "ROWS_PAD": plan.rows_pad, "BK": plan.bk, "BLOCK_T": plan.block_t, "EPI_T": plan.epi_t,
-             "INTERPRET": False}
+             "MMA": plan.mma, "INTERPRET": False}
     hinted = [n for n, t in sig.items() if t.startswith("*")] + ["stride_x", "stride_f", "page_bytes"]
     ck = compile_kernel(k.compressor_decode_kernel, sig, const, hinted, arch, plan.num_warps, plan.num_stages)
     regs, st, ld = ptxas_stats(ck.asm["ptx"], arch)
@@ -25,7 +25,8 @@ def compile_plan(plan, arch: int) -> CompileResult:
 
 
 def binaries(arch: int) -> List[CompileResult]:
-    """Every plan the drop-in can launch (`op.launchable`: the attention c4 and c128, the indexer's c4)."""
+    """Every plan the drop-in can launch (`op.launchable`: the attention c4 and c128, the indexer's c4, each
+    on the CUDA cores (<= 4 rows) and on the tensor cores (5-16 rows))."""
     from v4flash_kernels.compressor.op import launchable
 
     return [compile_plan(p, arch) for p in launchable()]

@@ -20,8 +20,11 @@ decode batch: `linear_bf16_fp32`, the JIT `compress_forward` (`c4_v2.cuh` / `c12
 
 Parallel layout: program p owns head dims ``[p*BD, (p+1)*BD)`` and the weight rows of all its
 sections, so it holds whole kv and score columns: it computes them over the whole K (one stream of
-its weight rows, no split, tensor-core dots with T padded to 16 and its 2*COFF*BD rows padded to
-16 by masked loads that move no bytes), writes them into the ring and pools its own head dims. The
+its weight rows, no split), writes them into the ring and pools its own head dims. The GEMV: up to 4
+rows (``MMA`` off) the program requests its whole [2*COFF*BD, K] tile at once (8 or 4 rows of 8 KB,
+16-byte loads, every byte in flight together) and reduces it against each row of x on the CUDA cores;
+5-16 rows, tensor-core dots over BK-wide ``cp.async``-pipelined steps, T padded to 16 and the rows to
+16 by masked loads that move no bytes. The
 norm, the rotary pairs, the Hadamard and the 64-wide quant groups span every head dim, so the
 pooled rows go through a small fp32 scratch and the last program to finish (an integer ticket, the
 only atomic; no floating-point atomics, no waiting on other programs) normalises, rotates, quantizes
@@ -180,6 +183,7 @@ def compressor_decode_kernel(
     BK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     EPI_T: tl.constexpr,  # rows the finishing program stores at a time
+    MMA: tl.constexpr,  # tensor-core dots over BK-wide steps (5..16 rows), else one load of the whole tile
     INTERPRET: tl.constexpr,
 ):
     """Grid (HD // BD,): see the module docstring."""
@@ -194,17 +198,56 @@ def compressor_decode_kernel(
     col = (r // BD) * HD + pid * BD + r % BD  # weight row = state column
     t = tl.arange(0, BLOCK_T)
     t_ok = t < T
-    k = tl.arange(0, BK)
-    w_ptr = W + col.to(tl.int64)[:, None] * K + k[None, :]
-    x_ptr = X + t.to(tl.int64)[None, :] * stride_x + k[:, None]
     acc = tl.zeros((ROWS_PAD, BLOCK_T), dtype=tl.float32)
-    for kk in range(0, K, BK):
-        w = tl.load(w_ptr + kk, mask=r_ok[:, None], other=0.0)
-        xt = tl.load(x_ptr + kk, mask=t_ok[None, :], other=0.0)
-        if INTERPRET:
-            acc += tl.dot(w.to(tl.float32), xt.to(tl.float32))
-        else:
-            acc = tl.dot(w, xt, acc)
+    if MMA:
+        # T padded to the dot's 16, the rows past ROWS masked (no bytes moved), BK-wide pipelined steps
+        k = tl.arange(0, BK)
+        w_ptr = W + col.to(tl.int64)[:, None] * K + k[None, :]
+        x_ptr = X + t.to(tl.int64)[None, :] * stride_x + k[:, None]
+        for kk in range(0, K, BK):
+            w = tl.load(w_ptr + kk, mask=r_ok[:, None], other=0.0)
+            xt = tl.load(x_ptr + kk, mask=t_ok[None, :], other=0.0)
+            if INTERPRET:
+                acc += tl.dot(w.to(tl.float32), xt.to(tl.float32))
+            else:
+                acc = tl.dot(w, xt, acc)
+    else:
+        # few rows (BLOCK_T = 4): the whole [ROWS, K] tile requested at once, as four K-quarters (every
+        # byte in flight together), then reduced quarter by quarter on the CUDA cores in fp32 against
+        # each row of x (one quarter converted to fp32 at a time: the tile stays bf16 in registers)
+        tl.static_assert(BLOCK_T == 4)
+        KC: tl.constexpr = K // 4
+        kc = tl.arange(0, KC)
+        wp = W + col.to(tl.int64)[:, None] * K + kc[None, :]
+        w0 = tl.load(wp)
+        w1 = tl.load(wp + KC)
+        w2 = tl.load(wp + 2 * KC)
+        w3 = tl.load(wp + 3 * KC)
+        a0 = tl.zeros((ROWS_PAD,), dtype=tl.float32)
+        a1 = tl.zeros((ROWS_PAD,), dtype=tl.float32)
+        a2 = tl.zeros((ROWS_PAD,), dtype=tl.float32)
+        a3 = tl.zeros((ROWS_PAD,), dtype=tl.float32)
+        for c in tl.static_range(4):
+            if c == 0:
+                wf = w0.to(tl.float32)
+            elif c == 1:
+                wf = w1.to(tl.float32)
+            elif c == 2:
+                wf = w2.to(tl.float32)
+            else:
+                wf = w3.to(tl.float32)
+            xb = X + c * KC + kc
+            a0 += tl.sum(wf * tl.load(xb, mask=kc < KC * (T > 0), other=0.0).to(tl.float32)[None, :], axis=1)
+            a1 += tl.sum(wf * tl.load(xb + stride_x, mask=kc < KC * (T > 1), other=0.0).to(tl.float32)[None, :],
+                         axis=1)
+            a2 += tl.sum(wf * tl.load(xb + 2 * stride_x, mask=kc < KC * (T > 2), other=0.0).to(tl.float32)[None, :],
+                         axis=1)
+            a3 += tl.sum(wf * tl.load(xb + 3 * stride_x, mask=kc < KC * (T > 3), other=0.0).to(tl.float32)[None, :],
+                         axis=1)
+        acc = tl.where((t == 0)[None, :], a0[:, None], acc)
+        acc = tl.where((t == 1)[None, :], a1[:, None], acc)
+        acc = tl.where((t == 2)[None, :], a2[:, None], acc)
+        acc = tl.where((t == 3)[None, :], a3[:, None], acc)
 
     # ---- the state ring: every row's new kv + score at its write slot
     seq = tl.load(PLAN + t * 4, mask=t_ok, other=1)

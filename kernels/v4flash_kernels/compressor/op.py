@@ -45,13 +45,18 @@ ROPE_DIM = 64
 MLA_DIM, INDEX_DIM = 512, 128
 
 
+FMA_ROWS = 4  # up to here the GEMV runs on the CUDA cores from one load of the whole weight tile
+
+
 @dataclass(frozen=True)
 class Plan:
     """One compiled variant of `compressor_decode_kernel` (a pure function of the shape: graph-safe).
 
-    `bd` head dims per program (grid = head_dim / bd, about 128 programs, each streaming its
-    2 * coff * bd weight rows over the whole K once); `rows_pad` those rows padded to the dot's 16;
-    `bk` the K step; `epi_t` rows the finishing program stores per pass.
+    `bd` head dims per program (grid = head_dim / bd, 128-256 programs, each streaming its 2 * coff * bd
+    weight rows over the whole K once). `mma`: tensor-core dots over `bk`-wide pipelined steps, the
+    rows padded to the dot's 16 (`rows_pad`) by masked loads; else (`block_t` <= 4 rows) one load of
+    the whole [rows, K] tile, reduced on the CUDA cores. `epi_t`: rows the finishing program stores
+    per pass.
     """
 
     ratio: int
@@ -59,6 +64,7 @@ class Plan:
     k: int
     bd: int
     rows_pad: int
+    mma: bool = True
     bk: int = 256
     block_t: int = MAX_ROWS
     epi_t: int = 8
@@ -79,27 +85,33 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return (f"c{self.ratio}_d{self.head_dim}_k{self.k}_bd{self.bd}_bk{self.bk}_t{self.block_t}_e{self.epi_t}"
-                f"_w{self.num_warps}_s{self.num_stages}")
+        gemv = f"mma_bk{self.bk}_s{self.num_stages}" if self.mma else "fma"
+        return (f"c{self.ratio}_d{self.head_dim}_k{self.k}_bd{self.bd}_{gemv}_t{self.block_t}_e{self.epi_t}"
+                f"_w{self.num_warps}")
 
 
-# (ratio, head_dim) -> head dims per program: the attention c4 (4 sections x 512), c128 (2 x 512) and
-# the indexer's c4 (4 x 128), each split into 128 programs.
-BD = {(4, MLA_DIM): 4, (128, MLA_DIM): 4, (4, INDEX_DIM): 1}
+# (ratio, head_dim) -> head dims per program, (CUDA-core plan, tensor-core plan): the attention c4
+# (4 sections x 512), c128 (2 x 512) and the indexer's c4 (4 x 128). The CUDA-core plan keeps each
+# program's tile at 8 (or 4) rows x 4096 in registers (64 KB / 32 KB in flight per program); the
+# tensor-core plan gives each 128 programs.
+BD = {(4, MLA_DIM): (2, 4), (128, MLA_DIM): (4, 4), (4, INDEX_DIM): (1, 1)}
 KINDS: Tuple[Tuple[int, int], ...] = tuple(BD)
 
 
-def plan_for(ratio: int, head_dim: int, k: int) -> Plan:
-    """The launch plan of one compressor kind at hidden size `k` (shapes only; no rows: one variant
-    serves 1..MAX_ROWS rows). KeyError for a kind DeepSeek-V4 does not have."""
-    bd = BD[(ratio, head_dim)]
-    rows = 2 * (2 if ratio == 4 else 1) * bd
-    return Plan(ratio, head_dim, k, bd, max(16, rows), epi_t=16 if head_dim == INDEX_DIM else 8)
+def plan_for(ratio: int, head_dim: int, k: int, rows: int = MAX_ROWS) -> Plan:
+    """The launch plan of one compressor kind at hidden size `k` and `rows` decode rows (shapes only).
+    KeyError for a kind DeepSeek-V4 does not have."""
+    fma_bd, mma_bd = BD[(ratio, head_dim)]
+    sections = 2 * (2 if ratio == 4 else 1)
+    if rows <= FMA_ROWS:
+        return Plan(ratio, head_dim, k, fma_bd, sections * fma_bd, mma=False, bk=k, block_t=FMA_ROWS,
+                    epi_t=FMA_ROWS, num_warps=8 if sections * fma_bd >= 8 else 4, num_stages=1)
+    return Plan(ratio, head_dim, k, mma_bd, max(16, sections * mma_bd), epi_t=16 if head_dim == INDEX_DIM else 8)
 
 
 def launchable(k: int = 4096) -> Tuple[Plan, ...]:
     """Every plan the drop-in can launch at DeepSeek-V4-Flash's hidden size (what check_sm120 compiles)."""
-    return tuple(plan_for(r, d, k) for r, d in KINDS)
+    return tuple(plan_for(r, d, k, rows) for r, d in KINDS for rows in (1, MAX_ROWS))
 
 
 def mla_page_bytes(page_size: int) -> int:
@@ -145,7 +157,7 @@ def compress_decode(
     T = x.shape[0]
     if T == 0:
         return
-    p = plan or plan_for(ratio, head_dim, x.shape[1])
+    p = plan or plan_for(ratio, head_dim, x.shape[1], T)
     wide = cache.view(torch.float32 if head_dim == INDEX_DIM else torch.bfloat16)
     pooled = torch.empty((T, head_dim), dtype=torch.float32, device=x.device)
     cnt = arrival_counters(x.device, 1)
@@ -153,7 +165,7 @@ def compress_decode(
         x, x.stride(0), weight, plan_d, state, ape, norm_weight, float(eps), freqs, freqs.stride(0), out_loc,
         cache, wide, cache.stride(0), page_size.bit_length() - 1, pooled, cnt, T,
         K=x.shape[1], HD=head_dim, RATIO=ratio, INDEXER=head_dim == INDEX_DIM, BD=p.bd, ROWS_PAD=p.rows_pad,
-        BK=p.bk, BLOCK_T=p.block_t, EPI_T=p.epi_t, INTERPRET=_interpreting(),
+        BK=p.bk, BLOCK_T=p.block_t, EPI_T=p.epi_t, MMA=p.mma, INTERPRET=_interpreting(),
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
 
@@ -178,8 +190,8 @@ def shape_problem(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, pl
     if x.dtype != torch.bfloat16 or x.stride(1) != 1:
         return "x is not [T, K] bf16 with contiguous rows"
     k = x.shape[1]
-    if k % plan_for(ratio, head_dim, max(k, 1)).bk or k % 16:
-        return f"hidden size {k} is not a multiple of the K step"
+    if k % plan_for(ratio, head_dim, k).bk or k & (k - 1):
+        return f"hidden size {k} is not a power of two (a multiple of the K step)"
     if weight.dtype != torch.bfloat16 or tuple(weight.shape) != (n, k) or not weight.is_contiguous():
         return f"wkv_gate weight is not contiguous [{n}, {k}] bf16"
     if (state.dtype != torch.float32 or state.dim() != 2 or state.shape[1] != n or not state.is_contiguous()
