@@ -181,9 +181,10 @@ def test_compose_arithmetic():
     assert up.timed_ms == pytest.approx(calls * 1.0 / 1e3)
     assert pa.timed_ms == pytest.approx((calls_pa - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
     # the patched path's fused mHC: per layer 2 boundaries instead of 2 pre + 2 post + 2 RMSNorms, but for
-    # the first layer's pre and norm and the last layer's post; and per layer one fused q path instead of
-    # wq_b + the q norm + RoPE
-    assert calls - calls_pa == (86 + 86 + 87) - (1 + 1 + 85 + 2) + 43
+    # the first layer's pre and norm and the last layer's post; per layer one fused q path instead of
+    # wq_b + the q norm + RoPE; and each compressor one fused row instead of its GEMM row and its
+    # compress + store row (c4 and the indexer's on 21 layers, c128 on 20)
+    assert calls - calls_pa == (86 + 86 + 87) - (1 + 1 + 85 + 2) + 43 + (21 + 20 + 21)
     assert up.total_ms == pytest.approx(up.timed_ms + up.estimate_ms)
     assert up.tok_s() == pytest.approx(16 / (up.total_ms / 1e3))
     moe = [ln for ln in pa.lines if ln.group == "moe"][0]

@@ -323,6 +323,52 @@ def topk_op(rows: int, width: int, count: int, valid: int) -> Op:
 # ---------------------------------------------------------------- glue (norms, RoPE, cache writes, compressors)
 
 
+# ---------------------------------------------------------------- the compressors, fused (the `compressor` switch)
+
+# At a decode step of at most this many rows the compressor patch runs each compressor as one kernel
+# (v4flash_kernels.compressor.op.MAX_ROWS); above it, and in prefill / verify chunks, it hands the call
+# to upstream, so both paths run upstream's rows there.
+COMPRESSOR_FUSED_ROWS = 16
+# (kind, ratio, head dim, upstream's wkv_gate GEMM row, upstream's compress + norm/RoPE + store row, the
+# fused row, the registry patch that replaces both)
+COMPRESSORS = (
+    ("c4", 4, HEAD_DIM, "compressor c4 wkv_gate (bf16->fp32)",
+     "compressor c4: compress + norm/RoPE + store (3 JIT)",
+     "compressor c4: wkv_gate + compress + norm/RoPE + store (one kernel)", "compressor_core"),
+    ("c128", 128, HEAD_DIM, "compressor c128 wkv_gate (bf16->fp32)",
+     "compressor c128: compress + norm/RoPE + store (3 JIT)",
+     "compressor c128: wkv_gate + compress + norm/RoPE + store (one kernel)", "compressor_core"),
+    ("c4", 4, INDEX_DIM, "indexer compressor wkv_gate (bf16->fp32)",
+     "indexer compressor + index-key store (3 JIT)",
+     "indexer compressor: wkv_gate + compress + norm/RoPE/Hadamard + store (one kernel)", "compressor_indexer"),
+)
+
+
+def compressor_op(kind: str, ratio: int, head_dim: int, name: str, patch: str, rows: int, count: int) -> Op:
+    """One compressor's decode step as one kernel (patched path only). Floor: the bf16 wkv_gate weight
+    [2 coff d, 4096] and x, every row's fp32 kv + score written into the state ring, and for the
+    1 / ratio of rows whose window completes (in expectation) the window read back (c4: 8 slots of a kv
+    and a score half; c128: 128 slots of kv + score) and the compressed token stored."""
+    coff = 2 if ratio == 4 else 1
+    n = 2 * coff * head_dim
+    token = INDEX_TOKEN_BYTES if head_dim == INDEX_DIM else KV_TOKEN_BYTES
+    window = (8 if ratio == 4 else ratio) * 2 * head_dim * 4
+    nbytes = n * HIDDEN * 2 + rows * HIDDEN * 2 + rows * n * 4 + int(rows / ratio * (window + token))
+    return _variant(Op(name, "compressor", f"comp-fused:{ratio}x{head_dim}:{rows}", count, nbytes,
+                       2 * rows * n * HIDDEN, _params(kind=kind, ratio=ratio, head_dim=head_dim, rows=rows),
+                       patch=patch), "patched")
+
+
+def fused_compressors(ops: List[Op], rows: int, counts: Mapping[str, int]) -> List[Op]:
+    """A decode step's ops with the compressors fused on the patched path: upstream's wkv_gate GEMM row
+    and compress + store row of each compressor stay (upstream path only), the fused row replaces both."""
+    upstream_rows = {c[3] for c in COMPRESSORS} | {c[4] for c in COMPRESSORS}
+    out = [_only(o, "upstream") if o.name in upstream_rows else o for o in ops]
+    for kind, ratio, hd, _, _, name, patch in COMPRESSORS:
+        out.append(compressor_op(kind, ratio, hd, name, patch, rows, counts[kind]))
+    return out
+
+
 def glue_op(name: str, kind: str, rows: int, count: int, launches: Tuple[Tuple[int, int], ...],
             impl: str, dim: int = 0) -> Op:
     """One glue op: `launches` kernels per call, each (bytes read, bytes written). `impl` is how the
@@ -489,6 +535,8 @@ def decode_ops(spec: StepSpec) -> List[Op]:
     ops.extend(mhc_ops(R))
     ops.extend(glue_ops(R, counts, prefill=False, tp=tp))
     ops.append(lm_head_op(R, tp))
+    if spec.phase == "decode" and R <= COMPRESSOR_FUSED_ROWS:
+        ops = fused_compressors(ops, R, counts)
     return ops
 
 

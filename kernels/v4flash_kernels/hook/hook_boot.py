@@ -26,6 +26,7 @@ TARGET_MODULES = frozenset({
     "sglang.srt.layers.quantization.fp8_utils",
     "sglang.srt.models.deepseek_v4",
     "sglang.srt.distributed.parallel_state",
+    "sglang.srt.layers.attention.dsv4.compressor_v2",
 })
 
 

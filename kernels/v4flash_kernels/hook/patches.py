@@ -130,6 +130,11 @@ SWITCHES: Tuple[Switch, ...] = (
            "(off); by default on only once its self-check passed across the TP group's GPUs in `up`.",
            selfcheck="v4flash_kernels.allreduce.selfcheck", compile="v4flash_kernels.allreduce.compile",
            step="v4flash_bench.step.ops.allreduce", scope="group", verified_only=True),
+    Switch("compressor", "fused compressor",
+           "Our one-kernel DeepSeek-V4 compressor decode step (wkv_gate GEMV, state ring, window pooling, norm + "
+           "RoPE (+ Hadamard), FP8 cache store) in SGLang workers (on) or upstream's cuBLAS GEMM + JIT kernels (off).",
+           selfcheck="v4flash_kernels.compressor.selfcheck", compile="v4flash_kernels.compressor.compile",
+           step="v4flash_bench.step.ops.compressor"),
 )
 
 SPARSE_DECODE = PatchSpec(
@@ -260,8 +265,23 @@ ALLREDUCE = PatchSpec(
     ours_attr="group_all_reduce_in_place",
 )
 
+# The compressors (the attention c4 / c128 one and the c4 indexer's): on CUDA sglang runs them through
+# compressor_v2's backend mixin (`SGLANG_OPT_USE_COMPRESSOR_V2` is on by default and on sm_120), whose
+# `forward_unified` (the cuBLAS wkv_gate GEMM, the JIT compress and the JIT norm + RoPE + store) the model
+# and the indexer reach under two class attributes. Both are replaced by the same drop-in, found through
+# the backend's class at call time; it hands every call it does not fuse to upstream's `forward_unified`.
+_COMPRESSOR_V2 = "sglang.srt.layers.attention.dsv4.compressor_v2"
+COMPRESSOR_CORE = PatchSpec(name="compressor_core", title="fused compressor (attention)", switch="compressor",
+                            target_module=_COMPRESSOR_V2, target_attr="CompressorBackendMixin.forward_core_compressor",
+                            ours_module="v4flash_kernels.compressor.op", ours_attr="forward_unified")
+COMPRESSOR_INDEXER = PatchSpec(name="compressor_indexer", title="fused compressor (indexer)", switch="compressor",
+                               target_module=_COMPRESSOR_V2,
+                               target_attr="CompressorBackendMixin.forward_indexer_compressor",
+                               ours_module="v4flash_kernels.compressor.op", ours_attr="forward_unified")
+
 PATCHES: Tuple[PatchSpec, ...] = (SPARSE_DECODE, MOE, MOE_REPACK, MOE_APPLY, INDEXER, FP8_GEMM, MHC_PRE, MHC_POST,
-                                  MHC_FUSED, MHC_FUSED_ON, TOPK, QNORM_ROPE, ALLREDUCE)
+                                  MHC_FUSED, MHC_FUSED_ON, TOPK, QNORM_ROPE, ALLREDUCE, COMPRESSOR_CORE,
+                                  COMPRESSOR_INDEXER)
 
 
 def by_name(name: str) -> PatchSpec:
