@@ -11,6 +11,7 @@ from hookenv import BOOT_MODULES, HEAVY, build_hook_env, sglang_overlay
 
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.attention import reference as R
+from v4flash_kernels.kit.compare import rel_err
 
 PINNED = "0.5.13.post1"
 OURS = "v4flash_kernels.attention.op.sparse_mla_decode"
@@ -151,10 +152,10 @@ def _check_equivalence(hook_env, tmp_path, seed, batch, heads, extra):
     for name, (o, lse) in (("ours", ours), ("upstream", up)):
         assert o.shape == ref_out.shape and o.dtype == torch.bfloat16, name
         assert lse.shape == ref_lse.shape and lse.dtype == torch.float32, name
-        assert R.rel_err(o, ref_out) < 1e-2, (name, R.rel_err(o, ref_out))
+        assert rel_err(o, ref_out) < 1e-2, (name, rel_err(o, ref_out))
         assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-4), name
     # upstream's own kernel as the oracle for ours
-    assert R.rel_err(ours[0], up[0].double()) < 1e-2
+    assert rel_err(ours[0], up[0].double()) < 1e-2
     assert torch.allclose(ours[1], up[1], atol=1e-3, rtol=1e-4)
     return ours, up
 
@@ -192,7 +193,7 @@ def test_other_sglang_version_no_patch_one_warning_sglang_works(tmp_path, hook_w
     assert "0.5.99" in line and PINNED in line and f"v4flash-kernels {OURS_VERSION}" in line
     res = torch.load(out, weights_only=False)
     ref_out, _ = R.sparse_mla_decode_ref(**res["kw"])
-    assert R.rel_err(res["out"], ref_out) < 1e-2  # SGLang's own path still computes correctly
+    assert rel_err(res["out"], ref_out) < 1e-2  # SGLang's own path still computes correctly
     rec = json.loads((st_dir / f"patch-{run.result['pid']}.json").read_text())
     assert rec["patches"]["sparse_decode"]["active"] is False and "0.5.99" in rec["patches"]["sparse_decode"]["reason"]
 

@@ -30,6 +30,7 @@ from v4flash_kernels.attention import op as decode
 from v4flash_kernels.hook import hook
 from v4flash_kernels.hook import patches
 from v4flash_kernels.attention import reference as R
+from v4flash_kernels.kit.compare import rel_err
 
 rank, size, heads = {rank}, {size}, {heads}
 dp_attention.get_attention_tp_rank = lambda: rank
@@ -67,7 +68,7 @@ print("RESULT " + json.dumps(dict(
     active=hook.status()["patches"]["sparse_decode"]["active"],
     head_ranges=[list(r) if r else None for r in seen],
     nan=bool(torch.isnan(mine.float()).any() or torch.isnan(ml).any()),
-    err_up=R.rel_err(mine, up_out), err_ref=R.rel_err(mine, ref_out),
+    err_up=rel_err(mine, up_out), err_ref=rel_err(mine, ref_out),
     lse_err=float((ml.double() - up_lse.double()).abs().max()),
     same_second_call=bool(torch.equal(out2[:, :, keep], mine)),
     shapes=[list(out.shape), list(lse.shape)],

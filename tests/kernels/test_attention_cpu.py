@@ -166,10 +166,6 @@ def test_signature_matches_upstream():
     assert ours[: len(up)] == up
     assert [(n, d, k) for n, d, k in ours[len(up):]] == [("head_range", None, inspect.Parameter.KEYWORD_ONLY)]
     assert _params(make_tp_aware(decode.sparse_mla_decode)) == up
-    import v4flash_kernels
-
-    lazy = inspect.signature(v4flash_kernels.sparse_mla_decode)
-    assert lazy is not None
 
 
 def test_reference_dequant_reads_real_layout():

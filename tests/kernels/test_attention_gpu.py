@@ -47,7 +47,7 @@ def test_gpu_matches_reference_and_upstream(kind, batch, heads):
 
 def test_gpu_cuda_graph_replay_follows_new_lengths_and_indices():
     """Captured once, replayed after the index/length *contents* change: still exact."""
-    from v4flash_kernels import sparse_mla_decode
+    from v4flash_kernels.attention.op import sparse_mla_decode
 
     case = Case(batch=4, heads=64, **KINDS["c4"])
     kw = make_inputs(case, device="cuda", seed=1)

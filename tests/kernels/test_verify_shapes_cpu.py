@@ -71,76 +71,132 @@ def test_capture_sizes_come_from_the_wheel_and_the_launcher(shapes):
     """The spec capture list is SGLang's (read from the wheel), the worker's facts the launcher's."""
     from v4flash_pd.profiles import DEFAULT_PROFILE, get_profile
 
-    assert V.spec_capture_bs() == tuple(range(1, 9)) + tuple(range(10, 33, 2))
+    assert V.spec_capture_bs() == tuple(range(1, 9)) + tuple(range(10, 33, 2)) + tuple(range(40, 65, 4))
     assert V.spec_capture_bs(512)[-3:] == (240, 248, 256) and 9 not in V.spec_capture_bs(512)  # <= max running
     prof = get_profile(DEFAULT_PROFILE)
     (decode_worker,) = prof["decode"]
     assert decode_worker["cuda_graph_max_bs"] == V.DECODE_GRAPH_MAX_BS and decode_worker["tp"] == V.TP
     assert prof["engine"]["context_length"] == V.CONTEXT
     rows = sorted({r for _, _, r in shapes})
-    assert len(rows) == 40 and rows[:6] == [2, 3, 4, 6, 8, 9] and rows[-3:] == [112, 120, 128]
+    assert len(rows) == 52 and rows[:6] == [2, 3, 4, 6, 8, 9] and rows[-3:] == [224, 240, 256]
+    assert max(rows) == MAX_ROWS
     assert all(r == b * (k + 1) for b, k, r in shapes) and {k for _, k, _ in shapes} == {1, 2, 3}
 
 
 H200_ATTN = {
-    "swa": [(2, 15, "h16_t16_w4_f16/chunk16/combine"), (16, 128, "h16_t32_w4_f16/chunk32/combine")],
+    "swa": [(2, 15, "h16_t16_w4_f16/chunk16/combine"), (16, 131, "h16_t32_w4_f16/chunk32/combine"),
+            (132, 256, "h16_t32_w4_f16/chunk128/one-split")],
     "c4": [(2, 6, "h16_t32_w4_f16/chunk32/one-launch"), (7, 15, "h16_t32_w4_f16/chunk32/combine"),
-           (16, 63, "h16_t32_w4_f16/chunk64/combine"), (64, 128, "h16_t32_w4_f16/chunk128/combine")],
+           (16, 63, "h16_t32_w4_f16/chunk64/combine"),
+           (64, 211, "h16_t32_w4_f16/chunk128/combine"),
+           (212, 256, "h16_t32_w4_f16/chunk160/combine")],
     "c128": [(2, 3, "h16_t32_w4_f16/chunk32/one-launch"), (4, 15, "h16_t32_w4_f16/chunk32/combine"),
-             (16, 58, "h16_t32_w4_f16/chunk64/combine"), (59, 63, "h16_t32_w4_f16/chunk96/combine"),
-             (64, 117, "h16_t32_w4_f16/chunk128/combine"), (118, 128, "h16_t32_w4_f16/chunk160/combine")],
+             (16, 58, "h16_t32_w4_f16/chunk64/combine"),
+             (59, 63, "h16_t32_w4_f16/chunk96/combine"),
+             (64, 117, "h16_t32_w4_f16/chunk128/combine"),
+             (118, 146, "h16_t32_w4_f16/chunk160/combine"),
+             (147, 176, "h16_t32_w4_f16/chunk192/combine"),
+             (177, 205, "h16_t32_w4_f16/chunk224/combine"),
+             (206, 234, "h16_t32_w4_f16/chunk256/combine"),
+             (235, 256, "h16_t32_w4_f16/chunk288/combine")],
 }
 SM120_ATTN = {
-    "swa": [(2, 128, "h16_t16_w4_f16/chunk16/combine")],
+    "swa": [(2, 187, "h16_t16_w4_f16/chunk16/combine"), (188, 256, "h16_t16_w4_f16/chunk64/combine")],
     "c4": [(2, 4, "h16_t16_w4_f16/chunk16/one-launch"), (5, 15, "h16_t16_w4_f16/chunk16/combine"),
-           (16, 63, "h16_t16_w4_f16/chunk32/combine"), (64, 128, "h16_t16_w4_f16/chunk64/combine")],
+           (16, 63, "h16_t16_w4_f16/chunk32/combine"), (64, 150, "h16_t16_w4_f16/chunk64/combine"),
+           (151, 188, "h16_t16_w4_f16/chunk80/combine"),
+           (189, 225, "h16_t16_w4_f16/chunk96/combine"),
+           (226, 256, "h16_t16_w4_f16/chunk112/combine")],
     "c128": [(2, 2, "h16_t16_w4_f16/chunk16/one-launch"), (3, 15, "h16_t16_w4_f16/chunk16/combine"),
-             (16, 41, "h16_t16_w4_f16/chunk32/combine"), (42, 62, "h16_t16_w4_f16/chunk48/combine"),
-             (63, 83, "h16_t16_w4_f16/chunk64/combine"), (84, 104, "h16_t16_w4_f16/chunk80/combine"),
-             (105, 125, "h16_t16_w4_f16/chunk96/combine"), (126, 128, "h16_t16_w4_f16/chunk112/combine")],
+             (16, 41, "h16_t16_w4_f16/chunk32/combine"),
+             (42, 62, "h16_t16_w4_f16/chunk48/combine"),
+             (63, 83, "h16_t16_w4_f16/chunk64/combine"),
+             (84, 104, "h16_t16_w4_f16/chunk80/combine"),
+             (105, 125, "h16_t16_w4_f16/chunk96/combine"),
+             (126, 146, "h16_t16_w4_f16/chunk112/combine"),
+             (147, 167, "h16_t16_w4_f16/chunk128/combine"),
+             (168, 188, "h16_t16_w4_f16/chunk144/combine"),
+             (189, 208, "h16_t16_w4_f16/chunk160/combine"),
+             (209, 229, "h16_t16_w4_f16/chunk176/combine"),
+             (230, 250, "h16_t16_w4_f16/chunk192/combine"),
+             (251, 256, "h16_t16_w4_f16/chunk208/combine")],
 }
-FP8 = {
+H200_FP8 = {
     "wqkv_a": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_reducec2/split16"),
                (17, 64, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split16"),
-               (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split11")],
-    "wq_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split4"), (17, 128, "dot_m64_n128_w4_s3_sepq_g32_whole")],
-    "wo_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split8"), (17, 64, "dot_m64_n64_w4_s3_sepq_ticketc2/split4"),
-             (65, 128, "dot_m64_n64_w4_s3_sepq_ticketc2/split2")],
+               (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split11"),
+               (129, 192, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split7"),
+               (193, 256, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split5")],
+    "wq_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split4"),
+             (17, 256, "dot_m64_n128_w4_s3_sepq_g32_whole")],
+    "wo_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split8"),
+             (17, 64, "dot_m64_n64_w4_s3_sepq_ticketc2/split4"),
+             (65, 128, "dot_m64_n64_w4_s3_sepq_ticketc2/split2"),
+             (129, 256, "dot_m64_n64_w4_s3_sepq_whole")],
     "shared_gate_up": [(2, 4, "gemv_n8_K_w8"), (5, 16, "dot_m16_n128_w4_s2_swap_fq_reducec2/split32"),
                        (17, 64, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split32"),
-                       (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split16")],
+                       (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split16"),
+                       (129, 192, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split11"),
+                       (193, 256, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split8")],
     "shared_down": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split4"),
-                    (17, 128, "dot_m64_n128_w4_s3_sepq_g32_whole")],
+                    (17, 256, "dot_m64_n128_w4_s3_sepq_g32_whole")],
+}
+SM120_FP8 = {
+    "wqkv_a": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_reducec2/split16"),
+               (17, 64, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split16"),
+               (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split11"),
+               (129, 192, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split8"),
+               (193, 256, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split7")],
+    "wq_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split4"),
+             (17, 256, "dot_m64_n128_w4_s3_sepq_g32_whole")],
+    "wo_b": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split8"),
+             (17, 64, "dot_m64_n64_w4_s3_sepq_ticketc2/split4"),
+             (65, 128, "dot_m64_n64_w4_s3_sepq_ticketc2/split2"),
+             (129, 256, "dot_m64_n64_w4_s3_sepq_whole")],
+    "shared_gate_up": [(2, 4, "gemv_n8_K_w8"), (5, 16, "dot_m16_n128_w4_s2_swap_fq_reducec2/split32"),
+                       (17, 64, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split32"),
+                       (65, 128, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split16"),
+                       (129, 256, "dot_m64_n128_w4_s3_sepq_g32_reducec2/split11")],
+    "shared_down": [(2, 16, "dot_m16_n128_w4_s2_swap_fq_ticketc2/split4"),
+                    (17, 256, "dot_m64_n128_w4_s3_sepq_g32_whole")],
 }
 MOE = {
     "v1": [(2, 2, "inline/g1:m16_n16_k256_w4_s3/g2:m16_n32_k128_w2_s3"),
            (3, 15, "sorted/g1:m16_n16_k256_w4_s3/g2:m16_n32_k128_w2_s3"),
-           (16, 128, "sorted/g1:m16_n16_k256_w4_s1/g2:m16_n32_k128_w2_s3")],
+           (16, 170, "sorted/g1:m16_n16_k256_w4_s1/g2:m16_n32_k128_w2_s3"),
+           (171, 256, "sorted/g1:m32_n64_k128_w4_s3/g2:m64_n64_k64_w4_s3")],
     "v2": [(2, 2, "v2-inline/g1:t8_n64_k256_w4_s3/g2:t8_n64_k256_w4_s3"),
            (3, 106, "v2-sorted/g1:t8_n64_k256_w4_s3/g2:t8_n64_k256_w4_s3"),
-           (107, 128, "v2-sorted/g1:t16_n64_k256_w4_s3/g2:t16_n64_k256_w4_s3")],
+           (107, 256, "v2-sorted/g1:t16_n64_k256_w4_s3/g2:t16_n64_k256_w4_s3")],
 }
 INDEXER = [(2, 2, "p1_w4_s1_c8_b16/8-per-SM/capped-at-tiles"), (3, 63, "p1_w4_s1_c8_b16/8-per-SM"),
-           (64, 128, "p1_w4_s1_c8_b16/16-per-SM")]
-TOPK = [(2, 64, "spec=True/program-per-row"), (65, 128, "spec=False/program-per-row")]
+           (64, 256, "p1_w4_s1_c8_b16/16-per-SM")]
+H200_TOPK = [(2, 64, "spec=True/program-per-row"), (65, 132, "spec=False/program-per-row"),
+             (133, 256, "spec=False/persistent")]
+SM120_TOPK = [(2, 64, "spec=True/program-per-row"), (65, 188, "spec=False/program-per-row"),
+              (189, 256, "spec=False/persistent")]
 MHC = [(2, 4, "t16_s128_h32_w8_k4"), (5, 8, "t16_s64_h32_w8_k4"), (9, 16, "t16_s32_h32_w8_k4"),
-       (17, 32, "t16_s32_h32_w8_k8"), (33, 64, "t16_s32_h32_w8_k16"), (65, 128, "t64_s128_h32_w8_2launch")]
+       (17, 32, "t16_s32_h32_w8_k8"), (33, 64, "t16_s32_h32_w8_k16"),
+       (65, 256, "t64_s128_h32_w8_2launch")]
+
+
+MAX_ROWS = 256  # 64 requests x 4 verify rows (3 draft steps), the largest captured verify graph
 
 
 def _table(label, *args):
-    """Runs of `label(R, *args)` over every R in 2..128 (not only the captured ones): exact boundaries."""
-    return V.row_ranges(range(2, 129), lambda r: label(r, *args))
+    """Runs of `label(R, *args)` over every R in 2..MAX_ROWS (not only the captured ones): exact boundaries."""
+    return V.row_ranges(range(2, MAX_ROWS + 1), lambda r: label(r, *args))
 
 
 def test_plan_branches_at_verify_rows(shapes):
-    """The tables of the module docstring, as the planners give them over R = 2..128; every boundary
+    """The tables of the module docstring, as the planners give them over R = 2..MAX_ROWS; every boundary
     the captured verify sizes reach is listed (a retuned planner must update the docstring)."""
-    for gpu, attn in ((V.H200, H200_ATTN), (V.RTX6000, SM120_ATTN)):
+    for gpu, attn, fp8, topk in ((V.H200, H200_ATTN, H200_FP8, H200_TOPK), (V.RTX6000, SM120_ATTN, SM120_FP8, SM120_TOPK)):
         for kind, want in attn.items():
             assert _table(V.attention_label, kind, gpu) == want, (gpu.name, kind)
         assert _table(V.indexer_label, gpu) == INDEXER, gpu.name
-        assert _table(V.topk_label, gpu) == TOPK, gpu.name
-        for shape, want in FP8.items():
+        assert _table(V.topk_label, gpu) == topk, gpu.name
+        for shape, want in fp8.items():
             assert _table(V.fp8_label, shape, gpu) == want, (gpu.name, shape)
         assert _table(V.mhc_label, gpu) == MHC, gpu.name
     for version, want in MOE.items():
@@ -148,7 +204,8 @@ def test_plan_branches_at_verify_rows(shapes):
     # Every label is reached by some captured verify size (so the GPU test, which covers the labels
     # of the captured sizes, runs every one of them).
     rows = {r for _, _, r in shapes}
-    tables = [*H200_ATTN.values(), *SM120_ATTN.values(), *FP8.values(), *MOE.values(), INDEXER, TOPK, MHC]
+    tables = [*H200_ATTN.values(), *SM120_ATTN.values(), *H200_FP8.values(), *SM120_FP8.values(), *MOE.values(),
+              INDEXER, H200_TOPK, SM120_TOPK, MHC]
     for table in tables:
         for lo, hi, lab in table:
             assert any(lo <= r <= hi for r in rows), lab
@@ -390,7 +447,7 @@ def test_fp8_every_verify_plan_matches_reference():
 
     g = torch.Generator().manual_seed(60)
     seen = set()
-    for shape, table in FP8.items():
+    for shape, table in H200_FP8.items():
         n, k = V.FP8_SHAPES[shape]
         w, ws = make_weight(256, k, g)
         for rows, _ in _class_rows(table):

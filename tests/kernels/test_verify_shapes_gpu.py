@@ -2,7 +2,7 @@
 
 With EAGLE (top-k 1, k = 1..3 draft steps) SGLang captures one TARGET_VERIFY CUDA graph per batch size
 of its speculative list (1..8, 10..32 step 2 up to the default profile's --cuda-graph-max-bs 32; read
-from the pinned wheel at run time), each with R = bs x (k + 1) rows: R = 2..128. Which plans change
+from the pinned wheel at run time), each with R = bs x (k + 1) rows: R = 2..256 (64 requests, 3 draft steps). Which plans change
 with R is in test_verify_shapes_cpu.py's docstring (and pinned there); here, per op, the planner's
 plan at every captured (bs, k) is computed for this GPU and, for each distinct plan, the captured
 (bs, k) with the fewest and with the most rows that take it runs at DeepSeek-V4-Flash's TP4 shapes

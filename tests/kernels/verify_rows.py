@@ -20,7 +20,7 @@ Everything row-wise (the MoE, the FP8 linears, mHC) just sees `B x (k + 1)` rows
 
 Which batch sizes: the decode worker captures CUDA graphs for the batch sizes SGLang generates with
 speculative decoding on (`ServerArgs._generate_cuda_graph_batch_sizes`, read from the wheel at run
-time) up to the worker's `--cuda-graph-max-bs` (32 in the default profile's decode worker; a CPU
+time) up to the worker's `--cuda-graph-max-bs` (64 in the default profile's decode worker; a CPU
 test checks the launcher still says so), each captured with `bs x (k + 1)` tokens.
 """
 
@@ -36,7 +36,7 @@ import torch
 from v4flash_kernels.attention.reference import NOPE_DIM, ROPE_DIM, TOKEN_BYTES, TOKEN_DATA_BYTES, page_stride
 
 TP = 4
-DECODE_GRAPH_MAX_BS = 32  # the default profile's decode worker: --cuda-graph-max-bs 32
+DECODE_GRAPH_MAX_BS = 64  # the default profile's decode worker: --cuda-graph-max-bs 64
 MAX_RUNNING_REQUESTS = 256  # deepseek_v4_hook's default; capture sizes above it are dropped
 CONTEXT = 131072  # the default profile's --context-length
 DRAFT_STEPS = (1, 2, 3)
