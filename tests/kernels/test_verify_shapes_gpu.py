@@ -1,8 +1,8 @@
 """GPU tests (H200): every patched op at the verify shapes the decode worker captures with speculative decoding on.
 
 With EAGLE (top-k 1, k = 1..3 draft steps) SGLang captures one TARGET_VERIFY CUDA graph per batch size
-of its speculative list (1..8, 10..32 step 2 up to the default profile's --cuda-graph-max-bs 32; read
-from the pinned wheel at run time), each with R = bs x (k + 1) rows: R = 2..256 (64 requests, 3 draft steps). Which plans change
+of its speculative list (1..8, 10..32 step 2, 40..64 step 4 up to the default profile's --cuda-graph-max-bs
+64; read from the pinned wheel at run time), each with R = bs x (k + 1) rows: R = 2..256. Which plans change
 with R is in test_verify_shapes_cpu.py's docstring (and pinned there); here, per op, the planner's
 plan at every captured (bs, k) is computed for this GPU and, for each distinct plan, the captured
 (bs, k) with the fewest and with the most rows that take it runs at DeepSeek-V4-Flash's TP4 shapes
