@@ -3,8 +3,8 @@
 A verify step (EAGLE, top-k 1, k draft steps) runs `R = bs x (k + 1)` rows through every layer, the
 k + 1 rows of one request with consecutive lengths L + 1 .. L + k + 1 over that request's cache and
 page table (tests/kernels/verify_rows.py says exactly what each op receives). The decode worker
-captures bs in 1..8, 10..32 step 2 (SGLang's speculative list up to the profile's
---cuda-graph-max-bs 32), so with k = 1..3, R is one of 2..128 (40 values).
+captures bs in 1..8, 10..32 step 2, 40..64 step 4 (SGLang's speculative list up to the profile's
+--cuda-graph-max-bs 64), so with k = 1..3, R is one of 2..256 (52 values).
 
 Which plans change with R (`test_plan_branches_at_verify_rows` pins these tables, TP4 shapes,
 128K context; "H200" = 132 SMs, "sm_120" = the RTX PRO 6000's 188 SMs and 100 KB per SM):
@@ -16,16 +16,18 @@ Which plans change with R (`test_plan_branches_at_verify_rows` pins these tables
 - indexer logits: programs per row ~ 8 per SM spread over the rows (capped at a row's tiles at R = 2),
   16 per SM from R = 64.
 - top-512: the first-2K-scores speculative load up to R = 64, the plain one above; one program per row
-  (persistent programs only above R = SMs, never at R <= 128).
+  up to R = SMs (132 on the H200, 188 on sm_120), persistent programs above.
 - FP8 linears (wqkv_a, wq_b, wo_b, shared gate_up/down): the GEMV (shared gate_up only, R <= 4), the
   swap-AB 16-row tile with the quant fused (R <= 16), then the separate quant and 64-row tiles, K split
-  by the tile count (it changes at R = 65: two row tiles), unsplit for wq_b and shared down.
+  by the tile count (it changes with each new row tile: R = 65, 129, 193; per GPU, by its SM count),
+  unsplit for wq_b and shared down.
 - MXFP4 MoE (256 experts, top-6, TP4 intermediate 512): v1 (drop-in) inline grouping at R = 2, sorted
-  3-stage GEMM1 up to R = 15, sorted 1-stage from 16; v2 (repacked layers) inline at R = 2, sorted
+  3-stage GEMM1 up to R = 15, sorted 1-stage from 16, 32x64 tiles from 171; v2 (repacked layers) inline at R = 2, sorted
   8-token MMA tiles up to R = 104, 16-token tiles from 112. The v2 split-K plan (R = 1) never runs.
 - mHC pre/post: one launch (mix + ticketed finish) up to R = 64, with 4 tokens per ticketed block up
   to R = 16 (the hidden dimension split 128, 64, 32 ways as the blocks grow to 4), 8 up to 32, 16 up to
   64; from R = 65 the two-launch prefill tiling (64-token blocks, 128 splits): the same on both GPUs.
+- the tables cover every R up to 256, the largest verify graph (64 requests, 3 draft steps).
 
 Each op below runs every one of those plans on verify-shaped rows against its fp64 reference (the
 plan of a row class given explicitly where the class's R exceeds the small batch run here; the
