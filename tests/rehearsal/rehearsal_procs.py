@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import fakebox
 
@@ -110,6 +110,16 @@ class Proc:
 
     def records(self) -> list[dict[str, Any]]:
         return fakebox.json_records(self.text())
+
+    def wait_records(self, keep: Callable[[dict[str, Any]], bool], timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The records `keep` selects, once there is one: an engine logs a request after it has answered,
+        so the client (through the router) can hold the answer before the engine's line is written."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = [r for r in self.records() if keep(r)]
+            if got or time.monotonic() > deadline:
+                return got
+            time.sleep(0.05)
 
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM the group, then SIGKILL after `grace`; returns the exit code."""

@@ -55,7 +55,8 @@ def test_generate_through_router_hands_the_room_from_prefill_to_decode(trio) -> 
     registered = t.rooms(t.prefill, "room_registered")
     received = t.rooms(t.decode, "room_received")
     assert len(registered) == 1 and received == registered
-    dec = [r for r in t.decode.records() if r.get("path") == "/generate"]
+    dec = t.decode.wait_records(lambda r: r.get("path") == "/generate")
+    assert dec, "the decode engine logged no /generate within 5 s:\n" + t.decode.text()[-2000:]
     assert dec[-1]["bootstrap_host"] == "127.0.0.1" and dec[-1]["bootstrap_port"] == t.boot
     assert dec[-1]["bootstrap_room"] == registered[0] and dec[-1]["status"] == 200
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from v4flash_kernels.hook.patches import SWITCHES
+from v4flash_kernels.hook.patches import SWITCHES, Switch
 from v4flash_pd.config import values as v
 from v4flash_pd.config.values import BadValue, Check
 from v4flash_pd.errors import UserError
@@ -81,6 +81,17 @@ def _choice(path: str, choices: tuple[str, ...], default: str | None, help: str,
     return Key(path, str, default, v.choice(choices), help, flag, optional, choices)
 
 
+def _switch_key(sw: Switch) -> Key:
+    """A patch's key. One that is on by default only where verified (`verified_only`) takes auto = off in the
+    plan, switched on by `up` once its self-check passed; the others are plain on/off."""
+    if not sw.verified_only:
+        return Key(f"patches.{sw.name}", bool, True, v.on_off, sw.help,
+                   Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
+    return Key(f"patches.{sw.name}", str, v.AUTO, v.on_off_auto, sw.help,
+               Flag(sw.flag, sw.env, "config", sw.help + f" auto (default), on or off; workers get {sw.env}=1/0."),
+               choices=v.AUTO_WORDS)
+
+
 KEYS: tuple[Key, ...] = (
     _choice("mode", MODES, "pd", "pd: prefill + decode workers behind a router; aggregated: one server"),
     Key("model.path", str, "", v.text("a directory path"), "the model directory",
@@ -103,14 +114,7 @@ KEYS: tuple[Key, ...] = (
     _choice("numa", NUMA_MODES, "bind", "NUMA binding of each worker to its GPUs' node",
             flag=Flag("--numa", "V4FLASH_NUMA", "config",
                       "NUMA binding: membind (falls back to preferred when not permitted), preferred, off.")),
-    *(Key(f"patches.{sw.name}", bool, True, v.on_off, sw.help,
-          Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
-      for sw in SWITCHES if not sw.verified_only),
-    # on by default only where verified: auto = off in the plan, switched on by `up` once its self-check passed
-    *(Key(f"patches.{sw.name}", str, v.AUTO, v.on_off_auto, sw.help,
-          Flag(sw.flag, sw.env, "config", sw.help + f" auto (default), on or off; workers get {sw.env}=1/0."),
-          choices=v.AUTO_WORDS)
-      for sw in SWITCHES if sw.verified_only),
+    *(_switch_key(sw) for sw in SWITCHES),  # in the registry's order, as --help lists the flags
     Key("sparse_decode", bool, None, v.on_off, "older spelling of patches.sparse_decode (wins over it)", optional=True),
     # Speculative decoding with the model's MTP (NextN) layer, off while num_steps = 0. The same flags go
     # to every worker (prefill stores the draft state that decode rebuilds); config/speculative.py refuses
