@@ -130,7 +130,7 @@ def run_tokens(n: int, seed: int, upstream: UpstreamSm120 | None, upstream_fused
         return op.mhc_pre(res, fn, sc, ba, **common, norm_weight=w, norm_eps=p.norm_eps)
 
     v["pre"] = check_pre(*pre_fn(), ref, plain, tol)
-    v["pre_norm"] = check_pre(*pre_norm_fn(), ref, normed, tol)
+    v["pre_norm"] = check_pre(*pre_norm_fn(), ref, normed, tol, normed=True)
     post_ref = R.post_ref(x, res, post_in, comb_in)
     def post_fn() -> Any:
         return op.mhc_post(x, res, post_in, comb_in)

@@ -61,7 +61,7 @@ def test_pre_matches_fp64_reference(n, hidden, norm):
     y, post, comb = op.mhc_pre(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], **_common(p),
                                norm_weight=w, norm_eps=p.norm_eps if norm else None)
     ref = R.pre_ref(kw["residual"], kw["hc_fn"], kw["hc_scale"], kw["hc_base"], p)
-    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], w, p.norm_eps), TOL)
+    res = C.check_pre(y, post, comb, ref, R.layer_input_ref(ref["y"], w, p.norm_eps), TOL, normed=norm)
     assert res["ok"], res
     assert y.dtype == torch.bfloat16 and post.dtype == comb.dtype == torch.float32
     assert tuple(y.shape) == (n, hidden) and tuple(post.shape) == (n, 4) and tuple(comb.shape) == (n, 4, 4)

@@ -54,7 +54,7 @@ def test_gpu_all_ops_match_fp64(n):
     res = C.check_pre(*op.mhc_pre(*args, **COMMON), ref, R.layer_input_ref(ref["y"], None, P.norm_eps), TOL)
     assert res["ok"], res
     res = C.check_pre(*op.mhc_pre(*args, **COMMON, norm_weight=kw["norm_weight"], norm_eps=P.norm_eps), ref,
-                      R.layer_input_ref(ref["y"], kw["norm_weight"], P.norm_eps), TOL)
+                      R.layer_input_ref(ref["y"], kw["norm_weight"], P.norm_eps), TOL, normed=True)
     assert res["ok"], res
     out = op.mhc_post(kw["x"], kw["residual"], kw["post"], kw["comb"])
     res = C.check_streams(out, R.post_ref(kw["x"], kw["residual"], kw["post"], kw["comb"]), TOL)
@@ -69,16 +69,24 @@ def test_gpu_all_ops_match_fp64(n):
 @pytest.mark.parametrize("n", [1, 16, 64])
 def test_gpu_every_sweep_plan_matches_fp64(n):
     """Every plan the bench sweeps (one launch: 1..16 tokens per ticket, 16..256 splits; two
-    launches) passes, and writes the same streams."""
+    launches) passes, and the one-launch plans write the same streams. The two-launch (prefill) plan's
+    post is compiled for other tiles and may contract its products into FMAs differently: its streams
+    are checked against fp64 (ties counted) like every plan's, not bit for bit against the others
+    (on the H200 they differed in a few elements' last bit, 2026-12-02)."""
     kw = _kw(n, seed=3)
     first = None
+    kinds = set()
     for plan in B.sweep_plans(n, 4096):
         out = _fused(kw, plan)
         res = _check_fused(out, kw)
         assert res["ok"], (plan, res)
+        kinds.add(plan.one_launch)
+        if not plan.one_launch:
+            continue
         if first is None:
             first = out[0].clone()
         assert torch.equal(out[0], first), plan
+    assert kinds == {True, False}
 
 
 @pytest.mark.parametrize("n", [1, 16, 64])
