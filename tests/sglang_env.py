@@ -43,7 +43,7 @@ def make_venv(path: Path, layers: list[Path]) -> Path:
 def sglang_wheel() -> Path:
     """The pinned wheel from PyPI (`make venv` downloads it; fetched here if missing)."""
     (CACHE / "wheels").mkdir(parents=True, exist_ok=True)
-    # `make test` runs two pytest processes at once: one downloads, the other waits for the whole file
+    # `make test` runs three pytest processes at once: one downloads, the others wait for the whole file
     with open(CACHE / "wheels.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(glob.glob(str(CACHE / "wheels" / "sglang-0.5.13.post1-*.whl")))

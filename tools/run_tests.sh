@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# `make test`: the CPU suite as two pytest processes running at once.
+# `make test`: the CPU suite as three pytest processes running at once.
 #
 #   tools/run_tests.sh PYTHON [PYTEST_ARGS...]
 #
-# Why two: the kernel tests (Triton's CPU interpreter, the sm_120 cross-compile) keep one core busy,
-# the rest (the hook on the real wheel, podman builds, Slurm daemons, launcher subprocesses, HTTP on
-# 127.0.0.1) wait on other processes much of the time; one after the other they took ~30 minutes on a
-# 2-core CI machine, side by side about two thirds of that. The two groups share only read-only inputs
-# and caches that are locked or written atomically (the pinned wheel is fetched and the sglang layer
-# built under an flock, Triton renames its cache entries into place).
+# Why three: the kernel tests (Triton's CPU interpreter, the sm_120 cross-compile) keep one core busy;
+# the system tests (podman image builds, Slurm and munge daemons, the bundle's engine) and the rest (the
+# hook on the real wheel, launcher subprocesses, HTTP on 127.0.0.1) wait on other processes much of the
+# time. One after the other they took well over 30 minutes on a 2-core CI machine; two groups side by
+# side took 1,827 s there (2026-12-02), the system tests' waits then holding up the rest. The groups share
+# only read-only inputs and caches that are locked or written atomically (the pinned wheel is fetched and
+# the sglang layer built under an flock, Triton renames its cache entries into place), and every test
+# takes its own free ports and temp dirs.
 #
-# The rest streams to the terminal; the kernel group's output follows it, then one summary line. Any
+# The rest streams to the terminal; the other groups' output follows it, then one summary line. Any
 # PYTEST_ARGS that name tests (not starting with '-') run as one pytest over just those.
 set -u
 PY=${1:?usage: tools/run_tests.sh PYTHON [PYTEST_ARGS...]}
@@ -18,23 +20,34 @@ shift
 for arg in "$@"; do
   case $arg in -*) ;; *) exec "$PY" -m pytest -m 'not gpu' "$@" ;; esac
 done
-log=$(mktemp "${TMPDIR:-/tmp}/v4flash-kernel-tests.XXXXXX")
+klog=$(mktemp "${TMPDIR:-/tmp}/v4flash-kernel-tests.XXXXXX")
+slog=$(mktemp "${TMPDIR:-/tmp}/v4flash-system-tests.XXXXXX")
 t0=$(date +%s)
-# the two heaviest hook files go with the kernels: side by side the two groups then end within ~1 minute
+# the two heaviest hook files go with the kernels, so the groups end within a few minutes of each other
 HEAVY_HOOK="tests/hook/test_hook_verify.py tests/hook/test_hook_moe.py"
+SYSTEM="tests/cluster tests/env tests/bundle"
 # shellcheck disable=SC2086
-"$PY" -m pytest -m 'not gpu' "$@" tests/kernels $HEAVY_HOOK >"$log" 2>&1 &
+"$PY" -m pytest -m 'not gpu' "$@" tests/kernels $HEAVY_HOOK >"$klog" 2>&1 &
 kpid=$!
-# never leave the kernel group running if this script is stopped
-trap 'kill "$kpid" 2>/dev/null; rm -f "$log"; exit 130' INT TERM
-"$PY" -m pytest -m 'not gpu' "$@" --ignore=tests/kernels $(printf -- '--ignore=%s ' $HEAVY_HOOK) tests
+# shellcheck disable=SC2086
+"$PY" -m pytest -m 'not gpu' "$@" $SYSTEM >"$slog" 2>&1 &
+spid=$!
+# never leave a group running if this script is stopped
+trap 'kill "$kpid" "$spid" 2>/dev/null; rm -f "$klog" "$slog"; exit 130' INT TERM
+# shellcheck disable=SC2046
+"$PY" -m pytest -m 'not gpu' "$@" --ignore=tests/kernels $(printf -- '--ignore=%s ' $HEAVY_HOOK $SYSTEM) tests
 rest=$?
+wait "$spid"
+sys=$?
 wait "$kpid"
 kern=$?
 trap - INT TERM
 echo
+echo "================ $SYSTEM (ran alongside the above) ================"
+cat "$slog"
+echo
 echo "================ tests/kernels + $HEAVY_HOOK (ran alongside the above) ================"
-cat "$log"
-rm -f "$log"
-echo "suite: tests/kernels exit $kern, the rest exit $rest, $(( $(date +%s) - t0 )) s wall"
-[ "$rest" -eq 0 ] && [ "$kern" -eq 0 ]
+cat "$klog"
+rm -f "$klog" "$slog"
+echo "suite: tests/kernels exit $kern, system tests exit $sys, the rest exit $rest, $(( $(date +%s) - t0 )) s wall"
+[ "$rest" -eq 0 ] && [ "$sys" -eq 0 ] && [ "$kern" -eq 0 ]

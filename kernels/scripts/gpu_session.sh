@@ -34,6 +34,13 @@ job_suite() {
   V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $par \
     --durations=30 --junitxml="$R/suite.xml" tests/kernels
 }
+# named GPU tests only (V4FLASH_TESTS: node ids or files), no -x: a re-run of what a suite run failed or left unrun
+job_tests() {
+  local par=""
+  python3 -c "import xdist" 2>/dev/null && par="-n ${V4FLASH_SUITE_WORKERS:-4} --dist loadfile"
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $par --durations=10 ${V4FLASH_TESTS:?V4FLASH_TESTS}
+}
 job_b_fp8() { py -m v4flash_bench.fp8_gemm --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
 job_b_fp8sweep() { py -m v4flash_bench.fp8_sweep --json "$R/fp8_sweep.json"; }
 # the row counts the first sweep never reached (M = 16, then 2: the GEMV's second row), against the shipped plan

@@ -25,49 +25,55 @@ def _env(tmp_path):
     return env
 
 
+# sm_120 only: the product's GPU, which CI has no card of, so this cross-compile is its only gate. The
+# sm_90 binaries (the H200's) are compiled for real by every test of the GPU suite
+# (kernels/scripts/gpu_session.sh suite); `python -m v4flash_kernels.check_sm120` does both by default.
+ARCHS = (120,)
+
+
 @pytest.mark.timeout(1200)
 def test_check_sm120_passes_on_the_shipped_table(tmp_path):
-    # ~300 binaries: 5+ min of CPU, 7-10+ min wall on a loaded 2-core box
+    # ~190 binaries: ~2.5 min of CPU on a 2-core box
     out = tmp_path / "check.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "v4flash_kernels.check_sm120", "--json", str(out)],
+        [sys.executable, "-m", "v4flash_kernels.check_sm120", *(f"--arch={a}" for a in ARCHS), "--json", str(out)],
         env=_env(tmp_path), capture_output=True, text=True, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK:" in proc.stdout
     rows = json.loads(out.read_text())
     split = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "split_kernel"}
-    assert split == {(f"{c.name}/e{e}", a) for c in SPLIT_CONFIGS for e in launchable_epilogues(c) for a in (120, 90)}
-    assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == {120, 90}
+    assert split == {(f"{c.name}/e{e}", a) for c in SPLIT_CONFIGS for e in launchable_epilogues(c) for a in ARCHS}
+    assert {r["arch"] for r in rows if r["kernel"] == "combine_kernel"} == set(ARCHS)
     fp8 = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemm"}
-    assert fp8 == {(b.name, a) for b in fp8_launchable() for a in (120, 90)}
+    assert fp8 == {(b.name, a) for b in fp8_launchable() for a in ARCHS}
     gemv = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "fp8_gemv"}
-    assert gemv == {(b.name, a) for b in fp8_launchable_gemv() for a in (120, 90)}
-    assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == 2 * 2 * len(fp8_launchable_reduce())
+    assert gemv == {(b.name, a) for b in fp8_launchable_gemv() for a in ARCHS}
+    assert len([r for r in rows if r["kernel"] == "fp8_reduce"]) == len(ARCHS) * 2 * len(fp8_launchable_reduce())
     assert len({r["config"] for r in rows if r["kernel"] == "fp8_act_quant"}) == 2
-    assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == {120, 90}
+    assert {r["arch"] for r in rows if r["kernel"] == "fp8_act_quant"} == set(ARCHS)
     from v4flash_kernels.mhc.compile import mhc_mix_config
     from v4flash_kernels.mhc.op import DECODE_MAX_TOKENS, launchable, plan_for
 
     mix = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "mhc_mix"}
     assert mix == {(mhc_mix_config(p, fused, norm), a) for p in launchable() for fused in (False, True)
-                   for norm in ({False, p.one_launch}) for a in (120, 90)}
+                   for norm in ({False, p.one_launch}) for a in ARCHS}
     # every decode batch size (one launch) and a prefill size is among them
     for n in (*range(1, DECODE_MAX_TOKENS + 1), 8192):
         p = plan_for(n, 4096, 132)
         assert (mhc_mix_config(p, True, p.one_launch), 120) in mix
     assert {(r["kernel"], r["arch"]) for r in rows if r["kernel"] in ("mhc_finish", "mhc_post")} == {
-        (k, a) for k in ("mhc_finish", "mhc_post") for a in (120, 90)}
+        (k, a) for k in ("mhc_finish", "mhc_post") for a in ARCHS}
     ar = {(r["config"], r["arch"]) for r in rows if r["kernel"] == "allreduce"}
     from v4flash_kernels.allreduce.plan import WORLDS
 
     assert ar == {(f"{alg}_shot/n{n}/{dt}", a) for alg in ("one", "two") for n in WORLDS
-                  for dt in ("bf16", "fp32", "bf16/probe") for a in (120, 90)}
+                  for dt in ("bf16", "fp32", "bf16/probe") for a in ARCHS}
     assert all(r["ptx_problem"] == "" for r in rows if r["kernel"] == "allreduce")
     from v4flash_kernels.qnorm_rope.op import launchable as qnorm_launchable
 
     assert {(r["config"], r["arch"]) for r in rows if r["kernel"] == "qnorm_rope"} == {
-        (c.name, a) for c in qnorm_launchable() for a in (120, 90)}
+        (c.name, a) for c in qnorm_launchable() for a in ARCHS}
     for r in rows:
         assert r["ok"] and r["spill_stores"] == 0 and r["registers"] > 0
         if r["arch"] == 120:

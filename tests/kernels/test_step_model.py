@@ -808,8 +808,9 @@ def test_the_seed_is_fixed_and_an_ops_inputs_depend_only_on_it_and_its_key():
 
 
 def test_fp8_verdicts_do_not_depend_on_the_seed(monkeypatch):
-    """Ours and upstream pass, and a kernel 1 % off fails, for every seed: the bound is the arithmetic's
-    (the definitional quant, bf16 output rounding, fp32 accumulation), not one draw's."""
+    """Ours passes, and a kernel 3 % off fails, for every seed: the bound is the arithmetic's (the
+    definitional quant, bf16 output rounding, the fp8 MMAs' accumulation at 2^-10 of the sum of |terms|),
+    not one draw's. (1 % off sits at 0.99 of that bound on one of these draws at K = 512.)"""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     _cpu_ops(monkeypatch)
     _wheel_or_skip()
@@ -824,10 +825,10 @@ def test_fp8_verdicts_do_not_depend_on_the_seed(monkeypatch):
         assert "upstream's rel. err on these inputs" in chk.detail
     ours, why = common.patch_function("fp8_gemm")
 
-    def off_by_1pct(*args, **kw):
-        return ours(*args, **kw) * 1.01
+    def off_by_3pct(*args, **kw):
+        return ours(*args, **kw) * 1.03
 
-    monkeypatch.setattr(common, "patch_function", lambda patch: (off_by_1pct, "ours: broken"))
+    monkeypatch.setattr(common, "patch_function", lambda patch: (off_by_3pct, "ours: broken"))
     for seed in SEEDS:
         chk = O.build(op, "ours", 1 << 20, seed).check()
         assert not chk.ok, (seed, chk)
@@ -835,7 +836,7 @@ def test_fp8_verdicts_do_not_depend_on_the_seed(monkeypatch):
 
 
 def test_fp8_bound_is_the_accumulators_not_one_draws(monkeypatch):
-    """A linear whose fp32 accumulation is as coarse as fp8 MMAs may make it (0.9 of 2^-11 of the sum of
+    """A linear whose fp32 accumulation is as coarse as fp8 MMAs may make it (0.9 of 2^-10 of the sum of
     |terms| per element) passes for every seed, though its relative error crosses the old fixed 1e-2 on
     some (long K: much cancellation), which is how an H200 run failed ours by luck."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -850,7 +851,7 @@ def test_fp8_bound_is_the_accumulators_not_one_draws(monkeypatch):
         ref, mag = linear_ref(x, w, s)
         g = torch.Generator().manual_seed(int(ref.abs().sum()) % 1000)
         sign = torch.where(torch.rand(ref.shape, generator=g, dtype=torch.float64) < 0.5, -1.0, 1.0)
-        return (ref + 0.9 * fp8_gemm.ATOL_MAG["ours"] * mag * sign).to(torch.bfloat16)
+        return (ref + 0.9 * fp8_gemm.ATOL_MAG * mag * sign).to(torch.bfloat16)
 
     monkeypatch.setattr(common, "patch_function", lambda patch: (coarse, "ours: coarse accumulator"))
     op = M.fp8_gemm("x", 4, 128, 4096, 1)

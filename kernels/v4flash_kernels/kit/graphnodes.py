@@ -2,20 +2,18 @@
 
 A decode step is what SGLang replays from a CUDA graph, so "kernels per step" is the number of
 kernel nodes in the graph that holds it. torch keeps the captured `cudaGraph_t` when the graph is
-made with `keep_graph=True`; the runtime's `cudaGraphGetNodes` / `cudaGraphNodeGetType` (through
-ctypes, on the libcudart torch loaded) then count its nodes by type. Memset and memcpy nodes are
+made with `keep_graph=True`; the driver's `cuGraphGetNodes` / `cuGraphNodeGetType` (through ctypes)
+then count its nodes by type. Memset and memcpy nodes are
 counted apart: they are not kernels, but they are graph nodes the GPU still runs one by one.
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict
 
-# cudaGraphNodeType (driver_types.h)
+# CUgraphNodeType (the runtime's cudaGraphNodeType has the same numbers)
 NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
               7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait", 10: "mem_alloc", 11: "mem_free",
               12: "batch_memop", 13: "conditional"}
@@ -31,47 +29,34 @@ class NodeCount:
         return self.kernels + sum(self.other.values())
 
 
-def cudart_path() -> str | None:
-    """The libcudart this process mapped (torch's), else one next to torch's own libraries."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split()[-1] if "/" in line else ""
-                if os.path.basename(path).startswith("libcudart"):
-                    return path
-    except OSError:
-        pass
-    import torch
-
-    roots = [os.path.dirname(torch.__file__), os.path.join(os.path.dirname(torch.__file__), "..", "nvidia")]
-    for root in roots:
-        found = sorted(glob.glob(os.path.join(root, "**", "libcudart.so*"), recursive=True))
-        if found:
-            return found[0]
-    return None
+def _driver() -> Any:
+    """The CUDA driver (libcuda.so.1): a `cudaGraph_t` is the driver's `CUgraph`, and the driver is the
+    one library of that name in a CUDA process. The runtime is not: TileLang maps a `libcudart_stub`
+    that lacks the graph functions (seen on the H200, 2026-12-02), and /proc/self/maps found it first."""
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def count_nodes(graph_handle: int) -> NodeCount:
     """Kernel and other nodes of a `cudaGraph_t` (an int, as `CUDAGraph.raw_cuda_graph()` returns it)."""
-    path = cudart_path()
-    if path is None:
-        raise RuntimeError("libcudart is not loaded in this process (no CUDA?)")
-    rt = ctypes.CDLL(path)
+    try:
+        drv = _driver()
+    except OSError as exc:
+        raise RuntimeError(f"the CUDA driver library is not loadable ({exc}): no CUDA here?") from None
     n = ctypes.c_size_t(0)
     graph = ctypes.c_void_p(graph_handle)
-    err = rt.cudaGraphGetNodes(graph, None, ctypes.byref(n))
+    err = drv.cuGraphGetNodes(graph, None, ctypes.byref(n))
     if err:
-        raise RuntimeError(f"cudaGraphGetNodes failed ({err})")
+        raise RuntimeError(f"cuGraphGetNodes failed (CUresult {err})")
     nodes = (ctypes.c_void_p * max(1, n.value))()
-    err = rt.cudaGraphGetNodes(graph, nodes, ctypes.byref(n))
+    err = drv.cuGraphGetNodes(graph, nodes, ctypes.byref(n))
     if err:
-        raise RuntimeError(f"cudaGraphGetNodes failed ({err})")
+        raise RuntimeError(f"cuGraphGetNodes failed (CUresult {err})")
     kernels = 0
     other: Dict[str, int] = {}
     for i in range(n.value):
         t = ctypes.c_int(-1)
-        if rt.cudaGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)):
-            raise RuntimeError("cudaGraphNodeGetType failed")
+        if drv.cuGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)):
+            raise RuntimeError("cuGraphNodeGetType failed")
         name = NODE_TYPES.get(t.value, f"type{t.value}")
         if name == "kernel":
             kernels += 1

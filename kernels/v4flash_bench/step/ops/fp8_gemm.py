@@ -5,8 +5,10 @@ bit), so what is left between a linear and it is arithmetic with a bound: the bf
 (`common.u_bf16_triton`, relative to each element) and the fp32 accumulation of fp8 products (`ATOL_MAG`, relative to
 the sum of |terms| of each element, so cancellation cannot make a correct result fail), whatever the
 draw. Upstream's Triton quant computes the code as x * (1 / (amax / 448)), which lands one e4m3 step
-off the definition at a rounding tie; its bound allows that. Ours must also be no worse than upstream
-on the same inputs, within `NO_WORSE`.
+off the definition at a rounding tie: no rounding bound covers that against the definition (at K = 512
+it reached 1.7x of 2^-8 on the H200, 2026-12-02), so upstream's GEMM is judged on its own quantized
+operands, within the same bound. Ours must also be no worse than upstream on the same inputs, within
+`NO_WORSE`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from v4flash_bench.step import model as M
 from v4flash_bench.step.ops import common as C
 from v4flash_bench.step.ops.common import Check, Prepared, Unavailable
 from v4flash_kernels import upstream as _up
-from v4flash_kernels.fp8_gemm.reference import linear_ref
+from v4flash_kernels.fp8_gemm.reference import linear_ref, matmul_ref
 from v4flash_kernels.kit.compare import excess_error, rel_err
 from v4flash_kernels.kit.fp8 import FP8
 
 FP8_KERNEL_PATH = "sglang/srt/layers/quantization/fp8_kernel.py"
-# fp32 accumulation (fp8 MMAs may accumulate with fewer bits) vs the sum of |terms|; upstream's quant
-# ties move a code one e4m3 step (tests/kernels/test_fp8_gemm_gpu.py holds the kernels to the same)
-ATOL_MAG = {"ours": 2.0 ** -11, "upstream": 2.0 ** -8}
+# fp32 accumulation vs the sum of |terms|: the fp8 MMAs add with fewer bits than fp32 (both kernels
+# reached 1.11x of 2^-11 on the H200; tests/kernels/test_fp8_gemm_gpu.py holds them to the same 2^-10)
+ATOL_MAG = 2.0 ** -10
 NO_WORSE = 2.0  # ours' rel. error <= this x upstream's on the same inputs (or the output rounding)
 
 # The pinned FP8 linear on sm_120 is `triton_w8a8_block_fp8_linear` -> `w8a8_block_fp8_matmul_triton`.
@@ -72,14 +74,21 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tenso
     The activation quant runs upstream's Triton `_per_token_group_quant_8bit` (the CUDA build uses
     sgl_kernel's quant, which this GPU does not have; both are one tiny pass over x).
     """
+    xq, xs = fp8_quant_upstream(x)
+    out: torch.Tensor = upstream_fp8().w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128],
+                                                                     output_dtype=torch.bfloat16)
+    return out
+
+
+def fp8_quant_upstream(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's activation group quant (codes, per-128 scales), as its linear runs it."""
     mod = upstream_fp8()
     m, k = x.shape
     xq = torch.empty((m, k), dtype=FP8, device=x.device)
     xs = torch.empty((m, k // 128), dtype=torch.float32, device=x.device)
     mod._per_token_group_quant_8bit[(m * (k // 128),)](
         x, xq, xs, 128, 128, 1e-10, -448.0, 448.0, BLOCK=128, num_warps=1, num_stages=1)
-    out: torch.Tensor = mod.w8a8_block_fp8_matmul_triton(xq, w, xs, s, [128, 128], output_dtype=torch.bfloat16)
-    return out
+    return xq, xs
 
 
 def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
@@ -109,14 +118,21 @@ def build(op: M.Op, impl: str, l2: int, seed: int) -> Prepared:
             linear(w, s)
 
     def check() -> Check:
-        """The linear against fp64 on the activation quantized by its definition, within the rounding
-        bound of its arithmetic; ours also against upstream's error on the same inputs."""
+        """Ours against fp64 on the activation quantized by its definition, upstream against fp64 on its
+        own quantized activation, each within the rounding bound of its arithmetic; ours also against
+        upstream's error on the same inputs."""
         w, s = ws[0]
         ref, mag = linear_ref(x, w, s)
         out = linear(w, s)
         e = rel_err(out, ref)
-        ex = excess_error(out, ref, mag, rtol=C.u_bf16_triton(), atol_mag=ATOL_MAG[impl])
-        detail = f"vs fp64 of the definitional quant: {ex:.2f} of the rounding bound"
+        if impl == "upstream":
+            xq, xs = fp8_quant_upstream(x)
+            own, own_mag = matmul_ref(xq, w, xs, s)
+            ex = excess_error(out, own, own_mag, rtol=C.u_bf16_triton(), atol_mag=ATOL_MAG)
+            detail = f"vs fp64 of its own quantized activation: {ex:.2f} of the rounding bound"
+        else:
+            ex = excess_error(out, ref, mag, rtol=C.u_bf16_triton(), atol_mag=ATOL_MAG)
+            detail = f"vs fp64 of the definitional quant: {ex:.2f} of the rounding bound"
         ok = ex <= 1.0
         if impl == "ours":
             try:
