@@ -85,7 +85,7 @@ def _switch_key(sw: Switch) -> Key:
     """A patch's key. One that is on by default only where verified (`verified_only`) takes auto = off in the
     plan, switched on by `up` once its self-check passed; the others are plain on/off."""
     if not sw.verified_only:
-        return Key(f"patches.{sw.name}", bool, True, v.on_off, sw.help,
+        return Key(f"patches.{sw.name}", bool, sw.default_on, v.on_off, sw.help,
                    Flag(sw.flag, sw.env, "config", sw.help + f" Workers get {sw.env}=1/0."))
     return Key(f"patches.{sw.name}", str, v.AUTO, v.on_off_auto, sw.help,
                Flag(sw.flag, sw.env, "config", sw.help + f" auto (default), on or off; workers get {sw.env}=1/0."),
