@@ -43,13 +43,21 @@ def _selfcheck(switch: Switch) -> str:
     return f"`{switch.selfcheck}`"
 
 
+def _default(switch: Switch) -> str:
+    if switch.verified_only:
+        return "auto: on once its self-check passed in `up`"
+    return "on" if switch.default_on else "**off** (measured slower; see its help)"
+
+
 def switches_table() -> str:
-    """README: one row per switch, how to turn it off, what it replaces, its self-check."""
+    """README: one row per switch, its default, how to turn it on/off, what it replaces, its self-check."""
     rows = []
     for s in SWITCHES:
         replaced = ", ".join(f"`{p.target_attr}`" for p in patches_of(s.name))
-        rows.append([f"`{s.name}`", s.title, f"`{s.flag} off`, `{s.env}=0`", replaced, _selfcheck(s)])
-    return _table(["switch", "kernel", "off with", "replaces (sglang 0.5.13.post1)", "self-check"], rows)
+        rows.append([f"`{s.name}`", s.title, _default(s), f"`{s.flag} on/off`, `{s.env}=1/0`", replaced,
+                     _selfcheck(s)])
+    return _table(["switch", "kernel", "default", "switch with", "replaces (sglang 0.5.13.post1)", "self-check"],
+                  rows)
 
 
 def patches_table() -> str:

@@ -4,6 +4,7 @@ composition arithmetic, the report with stand-in timings, and the CLI's --dry-ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -587,27 +588,41 @@ def test_glue_builders_check_on_cpu(monkeypatch):
 # ---------------------------------------------------------------- RTX PRO 6000 range (step 3)
 
 
-def test_rtx_range_per_op_and_step():
+PUBLIC = json.loads((Path(__file__).parent / "data" / "rtx6000_public.json").read_text())["figures"]
+
+
+def _rtx_floor_ms(spec: M.StepSpec) -> float:
+    return sum(o.floor_us(M.RTX6000) * o.count for o in M.ops_for_path(M.step_ops(spec), "patched")) / 1e3
+
+
+def test_rtx_floor_agrees_with_the_public_calculation_and_no_public_measurement_beats_it():
+    """The model's RTX PRO 6000 floors against figures it did not produce (tests/kernels/data/
+    rtx6000_public.json): the B=1 TP4 bytes floor within 10 % of a public calculation of the same bytes,
+    and no public measurement of a whole step on the card below the model's floor for that batch at the
+    shortest context we model (1K tokens; a real stack cannot beat a true floor, so a floor above a
+    measurement would be wrong). At 64 streams the public stack runs at 1.01x our floor."""
+    b1 = _rtx_floor_ms(M.StepSpec("decode", 1, 128 * K, 8 * K))
+    assert b1 == pytest.approx(PUBLIC["tp4_b1_bytes_floor_ms"]["value"], rel=0.10)
+    assert PUBLIC["tp4_b1_step_ms"]["value"] >= _rtx_floor_ms(M.StepSpec("decode", 1, 128 * K, 1 * K))
+    b64 = _rtx_floor_ms(M.StepSpec("decode", 64, 128 * K, 1 * K))
+    assert PUBLIC["tp4_64_streams_step_ms"]["value"] >= b64
+    assert all(f["kind"] in ("calculation", "measurement") and f["source"] for f in PUBLIC.values())
+
+
+def test_rtx_range_brackets_the_floor_and_renders():
+    """The range's structure (not its formula): it lies between the H200 time and above the card's
+    floor, its tok/s are the inverse of its ms, and the summary shows it."""
     h200 = M.machine_for("NVIDIA H200", 4.2e12)
-    ratio = 4.2e12 / 1.792e12
-    gemv = M.fp8_gemm("x", 1, 8192, 1024, 1)  # bytes-bound on both
-    floor = gemv.floor_us(M.RTX6000)
-    assert M.rtx_range_us(gemv, 1.0, h200) == pytest.approx((floor, max(floor, ratio)))
-    assert M.rtx_range_us(gemv, 20.0, h200) == pytest.approx((20.0, 20.0 * ratio))
-    big = M.fp8_gemm("x", 8192, 8192, 1024, 1)  # FLOPs-bound on the RTX card: scaled by the fp8 rate ratio
-    lo, hi = M.rtx_range_us(big, 1000.0, h200)
-    assert lo == pytest.approx(max(1000.0, big.floor_us(M.RTX6000)))
-    assert hi == pytest.approx(max(lo, 1000.0 * 1979e12 / 1007.6e12))
     spec = M.StepSpec("decode", 1, 128 * K, 8 * K)
     ops = M.step_ops(spec)
     us, src = _fake_times(spec)
     comp = M.compose(spec, "patched", ops, us, src, h200)
     lo, hi = comp.rtx_range_ms
-    est = sum(e.count * e.us_per_call for e in comp.estimates) / 1e3
-    assert lo == pytest.approx(sum(ln.rtx_lo_ms for ln in comp.lines) + est)
     assert comp.total_ms <= lo <= hi
-    assert hi - est == pytest.approx(sum(max(max(1.0, o.floor_us(M.RTX6000)), 1.0 * ratio) * o.count
-                                         for o in M.ops_for_path(ops, "patched")) / 1e3)
+    assert lo >= _rtx_floor_ms(spec)
+    gemv = M.fp8_gemm("x", 1, 8192, 1024, 1)
+    g_lo, g_hi = M.rtx_range_us(gemv, 1.0, h200)
+    assert g_lo >= gemv.floor_us(M.RTX6000) and g_hi >= g_lo
     t_lo, t_hi = comp.rtx_tok_s_range()
     assert t_lo == pytest.approx(1 / (hi / 1e3)) and t_hi == pytest.approx(1 / (lo / 1e3))
     md = R.summary_table([(M.compose(spec, "upstream", ops, us, src, h200), comp)], md=True)
