@@ -133,8 +133,18 @@ def test_registry_names_the_method_that_encloses_wq_b_and_the_norm():
     assert patches.switch_by_name("qnorm_rope").selfcheck == "v4flash_kernels.qnorm_rope.selfcheck"
 
 
-def test_import_swaps_the_method_and_keeps_upstreams(hook_env):
+def test_unset_is_off_by_default(hook_env):
+    """The switch is off by default (it measured slower than what it replaces): a worker whose variable
+    is unset keeps upstream's method and says why."""
+    assert patches.switch_by_name("qnorm_rope").default_on is False
     p, res, lines = _probe(hook_env, IDENTITY, env={})
+    assert p.rc == 0, p.stderr[-4000:]
+    assert not res["is_ours"] and res["fn"] == UPSTREAM, res
+    assert res["status"]["active"] is False and "off by default" in res["status"]["reason"], res["status"]
+
+
+def test_import_swaps_the_method_and_keeps_upstreams(hook_env):
+    p, res, lines = _probe(hook_env, IDENTITY, env={"V4FLASH_QNORM_ROPE": "1"})
     assert p.rc == 0, p.stderr[-4000:]
     assert res["is_ours"] and res["fn"] == OURS, res
     assert res["kept"] == UPSTREAM  # upstream's method, reachable for the calls ours does not compute
@@ -191,7 +201,8 @@ def _check(run, d, acc):
 @pytest.mark.timeout(1200)
 def test_compute_q_b_on_and_off_through_sglangs_layer(hook_env, tmp_path):
     runs = {}
-    for mode, extra in (("on", {}), ("off", {"V4FLASH_QNORM_ROPE": "0"}), ("fp8_off", {"V4FLASH_FP8_GEMM": "0"})):
+    on_ = {"V4FLASH_QNORM_ROPE": "1"}
+    for mode, extra in (("on", on_), ("off", {"V4FLASH_QNORM_ROPE": "0"}), ("fp8_off", {"V4FLASH_FP8_GEMM": "0", **on_})):
         out = tmp_path / f"{mode}.pt"
         p, res, lines = _probe(hook_env, CONSUMER, "9", str(out), env={"TRITON_INTERPRET": "1", **extra}, timeout=1000)
         assert p.rc == 0, p.stderr[-4000:]

@@ -28,7 +28,7 @@ from v4flash_pd.selfcheck.jobs import KERNEL_MODULE, STANDIN_MODULE, Job, arg, j
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PATCHES = ("sparse_decode", "moe", "indexer")  # the switches with a self-check (stand-in jobs check these)
-SWITCHES = tuple(s.name for s in REGISTRY)  # every switch the default plan turns on
+SWITCHES = tuple(s.name for s in REGISTRY if s.default_on)  # every switch the default plan turns on
 INJECT = "V4FLASH_SELFCHECK_INJECT"
 
 
@@ -198,7 +198,8 @@ def test_selfcheck_command_in_rehearsal_is_marked_stand_in(cli, tmp_path):
     assert s["standin"] and s["decision"] == "checked" and len(s["gpus"]) == 8
     assert s["requested"] == list(SWITCHES)
     assert all(g["patches"]["moe"]["cases"][0]["name"] == "stand-in" for g in s["gpus"])
-    for sw in REGISTRY:  # a switch without a self-check is never vouched for
+    assert all(sw.name not in s["patches"] for sw in REGISTRY if not sw.default_on)  # off: not checked
+    for sw in (sw for sw in REGISTRY if sw.default_on):  # a switch without a self-check is never vouched for
         assert s["patches"][sw.name]["status"] == ("pass" if sw.selfcheck else "unchecked"), sw.name
         assert (f"WARNING kernel patch {sw.name} has no self-check" in res.stderr) == (sw.selfcheck is None)
 

@@ -280,6 +280,9 @@ def switch_value(spec: PatchSpec) -> str | None:
 def _decide_for(spec: PatchSpec, module: Any) -> Decision:
     switch = switch_value(spec)
     version = _sglang_version()
+    if switch is not None and os.environ.get(spec.switch_env) is None:  # unset, and off by default
+        return Decision(False, f"off by default ({spec.switch_env} unset; {spec.switch_env}=1 turns it on)",
+                        False, version)
     if parse_switch(switch) is False:
         return decide(switch, version, None, None, None, spec=spec)
     upstream = target_function(module, spec)
