@@ -37,7 +37,7 @@ $(DEMO_BIN)/.stamp: pyproject.toml
 
 demo-venv: $(DEMO_BIN)/.stamp ## create .venv-demo: the launcher and the pinned router only (~150 MB)
 
-test: venv ## run the whole test suite (what CI runs): the kernels, the system tests and the rest as three pytest processes at once
+test: venv ## run the whole test suite (what CI runs): the kernels, the hook + system tests and the rest as three pytest processes at once
 	tools/run_tests.sh $(BIN)/python $(PYTEST_ARGS)
 
 test-fast: venv ## the suite without slow/image tests
