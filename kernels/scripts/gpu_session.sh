@@ -28,18 +28,16 @@ job_t_selfcheck() { V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m 
 # checks it), no -x: every failure shows; the per-test outcome and time go to suite.xml. Test files run in
 # parallel processes on the one GPU where pytest-xdist is installed (the machine's image has it): most of a
 # GPU test's time is Triton compiling on the CPU; no GPU test asserts a time.
+par() { python3 -c "import xdist" 2>/dev/null && echo "-n ${V4FLASH_SUITE_WORKERS:-4} --dist loadfile"; }
 job_suite() {
-  local par=""
-  python3 -c "import xdist" 2>/dev/null && par="-n ${V4FLASH_SUITE_WORKERS:-4} --dist loadfile"
-  V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $par \
+  # shellcheck disable=SC2046
+  V4FLASH_SELFCHECK_GPU_JSON=$R/selfcheck_gpu.json python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $(par) \
     --durations=30 --junitxml="$R/suite.xml" tests/kernels
 }
 # named GPU tests only (V4FLASH_TESTS: node ids or files), no -x: a re-run of what a suite run failed or left unrun
 job_tests() {
-  local par=""
-  python3 -c "import xdist" 2>/dev/null && par="-n ${V4FLASH_SUITE_WORKERS:-4} --dist loadfile"
-  # shellcheck disable=SC2086
-  python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $par --durations=10 ${V4FLASH_TESTS:?V4FLASH_TESTS}
+  # shellcheck disable=SC2086,SC2046
+  python3 -m pytest -q -rfE -p no:cacheprovider -m gpu $(par) --durations=10 ${V4FLASH_TESTS:?V4FLASH_TESTS}
 }
 job_b_fp8() { py -m v4flash_bench.fp8_gemm --json "$R/fp8_gemm.json" --md "$R/fp8_gemm.md"; }
 job_b_fp8sweep() { py -m v4flash_bench.fp8_sweep --json "$R/fp8_sweep.json"; }
@@ -62,7 +60,7 @@ job_ncu_fp8() {
 }
 job_step() { py -m v4flash_bench.step --json "$R/step.json" --md "$R/step.md" ${STEP_ARGS:-}; }
 
-export -f py pyt $(declare -F | awk '{print $3}' | grep '^job_')
+export -f py pyt par $(declare -F | awk '{print $3}' | grep '^job_')
 export R
 for spec in "$@"; do
   name=${spec%%:*}; limit=${spec#*:}; [ "$limit" = "$spec" ] && limit=300

@@ -29,9 +29,7 @@ from typing import Any, Callable, Dict, Tuple, cast
 from v4flash_kernels import __version__ as OURS_VERSION
 from v4flash_kernels.hook import hook_boot
 from v4flash_kernels.hook.hook_boot import installed as _finder_installed
-from v4flash_kernels.hook.patches import PATCHES, SPARSE_DECODE, SWITCHES, PatchSpec, by_name
-
-_SWITCH_DEFAULT_ON = {sw.name: sw.default_on for sw in SWITCHES}
+from v4flash_kernels.hook.patches import PATCHES, SPARSE_DECODE, PatchSpec, by_name, switch_by_name
 
 PINNED_SGLANG = "0.5.13.post1"
 ENV_STATUS_DIR = "V4FLASH_PATCH_STATUS_DIR"
@@ -189,7 +187,7 @@ def patch_status(name: str, why_undecided: str | None = None) -> Dict[str, Any]:
         "reason": d.reason if d else (why_undecided or f"{spec.target_module} not imported in this process"),
         "switch_name": spec.switch,
         "switch_env": spec.switch_env,
-        "switch": switch_value(spec) or "1",
+        "switch": os.environ.get(spec.switch_env, "1" if switch_by_name(spec.switch).default_on else "0"),
         "ours_function": spec.ours_function,
         "upstream_function": spec.upstream_function,
         "sglang_version": d.sglang_version if d else None,
@@ -268,19 +266,10 @@ def _apply_one(spec: PatchSpec, module: Any) -> None:
             pass
 
 
-def switch_value(spec: PatchSpec) -> str | None:
-    """The worker's switch variable; unset reads as the switch's default (None = on, "0" for a switch
-    that is off by default)."""
-    value = os.environ.get(spec.switch_env)
-    if value is None and not _SWITCH_DEFAULT_ON.get(spec.switch, True):
-        return "0"
-    return value
-
-
 def _decide_for(spec: PatchSpec, module: Any) -> Decision:
-    switch = switch_value(spec)
+    switch = os.environ.get(spec.switch_env)
     version = _sglang_version()
-    if switch is not None and os.environ.get(spec.switch_env) is None:  # unset, and off by default
+    if switch is None and not switch_by_name(spec.switch).default_on:
         return Decision(False, f"off by default ({spec.switch_env} unset; {spec.switch_env}=1 turns it on)",
                         False, version)
     if parse_switch(switch) is False:
