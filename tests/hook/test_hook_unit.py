@@ -298,8 +298,9 @@ def other_fn(x):
     return "other-upstream"
 other_mod.other_fn = other_fn
 sys.modules["sglang.other_target"] = other_mod
-broken = patches.PatchSpec("other", "other", "other", "sglang.other_target", "other_fn",
-                           "v4flash_kernels.attention.op", "sparse_mla_decode")  # signature differs: refused
+# a registered switch (the hook reads its default from the registry); signature differs: refused
+broken = patches.PatchSpec("other", "other", "topk", "sglang.other_target", "other_fn",
+                           "v4flash_kernels.attention.op", "sparse_mla_decode")
 hook.PATCHES = (patches.SPARSE_DECODE, broken)
 specs = {s.name: s for s in hook.PATCHES}
 hook.by_name = lambda name: specs[name]
