@@ -306,22 +306,27 @@ def test_plan_tables():
 # ----------------------------------------------------------------------------- the step bench's rows
 
 
-def test_step_model_fuses_the_q_path_on_the_patched_path_at_decode_rows():
-    """Up to 16 rows the patched path has one fused row instead of wq_b + the norm/RoPE proxy (which the
-    upstream path keeps); prefill rows keep both rows on both paths (the drop-in hands them to upstream)."""
+def test_step_model_fuses_the_q_path_on_the_patched_path_at_decode_rows_when_opted_in():
+    """With the switch opted in and up to 16 rows, the patched path has one fused row instead of wq_b + the
+    norm/RoPE proxy (which the upstream path keeps); prefill rows keep both rows on both paths (the drop-in
+    hands them to upstream). Without the opt-in (the switch is off by default) neither path fuses."""
     from v4flash_bench.step import model as M
 
     assert M.QNORM_ROPE_MAX_ROWS == op.MAX_ROWS
-    for spec, fused in ((M.decode_specs([4], [128 * 1024], 8192, 16)[0], True),
-                        (M.verify_specs([4], [2], 128 * 1024, 8192, 16)[0], True),
-                        (M.prefill_specs([1024], 16)[0], False)):
+    on = ("qnorm_rope",)
+    for spec, fused in ((M.decode_specs([4], [128 * 1024], 8192, 16, opt_in=on)[0], True),
+                        (M.verify_specs([4], [2], 128 * 1024, 8192, 16, opt_in=on)[0], True),
+                        (M.prefill_specs([1024], 16, opt_in=on)[0], False),
+                        (M.decode_specs([4], [128 * 1024], 8192, 16)[0], False),
+                        (M.verify_specs([4], [2], 128 * 1024, 8192, 16)[0], False)):
         ops = M.step_ops(spec)
         for path in ("upstream", "patched"):
             names = [o.name for o in M.ops_for_path(ops, path) if not o.name.startswith("draft: ")]
             has_fused = M.QNORM_ROPE_NAME in names
             assert has_fused == (fused and path == "patched"), (spec.label, path)
             assert ("wq_b (FP8)" in names) == ("q norm + RoPE (JIT)" in names) == (not has_fused), (spec.label, path)
-    row = next(o for o in M.step_ops(M.decode_specs([4], [128 * 1024], 8192, 16)[0]) if o.name == M.QNORM_ROPE_NAME)
+    row = next(o for o in M.step_ops(M.decode_specs([4], [128 * 1024], 8192, 16, opt_in=on)[0])
+               if o.name == M.QNORM_ROPE_NAME)
     assert row.patch == "qnorm_rope" and row.p["m"] == 4 and row.p["heads"] == 16 and row.flops == 2 * 4 * 8192 * 1024
     assert row.bytes > 8192 * 1024  # at least wq_b's weight
 

@@ -63,9 +63,11 @@ def test_fp8_gemm_bytes_and_flops_from_shapes():
     assert op.bytes == 1536 * 4096 + 12 * 32 * 4 + 4096 * 2 + 1536 * 2
     assert op.flops == 2 * 1536 * 4096
     wq_b = _by_name(M.decode_ops(M.StepSpec("decode", 1, 128 * K, 8 * K)), "wq_b (FP8)")
-    # 16 local heads x 512 at TP4; at decode rows only upstream's path runs it alone (the patched path fuses
-    # it with the q norm + RoPE: `QNORM_ROPE_NAME`)
-    assert wq_b.p == {"m": 1, "n": 16 * 512, "k": 1024, "path": "upstream"}
+    # 16 local heads x 512 at TP4, on both paths by default; with the fused q path opted in, at decode rows
+    # only upstream's path runs it alone (the patched path fuses it with the q norm + RoPE: `QNORM_ROPE_NAME`)
+    assert wq_b.p == {"m": 1, "n": 16 * 512, "k": 1024}
+    fused = M.StepSpec("decode", 1, 128 * K, 8 * K, opt_in=("qnorm_rope",))
+    assert _by_name(M.decode_ops(fused), "wq_b (FP8)").p == {"m": 1, "n": 16 * 512, "k": 1024, "path": "upstream"}
 
 
 def test_bf16_ops_bytes():
@@ -182,10 +184,12 @@ def test_compose_arithmetic():
     assert up.timed_ms == pytest.approx(calls * 1.0 / 1e3)
     assert pa.timed_ms == pytest.approx((calls_pa - 43 * 0.5) / 1e3)  # MoE at half the time on 43 layers
     # the patched path's fused mHC: per layer 2 boundaries instead of 2 pre + 2 post + 2 RMSNorms, but for
-    # the first layer's pre and norm and the last layer's post; per layer one fused q path instead of
-    # wq_b + the q norm + RoPE; and each compressor one fused row instead of its GEMM row and its
-    # compress + store row (c4 and the indexer's on 21 layers, c128 on 20)
-    assert calls - calls_pa == (86 + 86 + 87) - (1 + 1 + 85 + 2) + 43 + (21 + 20 + 21)
+    # the first layer's pre and norm and the last layer's post; and each compressor one fused row instead
+    # of its GEMM row and its compress + store row (c4 and the indexer's on 21 layers, c128 on 20). The
+    # fused q path is off by default: opted in, it saves one more call per layer (wq_b + the q norm + RoPE)
+    assert calls - calls_pa == (86 + 86 + 87) - (1 + 1 + 85 + 2) + (21 + 20 + 21)
+    opted = M.step_ops(dataclasses.replace(spec, opt_in=("qnorm_rope",)))
+    assert sum(o.count for o in M.ops_for_path(opted, "patched")) == calls_pa - 43
     assert up.total_ms == pytest.approx(up.timed_ms + up.estimate_ms)
     assert up.tok_s() == pytest.approx(16 / (up.total_ms / 1e3))
     moe = [ln for ln in pa.lines if ln.group == "moe"][0]
@@ -293,7 +297,7 @@ def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
             meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 10.0 if impl == "upstream" else 5.0,
                                                           1, 3, True, 1e-3, "", impl)))
     run = tmp_path / "run.json"
-    meta = {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64}
+    meta = {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64, "opt_in": ""}
     run.write_text(json.dumps({"meta": meta, "measurements": meas}))
     md = tmp_path / "out.md"
     args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run), "--md", str(md)]
@@ -637,8 +641,9 @@ def test_tp2_shapes_bytes_and_floors():
     s2 = M.StepSpec("decode", 16, 128 * K, 8 * K, heads_patched=32, tp=2)
     o4, o2 = M.decode_ops(s4), M.decode_ops(s2)
     assert s2.label == "decode TP2 B=16 C=128K L=8K" and s4.label == "decode B=16 C=128K L=8K"
-    assert _by_name(o2, "wq_b (FP8)").p == {"m": 16, "n": 32 * 512, "k": 1024, "path": "upstream"}
-    assert _by_name(o2, M.QNORM_ROPE_NAME, "patched").p["heads"] == 32
+    assert _by_name(o2, "wq_b (FP8)").p == {"m": 16, "n": 32 * 512, "k": 1024}
+    fused2 = M.decode_ops(dataclasses.replace(s2, opt_in=("qnorm_rope",)))
+    assert _by_name(fused2, M.QNORM_ROPE_NAME, "patched").p["heads"] == 32
     assert _by_name(o2, "wo_b (FP8)").p["k"] == 4096 and _by_name(o2, "wo_a einsum (bf16)").p["groups"] == 4
     assert _by_name(o2, "lm_head (bf16, vocab/TP)").p["n"] == 129280 // 2
     # replicated projections keep their shape; the routed experts hold twice the bytes per GPU
@@ -663,6 +668,7 @@ def test_tp_option_and_table(capsys):
 
     class A:
         batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,16", "128K,1M", "8K", "1K", "4,2", "", None
+        opt_in = ""
 
     specs = specs_from(A)
     assert [s.tp for s in specs].count(2) == 2  # TP2 decode at the first context only
@@ -784,6 +790,7 @@ def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
 
     class A:
         batches, contexts, actual_context, prefill, tp, mtp, verify_batches = "1,2", "128K", "8K", "", "4,2", "1", "1"
+        opt_in = ""
 
     from v4flash_bench.step.__main__ import specs_from
 
@@ -797,13 +804,90 @@ def test_dry_run_and_from_json_keep_the_new_compositions(tmp_path):
             meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 5.0, 1, 3, True, 1e-3, "", impl)))
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 16, "tp": "4,2",
-                                        "mtp": "1", "verify_batches": "1"}, "measurements": meas}))
+                                        "mtp": "1", "verify_batches": "1", "opt_in": ""}, "measurements": meas}))
     md = tmp_path / "out.md"
     assert step_main(["--batches", "1,2", "--contexts", "128K", "--prefill", "", "--from-json", str(run),
                       "--md", str(md)]) == 0
     text = md.read_text()
     assert "## TP4 vs 2x TP2" in text and "## Speculative decoding" in text and "verify k=1 B=1" in text
     assert step_main([*args, "--dry-run"]) == 0
+
+
+# ---------------------------------------------------------------- what the patched path composes
+
+
+def test_opt_in_names_only_switches_that_are_off_by_default(capsys):
+    off = [s.name for s in patches.SWITCHES if not s.default_on]
+    on = [s.name for s in patches.SWITCHES if s.default_on]
+    assert "qnorm_rope" in off and on
+    assert main(["--opt-in", on[0], "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "on by default already" in err and "fix:" in err and "qnorm_rope" in err
+    assert main(["--opt-in", "no_such_switch", "--dry-run"]) == 2
+    assert "not a kernel switch" in capsys.readouterr().err
+    assert main(["--opt-in", "qnorm_rope", "--dry-run", "--batches", "1", "--contexts", "128K", "--prefill", "",
+                 "--mtp", "", "--tp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "decode B=1 C=128K L=8K +qnorm_rope" in out and M.QNORM_ROPE_NAME in out
+    assert main(["--dry-run", "--batches", "1", "--contexts", "128K", "--prefill", "", "--mtp", "", "--tp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "+qnorm_rope" not in out and M.QNORM_ROPE_NAME not in out
+
+
+def _run_json(tmp_path, specs, meta, graphs=()):
+    meas = []
+    for key, op in M.unique_ops(specs).items():
+        for impl in runner.impls_for(op):
+            meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 10.0 if impl == "upstream" else 5.0,
+                                                          1, 3, True, 1e-3, "", impl)))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 16, "tp": "4",
+                                        "mtp": "", **meta}, "measurements": meas, "step_graphs": list(graphs)}))
+    return run
+
+
+def test_a_run_before_opt_in_re_renders_as_it_was_composed_and_as_the_default(tmp_path, capsys):
+    """Runs before --opt-in composed the fused q path and labelled their graphs without '+qnorm_rope':
+    re-rendered as they were, the graphs pair with their per-op sums; re-rendered as the shipped default
+    (--opt-in ''), the fused row is gone and the graphs, which captured another composition, are left out."""
+    old = M.decode_specs([1], [128 * K], 8 * K, 16, opt_in=("qnorm_rope",))
+    default = M.decode_specs([1], [128 * K], 8 * K, 16)
+    graph = {"spec": "decode B=1 C=128K L=8K", "path": "patched", "ms": 4.25, "kernels": 900, "other_nodes": {},
+             "calls": 900, "error": None}
+    run = _run_json(tmp_path, old + default, {}, [graph])
+    args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run)]
+    md = tmp_path / "as-run.md"
+    assert main([*args, "--md", str(md)]) == 0
+    text = md.read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| decode B=1 C=128K L=8K +qnorm_rope | patched"))
+    assert "4.25" in row and row.split("|")[3].strip() not in ("-", "nan"), row  # the per-op sum beside the graph
+    assert M.QNORM_ROPE_NAME in text
+    capsys.readouterr()
+    md = tmp_path / "default.md"
+    assert main([*args, "--opt-in", "", "--md", str(md)]) == 0
+    text = md.read_text()
+    assert "captured its own composition" in capsys.readouterr().err
+    assert "+qnorm_rope" not in text and M.QNORM_ROPE_NAME not in text and "4.25" not in text
+    assert "| decode B=1 C=128K L=8K |" in text
+
+
+def test_the_default_composition_is_cheaper_by_the_fusions_measured_cost(tmp_path):
+    """With the fused q path timed slower than wq_b + the norm/RoPE glue, the default (no opt-in) patched
+    step is faster, by exactly layers x (fused - wq_b ours - glue) µs."""
+    spec = M.decode_specs([1], [128 * K], 8 * K, 16)[0]
+    fused = dataclasses.replace(spec, opt_in=("qnorm_rope",))
+    ops = {s.opt_in: M.step_ops(s) for s in (spec, fused)}
+    us = {}
+    for o in {**M.unique_ops([spec]), **M.unique_ops([fused])}.values():
+        for impl in runner.impls_for(o):
+            us[(o.key, impl)] = runner.Measurement(o.key, impl, o.name, 20.0 if o.patch == "qnorm_rope" else 5.0,
+                                                   1, 3, True, 1e-3, "", impl)
+    totals = {}
+    for opt, sops in ops.items():
+        t, src = runner.path_times(sops, us)
+        totals[opt] = M.compose(spec if not opt else fused, "patched", sops, t, src, M.RTX6000).timed_ms
+    n = M.layer_counts()["all"]
+    assert totals[("qnorm_rope",)] - totals[()] == pytest.approx(n * (20.0 - 5.0 - 5.0) / 1e3)
 
 
 # ---------------------------------------------------------------- seeds, bounds, failed rows (issue 28)
@@ -918,7 +1002,7 @@ def test_a_failed_check_leaves_no_substituted_time_and_the_step_incomplete(tmp_p
     import json
 
     run = tmp_path / "run.json"
-    run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64},
+    run.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64, "opt_in": ""},
                                "measurements": [runner.to_json(m) for m in meas.values()]}))
     out_json = tmp_path / "again.json"
     assert main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--mtp", "", "--tp", "4",

@@ -12,6 +12,7 @@ and prefill seconds, next to the bytes/FLOPs floor on one RTX PRO 6000 and on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ DEFAULT_SEED = 20261202  # fixed: two runs draw the same inputs unless --seed sa
 DEFAULT_TP = "4,2"
 DEFAULT_MTP = "1,2,3"
 DEFAULT_VERIFY_BATCHES = "1,16,64"
+RUNS_BEFORE_OPT_IN = "qnorm_rope"  # what a run's JSON without meta["opt_in"] composed
 
 
 class UsageError(Exception):
@@ -69,6 +71,21 @@ def heads_patched(tp: int = M.TP) -> int:
     return M.N_HEADS // tp if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
 
 
+def parse_opt_in(text: str) -> Tuple[str, ...]:
+    """'qnorm_rope' -> the switches, off in `up`'s default plan, whose patches the patched path runs
+    anyway ('' = none: the patched path is what ships by default)."""
+    from v4flash_kernels.hook.patches import SWITCHES
+
+    off = [s.name for s in SWITCHES if not s.default_on]
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    for name in names:
+        if name not in off:
+            on = "is on by default already" if name in {s.name for s in SWITCHES} else "is not a kernel switch"
+            raise UsageError(f"--opt-in {text!r}: {name!r} {on}",
+                             f"name switches that are off by default: {', '.join(off) or '(none)'}; '' = none")
+    return names
+
+
 def specs_from(args: Any) -> List[M.StepSpec]:
     batches = parse_sizes(args.batches, "batches")
     contexts = parse_sizes(args.contexts, "contexts")
@@ -83,17 +100,18 @@ def specs_from(args: Any) -> List[M.StepSpec]:
     if bad:
         raise UsageError(f"--tp {args.tp}: {bad[0]} is not a modelled layout", "give --tp 4, --tp 2 or --tp 4,2")
     first, others = tps[0], list(dict.fromkeys(tps[1:]))
+    opt = parse_opt_in(args.opt_in or "")
     h = heads_patched(first)
-    specs = M.decode_specs(batches, contexts, actual, h, first) + M.prefill_specs(chunks, h, first)
+    specs = M.decode_specs(batches, contexts, actual, h, first, opt) + M.prefill_specs(chunks, h, first, opt)
     mtp = args.mtp if args.mtp is not None else DEFAULT_MTP
     if mtp.strip():
         ks = parse_sizes(mtp, "mtp")
         if any(k > 7 for k in ks):
             raise UsageError(f"--mtp {mtp}: up to 7 draft tokens are modelled", "give e.g. --mtp 1,2,3")
         vb = parse_sizes(args.verify_batches or DEFAULT_VERIFY_BATCHES, "verify-batches")
-        specs += M.verify_specs(vb, ks, contexts[0], actual, h, first)
+        specs += M.verify_specs(vb, ks, contexts[0], actual, h, first, opt)
     for tp in others:  # the other layouts: decode at the first context, for the per-GPU comparison
-        specs += M.decode_specs(batches, contexts[:1], actual, heads_patched(tp), tp)
+        specs += M.decode_specs(batches, contexts[:1], actual, heads_patched(tp), tp, opt)
     return specs
 
 
@@ -111,6 +129,9 @@ def main(argv: List[str] | None = None) -> int:
                     f"decoding), at the first context and TP; '' = none; default {DEFAULT_MTP}")
     ap.add_argument("--verify-batches", default=None, help=f"requests per GPU of the verify compositions; default "
                     f"{DEFAULT_VERIFY_BATCHES}")
+    ap.add_argument("--opt-in", default=None, help="switches off in up's default plan whose patches the patched path "
+                    "runs anyway, e.g. qnorm_rope (labels get '+name'); default none: the patched path is what "
+                    "ships (with --from-json: the run's)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan of ops and shapes; no GPU needed")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="write the markdown tables (for docs/decode-step.md)")
@@ -166,7 +187,7 @@ def main(argv: List[str] | None = None) -> int:
         "commit": measured_commit(), "argv": sys.argv[1:], "seed": seed,
         "wall_s": time.time() - t0, "heads_patched": specs[0].heads_patched if specs else None,
         "tp": args.tp or DEFAULT_TP, "mtp": DEFAULT_MTP if args.mtp is None else args.mtp,
-        "verify_batches": args.verify_batches or DEFAULT_VERIFY_BATCHES,
+        "verify_batches": args.verify_batches or DEFAULT_VERIFY_BATCHES, "opt_in": args.opt_in or "",
         "wheel": os.environ.get("V4FLASH_SGLANG_WHEEL"),
     }
     return emit(specs, meas, gpu, meta, args, graphs)
@@ -290,16 +311,31 @@ def from_json(path: str, args: Any) -> int:
         args.mtp = meta.get("mtp", "")  # runs before --mtp existed had no verify compositions
     if args.verify_batches is None:
         args.verify_batches = meta.get("verify_batches")
-    specs = specs_from(args)
+    # runs before --opt-in existed composed every patch the bench knew, the fused q path included, and
+    # labelled their graphs without the '+name' that composition's labels carry now
+    run_opt_in = meta.get("opt_in", RUNS_BEFORE_OPT_IN)
+    if "opt_in" not in meta:
+        suffix = "".join(f" +{name}" for name in parse_opt_in(run_opt_in))
+        graphs = [dataclasses.replace(g, spec=g.spec + suffix) for g in graphs]
+    if args.opt_in is None:
+        args.opt_in = run_opt_in
+    try:
+        specs = specs_from(args)
+    except UsageError as exc:
+        print(f"error: {exc}\nfix: {exc.fix}", file=sys.stderr)
+        return 2
+    if parse_opt_in(args.opt_in) != parse_opt_in(run_opt_in) and graphs:
+        print(f"note: the run's whole-step graphs captured its own composition (--opt-in {run_opt_in!r}); "
+              f"they are left out of a re-render with --opt-in {args.opt_in!r}", file=sys.stderr)
+        graphs = []
     if meta.get("heads_patched") is not None and meta["heads_patched"] == M.N_HEADS:  # a run without the adapter
-        specs = [M.StepSpec(s.phase, s.batch, s.configured_ctx, s.actual_ctx, s.heads_upstream, M.N_HEADS, s.tp)
-                 for s in specs]
+        specs = [dataclasses.replace(s, heads_patched=M.N_HEADS) for s in specs]
     gpu = M.machine_for(meta["gpu"], meta["copy_bw_tbs"] * 1e12)
     try:
         return emit(specs, meas, gpu, meta, args, graphs)
     except KeyError as exc:
         print(f"error: the run in {path} has no measurement for {exc}\nfix: give the same --batches/--contexts/"
-              "--actual-context/--prefill/--tp as that run", file=sys.stderr)
+              "--actual-context/--prefill/--tp/--opt-in as that run (its argv is in the JSON's meta)", file=sys.stderr)
         return 2
 
 if __name__ == "__main__":

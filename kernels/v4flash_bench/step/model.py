@@ -157,18 +157,18 @@ QNORM_ROPE_MAX_ROWS = 16
 QNORM_ROPE_NAME = "wq_b + q norm + RoPE (fused)"
 
 
-def q_path_ops(m: int, local_heads: int, count: int) -> List[Op]:
-    """wq_b's rows of a step (the q norm + RoPE glue row is `glue_ops`'): at up to QNORM_ROPE_MAX_ROWS rows
-    the patched path runs them as one fused op instead (reads wq_b's weight, scales and input, each row's
-    position and cos/sin; writes q), the upstream path as the two ops."""
+def q_path_ops(m: int, local_heads: int, count: int, fused: bool = True) -> List[Op]:
+    """wq_b's rows of a step (the q norm + RoPE glue row is `glue_ops`'): with `fused` and at up to
+    QNORM_ROPE_MAX_ROWS rows the patched path runs them as one fused op instead (reads wq_b's weight,
+    scales and input, each row's position and cos/sin; writes q), the upstream path as the two ops."""
     n = local_heads * HEAD_DIM
     wq_b = fp8_gemm("wq_b (FP8)", m, n, Q_LORA, count)
-    if m > QNORM_ROPE_MAX_ROWS:
+    if m > QNORM_ROPE_MAX_ROWS or not fused:
         return [wq_b]
-    fused = Op(QNORM_ROPE_NAME, "fp8_gemm", f"qnr:{m}x{n}x{Q_LORA}", count,
+    one = Op(QNORM_ROPE_NAME, "fp8_gemm", f"qnr:{m}x{n}x{Q_LORA}", count,
                fp8_gemm_bytes(m, n, Q_LORA) + m * (8 + 64 * 4), 2 * m * n * Q_LORA,
                _params(m=m, heads=local_heads, k=Q_LORA), patch="qnorm_rope")
-    return [_only(wq_b, "upstream"), _variant(fused, "patched")]
+    return [_only(wq_b, "upstream"), _variant(one, "patched")]
 
 
 def bf16_gemm(name: str, m: int, n: int, k: int, count: int, out_fp32: bool = False, groups: int = 1) -> Op:
@@ -383,7 +383,7 @@ def glue_op(name: str, kind: str, rows: int, count: int, launches: Tuple[Tuple[i
 RMS4096_NAME = "RMSNorm 4096 (input / post-attn / final)"
 
 
-def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) -> List[Op]:
+def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP, fused_q: bool = False) -> List[Op]:
     """The small kernels of a step besides the GEMMs, attention, indexer, MoE and mHC, as the sm_120
     path of models/deepseek_v4.py + dsv4/compressor.py runs them (`rows` tokens, all layers).
 
@@ -416,7 +416,7 @@ def glue_ops(rows: int, counts: Mapping[str, int], prefill: bool, tp: int = TP) 
         glue_op("RMSNorm q_norm 1024", "rms1024", rows, n_all, ((rows * Q_LORA * 2 + Q_LORA * 2, rows * Q_LORA * 2),),
                 "rmsnorm", Q_LORA),
         # fused into wq_b's kernel on the patched path at decode / verify rows (`q_path_ops`)
-        _only(qrope, "upstream") if rows <= QNORM_ROPE_MAX_ROWS else qrope,
+        _only(qrope, "upstream") if fused_q and rows <= QNORM_ROPE_MAX_ROWS else qrope,
         glue_op("kv norm + RoPE + fp8 SWA cache write (JIT)", "kvstore", rows, n_all,
                 ((rows * HEAD_DIM * 2, rows * KV_TOKEN_BYTES),), "proxy"),
         glue_op("inverse RoPE on o (JIT)", f"orope{h}", rows, n_all, ((rows * h * rope * 2, rows * h * rope * 2),),
@@ -453,6 +453,16 @@ class StepSpec:
     heads_patched: int = N_HEADS
     tp: int = TP  # attention-TP = MoE-TP of the worker this GPU belongs to
     k: int = 0  # verify: draft tokens per request (MTP steps); the target forward runs B x (k+1) rows
+    # Switches that are off in `up`'s default plan (Switch.default_on=False) which this composition's
+    # patched path turns on anyway; without them the patched path is what ships by default.
+    opt_in: Tuple[str, ...] = ()
+
+    def runs(self, patch: str) -> bool:
+        """Whether the patched path of this composition runs registry patch `patch`."""
+        from v4flash_kernels.hook.patches import by_name, switch_by_name
+
+        switch = switch_by_name(by_name(patch).switch)
+        return switch.default_on or switch.name in self.opt_in
 
     @property
     def rows(self) -> int:
@@ -462,12 +472,13 @@ class StepSpec:
     @property
     def label(self) -> str:
         tp = "" if self.tp == TP else f" TP{self.tp}"
+        extra = "".join(f" +{name}" for name in self.opt_in)
         if self.phase == "prefill":
-            return f"prefill{tp} T={self.batch}"
+            return f"prefill{tp} T={self.batch}{extra}"
         ctx = f"C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
         if self.phase == "verify":
-            return f"verify{tp} k={self.k} B={self.batch} {ctx}"
-        return f"decode{tp} B={self.batch} {ctx}"
+            return f"verify{tp} k={self.k} B={self.batch} {ctx}{extra}"
+        return f"decode{tp} B={self.batch} {ctx}{extra}"
 
 
 def fmt_ctx(n: int) -> str:
@@ -478,15 +489,16 @@ def fmt_ctx(n: int) -> str:
     return str(n)
 
 
-def linear_ops(m: int, counts: Mapping[str, int], tp: int = TP) -> List[Op]:
+def linear_ops(m: int, counts: Mapping[str, int], tp: int = TP, fused_q: bool = False) -> List[Op]:
     """The GEMMs of one step at M = m rows (all layers), lm_head excluded; column/row-parallel ones
-    split over `tp` GPUs (the compressors, the indexer's projections and wqkv_a are replicated)."""
+    split over `tp` GPUs (the compressors, the indexer's projections and wqkv_a are replicated).
+    `fused_q`: the patched path runs the fused q path (`q_path_ops`)."""
     n_all, n_c4, n_c128 = counts["all"], counts["c4"], counts["c128"]
     local_heads = N_HEADS // tp
     local_groups = O_GROUPS // tp
     return [
         fp8_gemm("wqkv_a (FP8)", m, Q_LORA + HEAD_DIM, HIDDEN, n_all),
-        *q_path_ops(m, local_heads, n_all),
+        *q_path_ops(m, local_heads, n_all, fused=fused_q),
         bf16_gemm("wo_a einsum (bf16)", m, O_LORA, N_HEADS * HEAD_DIM // O_GROUPS, n_all, groups=local_groups),
         fp8_gemm("wo_b (FP8)", m, HIDDEN, O_GROUPS * O_LORA // tp, n_all),
         fp8_gemm("indexer wq_b (FP8)", m, INDEX_HEADS * INDEX_DIM, Q_LORA, n_c4),
@@ -531,9 +543,10 @@ def decode_ops(spec: StepSpec) -> List[Op]:
                           distinct_keys=B * (L // 4)))
     ops.append(topk_op(R, c4_conf, counts["c4"], L // 4))
     ops.append(moe_op(R, counts["all"], tp))
-    ops.extend(linear_ops(R, counts, tp))
+    fused_q = spec.runs("qnorm_rope")
+    ops.extend(linear_ops(R, counts, tp, fused_q=fused_q))
     ops.extend(mhc_ops(R))
-    ops.extend(glue_ops(R, counts, prefill=False, tp=tp))
+    ops.extend(glue_ops(R, counts, prefill=False, tp=tp, fused_q=fused_q))
     ops.append(lm_head_op(R, tp))
     if spec.phase == "decode" and R <= COMPRESSOR_FUSED_ROWS:
         ops = fused_compressors(ops, R, counts)
@@ -561,11 +574,12 @@ def draft_ops(spec: StepSpec) -> List[Op]:
         params = _params(kind="window", rows=B, heads=heads, width_extra=0, valid_extra=0, prefill=False, reps=1)
         one.append(_variant(attention_op("window", B, N_HEADS // tp, B * tok, 1, key, params), variant))
     one.append(moe_op(B, 1, tp))
-    one.extend(o for o in linear_ops(B, counts, tp) if o.count)
+    fused_q = spec.runs("qnorm_rope")
+    one.extend(o for o in linear_ops(B, counts, tp, fused_q=fused_q) if o.count)
     one.append(fp8_gemm("NextN e_proj (FP8)", B, HIDDEN, HIDDEN, 1))
     one.append(fp8_gemm("NextN h_proj (FP8)", B * HC_MULT, HIDDEN, HIDDEN, 1))
     one.extend(mhc_ops(B, n_layers=1))
-    glue = [o for o in glue_ops(B, counts, prefill=False, tp=tp) if o.count]
+    glue = [o for o in glue_ops(B, counts, prefill=False, tp=tp, fused_q=fused_q) if o.count]
     one.extend(glue)
     one.append(glue_op(RMS4096_NAME, "rms4096", B * HC_MULT, 1,
                        ((B * HC_MULT * HIDDEN * 2 + HIDDEN * 2, B * HC_MULT * HIDDEN * 2),), "rmsnorm", HIDDEN))
@@ -606,9 +620,10 @@ def prefill_ops(spec: StepSpec) -> List[Op]:
                                   prefill=True), distinct_keys=T // 4))
     ops.append(topk_op(T, c4_width, counts["c4"], T // 4))
     ops.append(moe_op(T, counts["all"], tp))
-    ops.extend(linear_ops(T, counts, tp))
+    fused_q = spec.runs("qnorm_rope")
+    ops.extend(linear_ops(T, counts, tp, fused_q=fused_q))
     ops.extend(mhc_ops(T))
-    ops.extend(glue_ops(T, counts, prefill=True, tp=tp))
+    ops.extend(glue_ops(T, counts, prefill=True, tp=tp, fused_q=fused_q))
     ops.append(lm_head_op(1, tp))
     return ops
 
@@ -826,13 +841,14 @@ def compose(spec: StepSpec, path: str, ops: Iterable[Op], us: Mapping[Tuple[str,
 
 
 def decode_specs(batches: Iterable[int], contexts: Iterable[int], actual_ctx: int, heads_patched: int,
-                 tp: int = TP) -> List[StepSpec]:
-    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched, tp=tp)
+                 tp: int = TP, opt_in: Tuple[str, ...] = ()) -> List[StepSpec]:
+    return [StepSpec("decode", b, c, min(actual_ctx, c), heads_patched=heads_patched, tp=tp, opt_in=opt_in)
             for c in contexts for b in batches]
 
 
-def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP) -> List[StepSpec]:
-    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp) for t in chunks]
+def prefill_specs(chunks: Iterable[int], heads_patched: int, tp: int = TP,
+                  opt_in: Tuple[str, ...] = ()) -> List[StepSpec]:
+    return [StepSpec("prefill", t, t, t, heads_patched=heads_patched, tp=tp, opt_in=opt_in) for t in chunks]
 
 
 @dataclass(frozen=True)
@@ -886,9 +902,9 @@ def streams_fit(tp: int, streams: int) -> bool:
 
 
 def verify_specs(batches: Iterable[int], ks: Iterable[int], context: int, actual_ctx: int, heads_patched: int,
-                 tp: int = TP) -> List[StepSpec]:
-    return [StepSpec("verify", b, context, min(actual_ctx, context), heads_patched=heads_patched, tp=tp, k=k)
-            for k in ks for b in batches]
+                 tp: int = TP, opt_in: Tuple[str, ...] = ()) -> List[StepSpec]:
+    return [StepSpec("verify", b, context, min(actual_ctx, context), heads_patched=heads_patched, tp=tp, k=k,
+                     opt_in=opt_in) for k in ks for b in batches]
 
 
 def spec_tok_s(cycle_ms: float, batch: int, accept: float, k: int) -> Tuple[float, float]:
