@@ -288,17 +288,8 @@ def test_launcher_bench_step_passes_options_through(capsys):
 
 
 def test_from_json_recomposes_a_finished_run(tmp_path, capsys):
-    import json
 
-    specs = M.decode_specs([1], [128 * K], 8 * K, 64)
-    meas = []
-    for key, op in M.unique_ops(specs).items():
-        for impl in runner.impls_for(op):
-            meas.append(runner.to_json(runner.Measurement(key, impl, op.name, 10.0 if impl == "upstream" else 5.0,
-                                                          1, 3, True, 1e-3, "", impl)))
-    run = tmp_path / "run.json"
-    meta = {"gpu": "NVIDIA H200", "copy_bw_tbs": 4.2, "heads_patched": 64, "opt_in": ""}
-    run.write_text(json.dumps({"meta": meta, "measurements": meas}))
+    run = _run_json(tmp_path, M.decode_specs([1], [128 * K], 8 * K, 64), {"heads_patched": 64, "opt_in": ""})
     md = tmp_path / "out.md"
     args = ["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run), "--md", str(md)]
     assert main(args) == 0
