@@ -75,7 +75,9 @@ def test_check_sm120_compiles_every_switchs_list_and_names_no_op():
 
 
 def test_the_step_bench_reaches_every_patched_op_through_the_registry():
-    specs = (M.decode_specs([1, 64], [128 * 1024], 8192, 16) + M.prefill_specs([1024], 16)
+    # switches off by default are composed when opted in (`--opt-in`), so they are reached too
+    off = tuple(s.name for s in SWITCHES if not s.default_on)
+    specs = (M.decode_specs([1, 64], [128 * 1024], 8192, 16, opt_in=off) + M.prefill_specs([1024], 16)
              + M.verify_specs([16], [2], 128 * 1024, 8192, 16))
     used = {op.patch for op in M.unique_ops(specs).values() if op.patch is not None}
     # every op's patch is a registry patch (no second vocabulary) whose switch names the builders
