@@ -862,6 +862,29 @@ def test_a_run_before_opt_in_re_renders_as_it_was_composed_and_as_the_default(tm
     assert "| decode B=1 C=128K L=8K |" in text
 
 
+def test_a_run_whose_opt_in_has_since_become_the_default_re_renders_and_a_forged_one_is_refused(
+        tmp_path, capsys, monkeypatch):
+    """A run that opted into qnorm_rope, re-rendered after qnorm_rope became on by default: its composition is
+    the default now, its graphs pair with it (no traceback on a name --opt-in would refuse today). A run whose
+    JSON names no kernel switch ends in error + fix."""
+    fused = M.decode_specs([1], [128 * K], 8 * K, 16, opt_in=("qnorm_rope",))
+    graph = {"spec": "decode B=1 C=128K L=8K +qnorm_rope", "path": "patched", "ms": 4.25, "kernels": 900,
+             "other_nodes": {}, "calls": 900, "error": None}
+    run = _run_json(tmp_path, fused, {"opt_in": "qnorm_rope"}, [graph])
+    flipped = tuple(dataclasses.replace(s, default_on=True) if s.name == "qnorm_rope" else s for s in patches.SWITCHES)
+    monkeypatch.setattr(patches, "SWITCHES", flipped)
+    md = tmp_path / "now.md"
+    assert main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(run), "--md", str(md)]) == 0
+    text = md.read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| decode B=1 C=128K L=8K | patched"))
+    assert "4.25" in row and M.QNORM_ROPE_NAME in text and "+qnorm_rope" not in text
+    monkeypatch.undo()
+    forged = _run_json(tmp_path, fused, {"opt_in": "no_such_switch"})
+    assert main(["--batches", "1", "--contexts", "128K", "--prefill", "", "--from-json", str(forged)]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "fix:" in err and "Traceback" not in err
+
+
 def test_the_default_composition_is_cheaper_by_the_fusions_measured_cost(tmp_path):
     """With the fused q path timed slower than wq_b + the norm/RoPE glue, the default (no opt-in) patched
     step is faster, by exactly layers x (fused - wq_b ours - glue) µs."""

@@ -71,19 +71,27 @@ def heads_patched(tp: int = M.TP) -> int:
     return M.N_HEADS // tp if getattr(SPARSE_DECODE, "adapter", None) else M.N_HEADS
 
 
-def parse_opt_in(text: str) -> Tuple[str, ...]:
+def _names(text: str) -> Tuple[str, ...]:
+    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def parse_opt_in(text: str, lenient: bool = False) -> Tuple[str, ...]:
     """'qnorm_rope' -> the switches, off in `up`'s default plan, whose patches the patched path runs
-    anyway ('' = none: the patched path is what ships by default)."""
+    anyway ('' = none: the patched path is what ships by default). `lenient` (a finished run's own
+    list): a switch that has become on by default since is dropped, the default composes it anyway."""
     from v4flash_kernels.hook.patches import SWITCHES
 
     off = [s.name for s in SWITCHES if not s.default_on]
-    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    for name in names:
-        if name not in off:
-            on = "is on by default already" if name in {s.name for s in SWITCHES} else "is not a kernel switch"
+    known = {s.name for s in SWITCHES}
+    out = []
+    for name in _names(text):
+        if name in off:
+            out.append(name)
+        elif not (lenient and name in known):
+            on = "is on by default already" if name in known else "is not a kernel switch"
             raise UsageError(f"--opt-in {text!r}: {name!r} {on}",
                              f"name switches that are off by default: {', '.join(off) or '(none)'}; '' = none")
-    return names
+    return tuple(out)
 
 
 def specs_from(args: Any) -> List[M.StepSpec]:
@@ -311,21 +319,23 @@ def from_json(path: str, args: Any) -> int:
         args.mtp = meta.get("mtp", "")  # runs before --mtp existed had no verify compositions
     if args.verify_batches is None:
         args.verify_batches = meta.get("verify_batches")
-    # runs before --opt-in existed composed every patch the bench knew, the fused q path included, and
-    # labelled their graphs without the '+name' that composition's labels carry now
-    run_opt_in = meta.get("opt_in", RUNS_BEFORE_OPT_IN)
-    if "opt_in" not in meta:
-        suffix = "".join(f" +{name}" for name in parse_opt_in(run_opt_in))
-        graphs = [dataclasses.replace(g, spec=g.spec + suffix) for g in graphs]
-    if args.opt_in is None:
-        args.opt_in = run_opt_in
     try:
+        # The run's composition: runs before --opt-in existed composed every patch the bench knew, the
+        # fused q path included. Its graphs are labelled with the names it was given (none before
+        # --opt-in); they are relabelled as that composition is labelled today.
+        run_names = parse_opt_in(meta.get("opt_in", RUNS_BEFORE_OPT_IN), lenient=True)
+        given = M.opt_in_suffix(_names(meta.get("opt_in", "")))
+        graphs = [dataclasses.replace(g, spec=g.spec.removesuffix(given) + M.opt_in_suffix(run_names))
+                  for g in graphs]
+        if args.opt_in is None:
+            args.opt_in = ",".join(run_names)
         specs = specs_from(args)
+        wanted = parse_opt_in(args.opt_in)
     except UsageError as exc:
         print(f"error: {exc}\nfix: {exc.fix}", file=sys.stderr)
         return 2
-    if parse_opt_in(args.opt_in) != parse_opt_in(run_opt_in) and graphs:
-        print(f"note: the run's whole-step graphs captured its own composition (--opt-in {run_opt_in!r}); "
+    if wanted != run_names and graphs:
+        print(f"note: the run's whole-step graphs captured its own composition (--opt-in {','.join(run_names)!r}); "
               f"they are left out of a re-render with --opt-in {args.opt_in!r}", file=sys.stderr)
         graphs = []
     if meta.get("heads_patched") is not None and meta["heads_patched"] == M.N_HEADS:  # a run without the adapter

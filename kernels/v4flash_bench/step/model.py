@@ -472,13 +472,18 @@ class StepSpec:
     @property
     def label(self) -> str:
         tp = "" if self.tp == TP else f" TP{self.tp}"
-        extra = "".join(f" +{name}" for name in self.opt_in)
+        extra = opt_in_suffix(self.opt_in)
         if self.phase == "prefill":
             return f"prefill{tp} T={self.batch}{extra}"
         ctx = f"C={fmt_ctx(self.configured_ctx)} L={fmt_ctx(self.actual_ctx)}"
         if self.phase == "verify":
             return f"verify{tp} k={self.k} B={self.batch} {ctx}{extra}"
         return f"decode{tp} B={self.batch} {ctx}{extra}"
+
+
+def opt_in_suffix(names: Iterable[str]) -> str:
+    """What a composition's label carries for the switches it opts into (' +qnorm_rope')."""
+    return "".join(f" +{name}" for name in names)
 
 
 def fmt_ctx(n: int) -> str:
