@@ -173,6 +173,35 @@ def test_sigterm_during_the_check_kills_the_children(tmp_path):
         os.kill(rec["pid"], 0)
 
 
+def test_a_signal_while_a_check_process_is_being_created_still_kills_it(tmp_path, monkeypatch):
+    """SIGTERM arriving inside `subprocess.Popen` (after the fork, before it returns) must not orphan the
+    child: it is held until the driver holds the child, then the child is killed and `Interrupted` raised."""
+    from v4flash_pd.selfcheck import driver
+
+    real_popen = driver.subprocess.Popen
+    made: list = []
+
+    def popen_then_signal(*a, **kw):
+        child = real_popen(*a, **kw)
+        made.append(child)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before this returns: Python runs handlers promptly
+        for _ in range(1000):
+            time.sleep(0.001)
+        return child
+
+    monkeypatch.setattr(driver.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(Interrupted):
+            run_jobs((standin_job(0),), tmp_path, env(**{INJECT: "sparse_decode:hang"}), quiet, timeout=60)
+        assert len(made) == 1
+        assert made[0].poll() is not None, "the check process outlived the self-check"
+    finally:
+        for child in made:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(10)
+
+
 def test_load_refuses_what_is_not_a_result(tmp_path):
     for text, words in (("{", "not JSON"), ("[]", "not a v4flash-pd self-check result"),
                         (json.dumps({"schema": result.SCHEMA}), "incomplete")):

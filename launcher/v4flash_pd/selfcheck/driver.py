@@ -95,7 +95,8 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
         try:
             for g in gpus:
                 g.started = time.monotonic()
-                running.append(_start(g, g.job, workdir, launcher_env, rendezvous))
+                with _signals_held():  # a child exists only once `running` holds it
+                    running.append(_start(g, g.job, workdir, launcher_env, rendezvous))
             while running:
                 for p in list(running):
                     rc = p.popen.poll()
@@ -112,10 +113,11 @@ def run_jobs(jobs: tuple[Job, ...], workdir: Path, launcher_env: Mapping[str, st
                     else:
                         _settle(p, rec, rc, "")
                     running.remove(p)
-                    nxt = _next(p.gpu, workdir, launcher_env, rendezvous)
-                    if nxt is not None:
-                        running.append(nxt)
-                    else:
+                    with _signals_held():
+                        nxt = _next(p.gpu, workdir, launcher_env, rendezvous)
+                        if nxt is not None:
+                            running.append(nxt)
+                    if nxt is None:
                         p.gpu.seconds = round(time.monotonic() - p.gpu.started, 3)
                         echo(_done_line(p.gpu))
                 now = time.monotonic()
@@ -296,6 +298,41 @@ def _progress_line(gpus: list[_Gpu], running: list[_Proc], elapsed: float) -> st
     done = len(gpus) - len({p.gpu.job.gpu for p in running})
     where = "; ".join(f"GPU {p.job.gpu}: {_running_name(p.gpu.last)}" for p in running[:4])
     return f"self-check: {done}/{len(gpus)} GPUs done after {elapsed:.0f}s; {where}"
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP while a child is created and handed to the list the `finally` kills.
+
+    A handler that raises inside `subprocess.Popen` (after the fork, before it returns) loses the child's
+    pid: nothing can kill it then, and a check left hanging keeps its GPU. A signal that came meanwhile is
+    handled right after the block, by the handler that was in place.
+    """
+    pending: list[int] = []
+    old: dict[int, Any] = {}
+    for sig in HELD_SIGNALS:
+        current = signal.getsignal(sig)
+        if current is None:  # installed outside Python: cannot be put back, so leave it alone
+            continue
+        try:
+            signal.signal(sig, lambda signum, _frame: pending.append(signum))
+        except ValueError:  # not the main thread: no handler of ours runs here either
+            continue
+        old[sig] = current
+    try:
+        yield
+    finally:
+        for held, handler in old.items():
+            signal.signal(held, handler)
+    for num in dict.fromkeys(pending):
+        handler = old[num]
+        if callable(handler):
+            handler(num, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(num)
 
 
 @contextmanager
